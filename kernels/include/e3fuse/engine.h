@@ -1,0 +1,60 @@
+// e3fuse/engine.h: evaluates energy, forces and virial of a model on a graph.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "e3fuse/model.h"
+#include "e3fuse/system.h"
+
+namespace e3fuse {
+
+enum class Device { cpu, cuda };
+enum class Precision { float32, float64 };
+
+Device parse_device(const std::string& name);
+Precision parse_precision(const std::string& name);
+const char* to_string(Device device);
+const char* to_string(Precision precision);
+bool cuda_available();
+const char* version();
+
+// Caller-owned output buffers; a null pointer means "not wanted".
+//
+// Virial convention (LAMMPS): virial = -sum_edges v (x) dE/dv, a full 3 x 3
+// row-major tensor; for a periodic system ASE's stress is -virial / volume.
+// Per-atom virials split each edge's term equally between its two atoms.
+struct ComputeOutput {
+  double energy = 0.0;               // sum over nodes [0, num_energy_nodes)
+  double* atom_energies = nullptr;   // num_nodes (zero for nodes past num_energy_nodes)
+  double* forces = nullptr;          // num_nodes x 3
+  double* virial = nullptr;          // 9
+  double* atom_virials = nullptr;    // num_nodes x 9
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const Model> model, Device device, Precision precision,
+         int num_threads = 0);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Throws Error on bad input (unknown species index, NaN positions, ...).
+  void compute(const GraphView& graph, ComputeOutput& output);
+
+  const Model& model() const { return *model_; }
+  Device device() const { return device_; }
+  Precision precision() const { return precision_; }
+  std::string describe() const;  // model, device, precision, threads
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Model> model_;
+  Device device_;
+  Precision precision_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace e3fuse

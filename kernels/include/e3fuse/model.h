@@ -1,0 +1,45 @@
+// e3fuse/model.h: a model loaded from an .e3f file (safetensors weights + JSON
+// architecture). Immutable once loaded; shared by engines.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace e3fuse {
+
+// Version of the .e3f format this build writes and reads. A file with a larger
+// version is refused with a message asking for a newer e3fuse.
+constexpr int kModelFormatVersion = 1;
+
+struct ModelPlan;  // the internal execution plan (src/model/plan.h)
+
+class Model {
+ public:
+  // Throws Error on a missing, truncated, corrupt or too-new file.
+  static std::shared_ptr<const Model> load(const std::string& path);
+  static std::shared_ptr<const Model> from_bytes(const std::string& bytes,
+                                                 const std::string& origin);
+  ~Model();
+
+  const std::string& family() const;       // "sevennet" | "mace"
+  double cutoff() const;                    // Angstrom
+  int num_layers() const;
+  int format_version() const;
+  // atomic_numbers()[s] is the element of model species index s.
+  const std::vector<int>& atomic_numbers() const;
+  // Model species index of an atomic number, or -1 if the model lacks it.
+  int species_of(int atomic_number) const;
+  const std::string& architecture_json() const;  // the metadata as stored
+  std::string summary() const;                   // human-readable description
+  int64_t num_parameters() const;
+
+  const ModelPlan& plan() const { return *plan_; }
+
+ private:
+  Model() = default;
+  std::unique_ptr<ModelPlan> plan_;
+};
+
+}  // namespace e3fuse

@@ -1,0 +1,32 @@
+// e3fuse/system.h: the graph the engine evaluates, as plain pointers.
+#pragma once
+
+#include <cstdint>
+
+namespace e3fuse {
+
+// A receiver-sorted CSR graph over nodes. Edge e of row i points from sender
+// neighbors[e] to receiver i with edge vector
+//     v = positions[neighbors[e]] - positions[i] + shifts[shift_index[e]]
+// (the convention of sevenn and mace-torch: vector = sender - receiver + shift).
+//
+// The graph must be symmetric: for every edge i <- j with shift s there is an
+// edge j <- i with shift -s. The backward pass relies on it to gather instead of
+// scatter (see engine.cpp). Neighbor lists built by e3fuse and LAMMPS full
+// neighbor lists with ghost neighbors satisfy this.
+//
+// Only nodes [0, num_energy_nodes) contribute energy (LAMMPS: local atoms);
+// forces and virials are returned for every node (ghost forces are reverse-
+// communicated by the front end).
+struct GraphView {
+  int64_t num_nodes = 0;
+  int64_t num_energy_nodes = 0;
+  const double* positions = nullptr;    // num_nodes x 3
+  const int32_t* species = nullptr;     // model species index per node
+  const int64_t* row_offsets = nullptr;  // num_nodes + 1
+  const int32_t* neighbors = nullptr;   // row_offsets[num_nodes]
+  const int32_t* shift_index = nullptr;  // per edge; nullptr means all shifts are zero
+  const double* shifts = nullptr;        // Cartesian shift vectors, 3 per entry
+};
+
+}  // namespace e3fuse
