@@ -39,6 +39,8 @@ class Model {
 
  private:
   Model() = default;
+  static std::shared_ptr<const Model> from_bytes_or_file(const std::string& origin,
+                                                         const std::string* bytes);
   std::unique_ptr<ModelPlan> plan_;
 };
 

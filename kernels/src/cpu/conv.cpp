@@ -1,0 +1,364 @@
+// cpu/conv.cpp: the SevenNet/NequIP convolution (edge embedding, spherical
+// harmonics, radial MLP, channelwise 'uvu' tensor product, sum over neighbors)
+// and its hand-written adjoint with respect to node features and positions.
+//
+// Memory rule (DESIGN §2): nothing with a feature dimension is stored per edge
+// of the graph. Each node's edges are processed as one tile in a per-thread
+// workspace (size: max neighbors x features), recomputed in the backward pass.
+//
+// Backward without scatter: for node k and each neighbor j (edge vector v),
+// we handle both directed edges of the pair, e1 = (k <- j) with vector v and
+// e2 = (j <- k) with vector -v. They share r, the radial MLP and its backward;
+// Y_l(-v) = (-1)^l Y_l(v). Node k receives grad_x[k] from e2 (it is e2's sender),
+// and its force F_k = sum_j f_kj with f = dE/dv_e1 - dE/dv_e2 (both edges move
+// with r_k). Each directed edge is thus visited once at each end; all writes go
+// to node k only, so the pass is deterministic and needs no atomics.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "e3fuse/error.h"
+#include "ops/activation.h"
+#include "ops/radial.h"
+#include "ops/sh.h"
+
+namespace e3fuse::cpu {
+
+namespace {
+
+// C[n x N] = A[n x K] @ B[K x N], all row-major and contiguous.
+template <class T>
+void gemm(int n, int K, int N, const T* A, const T* B, T* C) {
+  int e = 0;
+  for (; e + 4 <= n; e += 4) {
+    T* c0 = C + static_cast<size_t>(e) * N;
+    T* c1 = c0 + N;
+    T* c2 = c1 + N;
+    T* c3 = c2 + N;
+    std::fill(c0, c0 + 4 * static_cast<size_t>(N), T(0));
+    const T* a = A + static_cast<size_t>(e) * K;
+    for (int k = 0; k < K; ++k) {
+      const T a0 = a[k], a1 = a[K + k], a2 = a[2 * K + k], a3 = a[3 * K + k];
+      const T* b = B + static_cast<size_t>(k) * N;
+#pragma omp simd
+      for (int col = 0; col < N; ++col) {
+        const T bv = b[col];
+        c0[col] += a0 * bv;
+        c1[col] += a1 * bv;
+        c2[col] += a2 * bv;
+        c3[col] += a3 * bv;
+      }
+    }
+  }
+  for (; e < n; ++e) {
+    T* c0 = C + static_cast<size_t>(e) * N;
+    std::fill(c0, c0 + N, T(0));
+    const T* a = A + static_cast<size_t>(e) * K;
+    for (int k = 0; k < K; ++k) {
+      const T a0 = a[k];
+      const T* b = B + static_cast<size_t>(k) * N;
+#pragma omp simd
+      for (int col = 0; col < N; ++col) c0[col] += a0 * b[col];
+    }
+  }
+}
+
+template <class T>
+struct Tile {
+  int n = 0;
+  std::vector<int32_t> sender;
+  std::vector<T> vec, r, u, Y, dP, emb, demb;
+  std::vector<std::vector<T>> pre, hidden;  // radial MLP, per hidden layer [n][h]
+  std::vector<T> weights, grad_w, grad_h, grad_h2;
+  std::vector<T> M, A1, A2, dY1, dY2;
+
+  void reserve_edges(int64_t count, int sh_dim, int num_basis) {
+    const size_t c = static_cast<size_t>(count);
+    sender.resize(c);
+    vec.resize(3 * c);
+    r.resize(c);
+    u.resize(3 * c);
+    Y.resize(c * sh_dim);
+    dP.resize(3 * c * sh_dim);
+    emb.resize(c * num_basis);
+    demb.resize(c * num_basis);
+  }
+};
+
+// Collects node i's edges inside the cutoff with their geometry and embedding.
+// Returns false if two atoms coincide (r == 0).
+template <class T>
+bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool with_grad, Tile<T>& t) {
+  const int64_t begin = g.row_offsets[i], end = g.row_offsets[i + 1];
+  const int sh_dim = plan.sh.dim, nb = plan.num_basis;
+  t.reserve_edges(end - begin, sh_dim, nb);
+  const double cutoff2 = plan.cutoff * plan.cutoff;
+  const double* pi = g.positions + 3 * i;
+  int n = 0;
+  for (int64_t e = begin; e < end; ++e) {
+    const int32_t j = g.neighbors[e];
+    const double* pj = g.positions + 3 * static_cast<int64_t>(j);
+    double v[3] = {pj[0] - pi[0], pj[1] - pi[1], pj[2] - pi[2]};
+    if (g.shift_index) {
+      const double* s = g.shifts + 3 * static_cast<int64_t>(g.shift_index[e]);
+      v[0] += s[0];
+      v[1] += s[1];
+      v[2] += s[2];
+    }
+    const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+    if (r2 >= cutoff2) continue;
+    if (r2 == 0.0) return false;
+    const double r = std::sqrt(r2);
+    t.sender[n] = j;
+    for (int a = 0; a < 3; ++a) {
+      t.vec[3 * n + a] = static_cast<T>(v[a]);
+      t.u[3 * n + a] = static_cast<T>(v[a] / r);
+    }
+    t.r[n] = static_cast<T>(r);
+    ++n;
+  }
+  t.n = n;
+  for (int e = 0; e < n; ++e) {
+    ops::spherical_harmonics(plan.sh, &t.u[3 * e], &t.Y[static_cast<size_t>(e) * sh_dim],
+                             with_grad ? &t.dP[3 * static_cast<size_t>(e) * sh_dim] : nullptr);
+    ops::edge_embedding(nb, plan.radial_coeffs.data(), plan.radial_prefactor, plan.envelope, t.r[e],
+                        &t.emb[static_cast<size_t>(e) * nb], with_grad ? &t.demb[static_cast<size_t>(e) * nb] : nullptr);
+  }
+  return true;
+}
+
+// Radial MLP forward on the tile: t.weights[n][weight_numel], keeping
+// pre-activations and activations of hidden layers for the backward pass.
+template <class T>
+void mlp_forward(const Mlp<T>& mlp, Tile<T>& t) {
+  const int layers = static_cast<int>(mlp.weight.size());
+  t.pre.resize(layers);
+  t.hidden.resize(layers);
+  const T* h = t.emb.data();
+  for (int li = 0; li < layers; ++li) {
+    const int K = mlp.dims[li], N = mlp.dims[li + 1];
+    std::vector<T>& out = (li + 1 < layers) ? t.pre[li] : t.weights;
+    out.resize(static_cast<size_t>(t.n) * N);
+    gemm(t.n, K, N, h, mlp.weight[li].data(), out.data());
+    if (li + 1 < layers) {
+      std::vector<T>& act = t.hidden[li];
+      act.resize(out.size());
+      for (size_t q = 0; q < out.size(); ++q) act[q] = ops::activation(mlp.act, out[q]) * mlp.act_scale;
+      h = act.data();
+    }
+  }
+}
+
+// Backward of the radial MLP: from t.grad_w [n][numel] to dE/dr per edge (into t.grad_h[0..n)).
+template <class T>
+void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
+  const int layers = static_cast<int>(mlp.weight.size());
+  std::vector<T>* g = &t.grad_w;
+  for (int li = layers - 1; li >= 0; --li) {
+    const int K = mlp.dims[li], N = mlp.dims[li + 1];
+    std::vector<T>& dh = (g == &t.grad_h) ? t.grad_h2 : t.grad_h;
+    dh.resize(static_cast<size_t>(t.n) * K);
+    gemm(t.n, N, K, g->data(), mlp.weight_t[li].data(), dh.data());
+    if (li > 0) {
+      const std::vector<T>& pre = t.pre[li - 1];
+      for (size_t q = 0; q < dh.size(); ++q) dh[q] *= ops::activation_grad(mlp.act, pre[q]) * mlp.act_scale;
+    }
+    g = &dh;
+  }
+  // g now holds dE/d emb [n][num_basis]
+  std::vector<T> dr(t.n);
+  for (int e = 0; e < t.n; ++e) {
+    T s = T(0);
+    for (int b = 0; b < num_basis; ++b) s += (*g)[static_cast<size_t>(e) * num_basis + b] * t.demb[static_cast<size_t>(e) * num_basis + b];
+    dr[e] = s;
+  }
+  t.grad_h2.assign(dr.begin(), dr.end());
+}
+
+template <class T>
+void coincident_error(const GraphView& g, int64_t i) {
+  (void)g;
+  throw Error("two atoms are at the same position (atom " + std::to_string(i) + " and a neighbor at distance 0)");
+}
+
+}  // namespace
+
+template <class T>
+void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& g, const T* x, T* y) {
+  std::atomic<int64_t> bad_node{-1};
+#pragma omp parallel
+  {
+    Tile<T> t;
+    std::vector<T> M;
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t i = 0; i < g.num_nodes; ++i) {
+      T* yi = y + i * conv.dim_out;
+      std::fill(yi, yi + conv.dim_out, T(0));
+      if (!gather_tile(plan, g, i, false, t)) {
+        bad_node = i;
+        continue;
+      }
+      if (t.n == 0) continue;
+      mlp_forward(conv.mlp, t);
+      const int sh_dim = plan.sh.dim;
+      for (int e = 0; e < t.n; ++e) {
+        const T* xj = x + static_cast<int64_t>(t.sender[e]) * conv.dim_in;
+        const T* w = t.weights.data() + static_cast<size_t>(e) * conv.weight_numel;
+        const T* Y = t.Y.data() + static_cast<size_t>(e) * sh_dim;
+        for (const auto& p : conv.paths) {
+          // M[i][k] = sum_j cg[i][j][k] Y[j]
+          M.assign(static_cast<size_t>(p.d1) * p.d3, T(0));
+          for (int a = 0; a < p.d1; ++a)
+            for (int b = 0; b < p.d2; ++b) {
+              const T yb = Y[p.sh_offset + b];
+              const T* c = p.cg.data() + (static_cast<size_t>(a) * p.d2 + b) * p.d3;
+              for (int k = 0; k < p.d3; ++k) M[a * p.d3 + k] += c[k] * yb;
+            }
+          const T* xu = xj + p.in_offset;
+          T* yu = yi + p.out_offset;
+          const T* wu = w + p.weight_offset;
+          for (int u = 0; u < p.mul; ++u, xu += p.d1, yu += p.d3) {
+            for (int k = 0; k < p.d3; ++k) {
+              T s = T(0);
+              for (int a = 0; a < p.d1; ++a) s += xu[a] * M[a * p.d3 + k];
+              yu[k] += wu[u] * s;
+            }
+          }
+        }
+      }
+      for (int64_t q = 0; q < conv.dim_out; ++q) yi[q] *= conv.inv_denominator;
+    }
+  }
+  if (bad_node >= 0) coincident_error<T>(g, bad_node);
+}
+
+template <class T>
+void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& g, const T* x, const T* grad_y,
+                   T* grad_x, double* forces, double* atom_virials) {
+  std::atomic<int64_t> bad_node{-1};
+  const int sh_dim = plan.sh.dim;
+  std::vector<T> parity(sh_dim);
+  for (int l = 0, m = 0; m < sh_dim; ++l)
+    for (int q = 0; q < 2 * l + 1; ++q, ++m) parity[m] = (l % 2) ? T(-1) : T(1);
+#pragma omp parallel
+  {
+    Tile<T> t;
+    std::vector<T> M, A1, A2, dY1(sh_dim), dY2(sh_dim);
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t k = 0; k < g.num_nodes; ++k) {
+      T* gxk = grad_x + k * conv.dim_in;
+      std::fill(gxk, gxk + conv.dim_in, T(0));
+      if (!gather_tile(plan, g, k, true, t)) {
+        bad_node = k;
+        continue;
+      }
+      if (t.n == 0) continue;
+      mlp_forward(conv.mlp, t);
+      t.grad_w.assign(static_cast<size_t>(t.n) * conv.weight_numel, T(0));
+      std::vector<T> dYc(static_cast<size_t>(t.n) * sh_dim);
+      const T* xk = x + k * conv.dim_in;
+      const T* gk = grad_y + k * conv.dim_out;
+      for (int e = 0; e < t.n; ++e) {
+        const int64_t j = t.sender[e];
+        const T* xj = x + j * conv.dim_in;
+        const T* gj = grad_y + j * conv.dim_out;
+        const T* w = t.weights.data() + static_cast<size_t>(e) * conv.weight_numel;
+        T* gw = t.grad_w.data() + static_cast<size_t>(e) * conv.weight_numel;
+        const T* Y = t.Y.data() + static_cast<size_t>(e) * sh_dim;
+        std::fill(dY1.begin(), dY1.end(), T(0));
+        std::fill(dY2.begin(), dY2.end(), T(0));
+        for (const auto& p : conv.paths) {
+          const int d1 = p.d1, d2 = p.d2, d3 = p.d3;
+          const T s = (p.l2 % 2) ? T(-1) : T(1);
+          M.assign(static_cast<size_t>(d1) * d3, T(0));
+          for (int a = 0; a < d1; ++a)
+            for (int b = 0; b < d2; ++b) {
+              const T yb = Y[p.sh_offset + b];
+              const T* c = p.cg.data() + (static_cast<size_t>(a) * d2 + b) * d3;
+              for (int q = 0; q < d3; ++q) M[a * d3 + q] += c[q] * yb;
+            }
+          A1.assign(static_cast<size_t>(d1) * d3, T(0));
+          A2.assign(static_cast<size_t>(d1) * d3, T(0));
+          const T* wu = w + p.weight_offset;
+          T* gwu = gw + p.weight_offset;
+          for (int u = 0; u < p.mul; ++u) {
+            const T* xju = xj + p.in_offset + u * d1;
+            const T* xku = xk + p.in_offset + u * d1;
+            const T* gku = gk + p.out_offset + u * d3;
+            const T* gju = gj + p.out_offset + u * d3;
+            T* gxku = gxk + p.in_offset + u * d1;
+            const T wv = wu[u];
+            T dw1 = T(0), dw2 = T(0);
+            for (int a = 0; a < d1; ++a) {
+              T mg1 = T(0), mg2 = T(0);
+              for (int q = 0; q < d3; ++q) {
+                mg1 += M[a * d3 + q] * gku[q];
+                mg2 += M[a * d3 + q] * gju[q];
+              }
+              dw1 += xju[a] * mg1;
+              dw2 += xku[a] * mg2;
+              gxku[a] += wv * s * mg2;  // e2: d/dx_k, with Y(-v) = s Y(v)
+              const T wx1 = wv * xju[a], wx2 = wv * xku[a];
+              for (int q = 0; q < d3; ++q) {
+                A1[a * d3 + q] += wx1 * gku[q];
+                A2[a * d3 + q] += wx2 * gju[q];
+              }
+            }
+            gwu[u] = (dw1 + s * dw2) * conv.inv_denominator;
+          }
+          for (int b = 0; b < d2; ++b) {
+            T s1 = T(0), s2 = T(0);
+            for (int a = 0; a < d1; ++a) {
+              const T* c = p.cg.data() + (static_cast<size_t>(a) * d2 + b) * d3;
+              for (int q = 0; q < d3; ++q) {
+                s1 += c[q] * A1[a * d3 + q];
+                s2 += c[q] * A2[a * d3 + q];
+              }
+            }
+            dY1[p.sh_offset + b] += s1;
+            dY2[p.sh_offset + b] += s2;  // gradient w.r.t. Y at -v
+          }
+        }
+        // Combined angular adjoint (see header): dY1 + (-1)^l dY2.
+        T* dyc = dYc.data() + static_cast<size_t>(e) * sh_dim;
+        for (int m = 0; m < sh_dim; ++m) dyc[m] = (dY1[m] + parity[m] * dY2[m]) * conv.inv_denominator;
+      }
+      for (int64_t q = 0; q < conv.dim_in; ++q) gxk[q] *= conv.inv_denominator;
+      mlp_backward_to_r(conv.mlp, plan.num_basis, t);  // dE/dr per edge in t.grad_h2
+      double fk[3] = {0, 0, 0};
+      double wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+      for (int e = 0; e < t.n; ++e) {
+        T f[3];
+        const T* u = &t.u[3 * e];
+        ops::spherical_harmonics_vjp(sh_dim, &dYc[static_cast<size_t>(e) * sh_dim],
+                                     &t.dP[3 * static_cast<size_t>(e) * sh_dim], u, t.r[e], f);
+        const T dr = t.grad_h2[e];
+        for (int a = 0; a < 3; ++a) {
+          f[a] += dr * u[a];
+          fk[a] += static_cast<double>(f[a]);
+        }
+        if (atom_virials) {
+          for (int a = 0; a < 3; ++a)
+            for (int b = 0; b < 3; ++b) wk[3 * a + b] -= 0.5 * static_cast<double>(t.vec[3 * e + a]) * f[b];
+        }
+      }
+      for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
+      if (atom_virials)
+        for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
+    }
+  }
+  if (bad_node >= 0) coincident_error<T>(g, bad_node);
+}
+
+template void conv_forward<float>(const TypedPlan<float>&, const Conv<float>&, const GraphView&, const float*, float*);
+template void conv_forward<double>(const TypedPlan<double>&, const Conv<double>&, const GraphView&, const double*,
+                                   double*);
+template void conv_backward<float>(const TypedPlan<float>&, const Conv<float>&, const GraphView&, const float*,
+                                   const float*, float*, double*, double*);
+template void conv_backward<double>(const TypedPlan<double>&, const Conv<double>&, const GraphView&, const double*,
+                                    const double*, double*, double*, double*);
+
+}  // namespace e3fuse::cpu

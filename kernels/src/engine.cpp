@@ -1,0 +1,215 @@
+// engine.cpp: runs a model's plan forward (energies) and backward (forces,
+// virial) on a graph, and owns the node-level buffers between calls.
+//
+// SevenNet layer t (sevenn's NequIP-style interaction block):
+//   sc = SelfConnection(x); x1 = Linear1(x); y = Conv(x1); p = Linear2(y) + sc; x = Gate(p)
+// atomic energy e_i = shift[s_i] + scale[s_i] * Readout(x_i).
+// The backward pass keeps x1 and p of every layer (node-level) and applies the
+// transposes in reverse order; Conv's adjoint also yields the forces.
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include <omp.h>
+
+#include "cpu/ops.h"
+#include "cpu/typed_plan.h"
+#include "e3fuse/engine.h"
+#include "e3fuse/error.h"
+#include "model/plan.h"
+
+#ifndef E3FUSE_VERSION
+#define E3FUSE_VERSION "0.0.0"
+#endif
+
+namespace e3fuse {
+
+const char* version() { return E3FUSE_VERSION; }
+
+bool cuda_available() {
+#ifdef E3FUSE_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu;
+  if (name == "cuda" || name == "gpu") return Device::cuda;
+  throw Error("unknown device '" + name + "' (expected 'cpu' or 'cuda')");
+}
+
+Precision parse_precision(const std::string& name) {
+  if (name == "float64" || name == "double" || name == "fp64") return Precision::float64;
+  if (name == "float32" || name == "float" || name == "fp32") return Precision::float32;
+  throw Error("unknown precision '" + name + "' (expected 'float32' or 'float64')");
+}
+
+const char* to_string(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+const char* to_string(Precision p) { return p == Precision::float64 ? "float64" : "float32"; }
+
+namespace {
+
+template <class T>
+class CpuRunner {
+ public:
+  explicit CpuRunner(const ModelPlan& plan) : plan_(cpu::make_typed_plan<T>(plan)) {}
+
+  void run(const GraphView& g, ComputeOutput& out) {
+    const int64_t n = g.num_nodes;
+    const auto& layers = plan_.layers;
+    const int num_layers = static_cast<int>(layers.size());
+    const bool want_grad = out.forces || out.virial || out.atom_virials;
+
+    x1_.resize(num_layers);
+    pre_gate_.resize(num_layers);
+    std::vector<T> x(static_cast<size_t>(n) * plan_.embedding_dim);
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = plan_.embedding.data() + static_cast<size_t>(g.species[i]) * plan_.embedding_dim;
+      std::copy(row, row + plan_.embedding_dim, x.begin() + i * plan_.embedding_dim);
+    }
+    std::vector<T> sc, y;
+    for (int t = 0; t < num_layers; ++t) {
+      const cpu::Layer<T>& L = layers[t];
+      sc.resize(static_cast<size_t>(n) * L.self_connection.dim_out);
+      cpu::linear_forward(L.self_connection, n, x.data(), sc.data());
+      x1_[t].resize(static_cast<size_t>(n) * L.linear_1.dim_out);
+      cpu::linear_forward(L.linear_1, n, x.data(), x1_[t].data());
+      y.resize(static_cast<size_t>(n) * L.conv.dim_out);
+      cpu::conv_forward(plan_, L.conv, g, x1_[t].data(), y.data());
+      std::vector<T>& p = pre_gate_[t];
+      p.resize(static_cast<size_t>(n) * L.linear_2.dim_out);
+      cpu::linear_forward(L.linear_2, n, y.data(), p.data());
+      for (size_t q = 0; q < p.size(); ++q) p[q] += sc[q];
+      x.resize(static_cast<size_t>(n) * L.gate.plan.dim_out);
+      cpu::gate_forward(L.gate, n, p.data(), x.data());
+    }
+    // Readout
+    std::vector<T> h = x;
+    for (size_t r = 0; r < plan_.readout.size(); ++r) {
+      std::vector<T> next(static_cast<size_t>(n) * plan_.readout[r].dim_out);
+      cpu::linear_forward(plan_.readout[r], n, h.data(), next.data());
+      h.swap(next);
+    }
+    double energy = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int s = g.species[i];
+      const double e = i < g.num_energy_nodes
+                           ? static_cast<double>(plan_.shift[s]) + static_cast<double>(plan_.scale[s]) * h[i]
+                           : 0.0;
+      if (out.atom_energies) out.atom_energies[i] = e;
+      energy += e;
+    }
+    out.energy = energy;
+    if (!want_grad) return;
+
+    // Backward: seed dE/d(readout output) = scale on energy nodes.
+    std::vector<T> grad(static_cast<size_t>(n), T(0));
+    for (int64_t i = 0; i < g.num_energy_nodes; ++i) grad[i] = plan_.scale[g.species[i]];
+    for (int r = static_cast<int>(plan_.readout.size()) - 1; r >= 0; --r) {
+      std::vector<T> prev(static_cast<size_t>(n) * plan_.readout[r].dim_in);
+      cpu::linear_backward(plan_.readout[r], n, grad.data(), prev.data(), false);
+      grad.swap(prev);
+    }
+    std::vector<double> forces(static_cast<size_t>(n) * 3, 0.0);
+    std::vector<double> atom_virials;
+    const bool want_virial = out.virial || out.atom_virials;
+    if (want_virial) atom_virials.assign(static_cast<size_t>(n) * 9, 0.0);
+    std::vector<T> grad_p, grad_y, grad_x1;
+    for (int t = num_layers - 1; t >= 0; --t) {
+      const cpu::Layer<T>& L = layers[t];
+      grad_p.resize(static_cast<size_t>(n) * L.gate.plan.dim_in);
+      cpu::gate_backward(L.gate, n, pre_gate_[t].data(), grad.data(), grad_p.data());
+      grad.resize(static_cast<size_t>(n) * L.self_connection.dim_in);
+      cpu::linear_backward(L.self_connection, n, grad_p.data(), grad.data(), false);
+      grad_y.resize(static_cast<size_t>(n) * L.linear_2.dim_in);
+      cpu::linear_backward(L.linear_2, n, grad_p.data(), grad_y.data(), false);
+      grad_x1.resize(static_cast<size_t>(n) * L.conv.dim_in);
+      cpu::conv_backward(plan_, L.conv, g, x1_[t].data(), grad_y.data(), grad_x1.data(), forces.data(),
+                         want_virial ? atom_virials.data() : nullptr);
+      if (t > 0) cpu::linear_backward(L.linear_1, n, grad_x1.data(), grad.data(), true);
+    }
+    if (out.forces) std::memcpy(out.forces, forces.data(), forces.size() * sizeof(double));
+    if (out.atom_virials) std::memcpy(out.atom_virials, atom_virials.data(), atom_virials.size() * sizeof(double));
+    if (out.virial) {
+      for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int q = 0; q < 9; ++q) out.virial[q] += atom_virials[9 * i + q];
+    }
+  }
+
+ private:
+  cpu::TypedPlan<T> plan_;
+  std::vector<std::vector<T>> x1_, pre_gate_;
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  std::unique_ptr<CpuRunner<float>> f32;
+  std::unique_ptr<CpuRunner<double>> f64;
+  int num_threads = 0;
+};
+
+Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision precision, int num_threads)
+    : model_(std::move(model)), device_(device), precision_(precision), impl_(std::make_unique<Impl>()) {
+  if (!model_) throw Error("Engine: no model");
+  if (device == Device::cuda) {
+    throw Error(cuda_available() ? "the CUDA backend does not run this model yet"
+                                 : "this e3fuse was built without CUDA; use device 'cpu'");
+  }
+  if (model_->family() != "sevennet") throw Error("model family '" + model_->family() + "' is not supported");
+  impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
+  if (precision == Precision::float64)
+    impl_->f64 = std::make_unique<CpuRunner<double>>(model_->plan());
+  else
+    impl_->f32 = std::make_unique<CpuRunner<float>>(model_->plan());
+}
+
+Engine::~Engine() = default;
+
+void Engine::compute(const GraphView& g, ComputeOutput& out) {
+  if (g.num_nodes < 0 || g.num_energy_nodes < 0 || g.num_energy_nodes > g.num_nodes) {
+    throw Error("invalid graph: node counts");
+  }
+  const int num_species = static_cast<int>(model_->atomic_numbers().size());
+  for (int64_t i = 0; i < g.num_nodes; ++i) {
+    if (g.species[i] < 0 || g.species[i] >= num_species) {
+      throw Error("atom " + std::to_string(i) + " has species index " + std::to_string(g.species[i]) +
+                  ", outside the model's " + std::to_string(num_species) + " species");
+    }
+    for (int a = 0; a < 3; ++a) {
+      if (!std::isfinite(g.positions[3 * i + a])) {
+        throw Error("atom " + std::to_string(i) + " has a non-finite position (NaN or inf)");
+      }
+    }
+  }
+  const int64_t num_edges = g.num_nodes > 0 ? g.row_offsets[g.num_nodes] : 0;
+  for (int64_t e = 0; e < num_edges; ++e) {
+    if (g.neighbors[e] < 0 || g.neighbors[e] >= g.num_nodes) throw Error("invalid graph: neighbor index out of range");
+  }
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(impl_->num_threads);
+  try {
+    if (impl_->f64)
+      impl_->f64->run(g, out);
+    else
+      impl_->f32->run(g, out);
+  } catch (...) {
+    omp_set_num_threads(saved);
+    throw;
+  }
+  omp_set_num_threads(saved);
+}
+
+std::string Engine::describe() const {
+  std::ostringstream s;
+  s << "e3fuse " << version() << ": " << model_->family() << " model (" << model_->num_layers() << " layers, cutoff "
+    << model_->cutoff() << " A, " << model_->atomic_numbers().size() << " elements), device " << to_string(device_)
+    << ", precision " << to_string(precision_) << ", " << impl_->num_threads << " CPU threads";
+  return s.str();
+}
+
+}  // namespace e3fuse

@@ -1,0 +1,416 @@
+// model/model.cpp: reads an .e3f file (safetensors + architecture JSON in the
+// metadata key "e3fuse") into a ModelPlan, validating every size on the way.
+#include <cmath>
+#include <sstream>
+
+#include "e3fuse/error.h"
+#include "e3fuse/engine.h"
+#include "e3fuse/model.h"
+#include "model/json.h"
+#include "model/plan.h"
+#include "model/safetensors.h"
+
+namespace e3fuse {
+
+namespace {
+
+class PlanBuilder {
+ public:
+  PlanBuilder(const SafetensorsFile& file, const std::string& origin)
+      : file_(file), origin_(origin) {}
+
+  std::vector<double> tensor(const json::Value& name_value, std::vector<int64_t> expected_shape) {
+    const std::string name = name_value.as_string();
+    if (!file_.has(name)) fail("tensor '" + name + "' named at " + name_value.path() + " is missing");
+    std::vector<int64_t> shape = file_.shape(name);
+    if (shape != expected_shape) {
+      fail("tensor '" + name + "' has shape " + shape_string(shape) + ", expected " +
+           shape_string(expected_shape));
+    }
+    std::vector<double> values = file_.to_double(name);
+    for (double v : values) {
+      if (!std::isfinite(v)) fail("tensor '" + name + "' contains NaN or inf");
+    }
+    num_parameters_ += static_cast<int64_t>(values.size());
+    return values;
+  }
+
+  Irreps irreps(const json::Value& v) {
+    Irreps out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      IrrepBlock b;
+      b.mul = static_cast<int>(v[i][0].as_int());
+      b.l = static_cast<int>(v[i][1].as_int());
+      b.parity = static_cast<int>(v[i][2].as_int());
+      if (b.mul < 0 || b.l < 0 || b.l > 8) fail("bad irrep at " + v[i].path());
+      b.offset = out.dim;
+      out.dim += b.dim();
+      out.blocks.push_back(b);
+    }
+    return out;
+  }
+
+  LinearPlan linear(const json::Value& v) {
+    LinearPlan plan;
+    plan.in = irreps(v["irreps_in"]);
+    plan.out = irreps(v["irreps_out"]);
+    for (const json::Value& p : v["paths"].array()) {
+      LinearPath path;
+      path.in_block = block_index(p["in"], plan.in);
+      path.out_block = block_index(p["out"], plan.out);
+      const IrrepBlock& bi = plan.in.blocks[path.in_block];
+      const IrrepBlock& bo = plan.out.blocks[path.out_block];
+      if (bi.l != bo.l) fail("linear path at " + p.path() + " connects different l");
+      path.weight = tensor(p["weight"], {bi.mul, bo.mul});
+      plan.paths.push_back(std::move(path));
+    }
+    for (const json::Value& b : v["biases"].array()) {
+      LinearBias bias;
+      bias.out_block = block_index(b["out"], plan.out);
+      const IrrepBlock& bo = plan.out.blocks[bias.out_block];
+      if (bo.l != 0) fail("bias on a non-scalar output at " + b.path());
+      bias.bias = tensor(b["weight"], {bo.mul});
+      plan.biases.push_back(std::move(bias));
+    }
+    return plan;
+  }
+
+  MlpPlan mlp(const json::Value& v) {
+    MlpPlan plan;
+    for (int64_t d : v["dims"].as_int_vector()) plan.dims.push_back(static_cast<int>(d));
+    if (plan.dims.size() < 2 || v["weights"].size() != plan.dims.size() - 1) {
+      fail("radial MLP at " + v.path() + " has inconsistent dims/weights");
+    }
+    for (size_t i = 0; i + 1 < plan.dims.size(); ++i) {
+      plan.weights.push_back(tensor(v["weights"][i], {plan.dims[i], plan.dims[i + 1]}));
+    }
+    plan.act = parse_activation(v["act"].as_string());
+    plan.act_scale = v["scale"].as_double();
+    return plan;
+  }
+
+  ConvPlan conv(const json::Value& v, const ShPlan& sh) {
+    ConvPlan plan;
+    plan.in = irreps(v["irreps_in"]);
+    plan.sh = irreps(v["irreps_sh"]);
+    plan.out = irreps(v["irreps_out"]);
+    plan.weight_numel = v["weight_numel"].as_int();
+    if (plan.sh.dim != sh.dim) fail("convolution at " + v.path() + ": spherical harmonics mismatch");
+    std::vector<int> out_used(plan.out.blocks.size(), 0);
+    for (const json::Value& p : v["instructions"].array()) {
+      TensorProductPath path;
+      path.in_block = block_index(p["in"], plan.in);
+      path.sh_block = block_index(p["sh"], plan.sh);
+      path.out_block = block_index(p["out"], plan.out);
+      const IrrepBlock& b1 = plan.in.blocks[path.in_block];
+      const IrrepBlock& b2 = plan.sh.blocks[path.sh_block];
+      const IrrepBlock& b3 = plan.out.blocks[path.out_block];
+      path.l1 = b1.l;
+      path.l2 = b2.l;
+      path.l3 = b3.l;
+      if (b2.mul != 1 || b3.mul != b1.mul) fail("instruction at " + p.path() + " is not 'uvu'");
+      path.weight_offset = p["weight_offset"].as_int();
+      if (path.weight_offset < 0 || path.weight_offset + b1.mul > plan.weight_numel) {
+        fail("instruction at " + p.path() + " has weights out of range");
+      }
+      path.cg = tensor(p["cg"], {2 * b1.l + 1, 2 * b2.l + 1, 2 * b3.l + 1});
+      num_parameters_ -= static_cast<int64_t>(path.cg.size());  // constants, not parameters
+      out_used[path.out_block] += 1;
+      plan.paths.push_back(std::move(path));
+    }
+    plan.mlp = mlp(v["mlp"]);
+    if (plan.mlp.dims.back() != plan.weight_numel) fail("radial MLP output size mismatch at " + v.path());
+    if (plan.mlp.dims.front() == 0) fail("radial MLP without inputs at " + v.path());
+    plan.denominator = v["denominator"].as_double();
+    if (!(plan.denominator > 0)) fail("convolution denominator must be positive at " + v.path());
+    return plan;
+  }
+
+  GatePlan gate(const json::Value& v) {
+    GatePlan plan;
+    Irreps in = irreps(v["irreps_in"]);
+    Irreps out = irreps(v["irreps_out"]);
+    plan.dim_in = in.dim;
+    plan.dim_out = out.dim;
+    auto segments = [&](const json::Value& list, std::vector<GateSegment>& into) {
+      for (const json::Value& s : list.array()) {
+        GateSegment seg;
+        seg.start = static_cast<int>(s["start"].as_int());
+        seg.dim = static_cast<int>(s["dim"].as_int());
+        seg.act = parse_activation(s["act"].as_string());
+        seg.scale = s["scale"].as_double();
+        if (seg.start < 0 || seg.start + seg.dim > plan.dim_in) fail("gate segment out of range");
+        into.push_back(seg);
+      }
+    };
+    segments(v["scalars"], plan.scalars);
+    segments(v["gates"], plan.gates);
+    int num_gates = 0, num_gated = 0, scalar_dim = 0;
+    for (const auto& s : plan.gates) num_gates += s.dim;
+    for (const auto& s : plan.scalars) scalar_dim += s.dim;
+    for (const json::Value& g : v["gated"].array()) {
+      GatedBlock b;
+      b.start = static_cast<int>(g["start"].as_int());
+      b.mul = static_cast<int>(g["mul"].as_int());
+      b.l = static_cast<int>(g["l"].as_int());
+      if (b.start < 0 || b.start + b.mul * (2 * b.l + 1) > plan.dim_in) fail("gated block out of range");
+      num_gated += b.mul;
+      plan.gated.push_back(b);
+    }
+    if (num_gates != num_gated) fail("gate at " + v.path() + ": gates and gated do not match");
+    int64_t gated_dim = 0;
+    for (const auto& b : plan.gated) gated_dim += b.mul * (2 * b.l + 1);
+    if (scalar_dim + gated_dim != plan.dim_out) fail("gate at " + v.path() + ": output size mismatch");
+    plan.gated_factor = v["gated_factor"].as_double();
+    return plan;
+  }
+
+  ShPlan sh(const json::Value& v) {
+    ShPlan plan;
+    plan.lmax = static_cast<int>(v["lmax"].as_int());
+    if (plan.lmax < 0 || plan.lmax > 8) fail("spherical harmonics lmax out of range");
+    plan.dim = (plan.lmax + 1) * (plan.lmax + 1);
+    if (!v["normalize"].as_bool()) fail("unnormalized spherical harmonics are not supported");
+    const json::Value& polys = v["polynomials"];
+    if (polys.size() != static_cast<size_t>(plan.lmax + 1)) fail("spherical harmonics: missing degrees");
+    for (int l = 0; l <= plan.lmax; ++l) {
+      ShDegree d;
+      d.l = l;
+      const int num_monomials = (l + 1) * (l + 2) / 2;
+      const json::Value& name = polys[l]["exponents"];
+      if (!file_.has(name.as_string())) fail("tensor '" + name.as_string() + "' is missing");
+      std::vector<int64_t> exps = file_.to_int(name.as_string());
+      if (static_cast<int>(exps.size()) != 3 * num_monomials) fail("bad exponents for l=" + std::to_string(l));
+      for (int k = 0; k < num_monomials; ++k) {
+        std::array<int, 3> e = {static_cast<int>(exps[3 * k]), static_cast<int>(exps[3 * k + 1]),
+                                static_cast<int>(exps[3 * k + 2])};
+        if (e[0] < 0 || e[1] < 0 || e[2] < 0 || e[0] + e[1] + e[2] != l) fail("bad exponents for l=" + std::to_string(l));
+        d.exponents.push_back(e);
+      }
+      d.coeffs = tensor(polys[l]["coeffs"], {2 * l + 1, num_monomials});
+      num_parameters_ -= static_cast<int64_t>(d.coeffs.size());
+      plan.degrees.push_back(std::move(d));
+    }
+    return plan;
+  }
+
+  int64_t num_parameters() const { return num_parameters_; }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error("model file '" + origin_ + "': " + what);
+  }
+
+ private:
+  int block_index(const json::Value& v, const Irreps& irreps) {
+    int64_t i = v.as_int();
+    if (i < 0 || i >= static_cast<int64_t>(irreps.blocks.size())) fail("block index out of range at " + v.path());
+    return static_cast<int>(i);
+  }
+  static std::string shape_string(const std::vector<int64_t>& shape) {
+    std::ostringstream s;
+    s << "[";
+    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+    s << "]";
+    return s.str();
+  }
+
+  const SafetensorsFile& file_;
+  std::string origin_;
+  int64_t num_parameters_ = 0;
+};
+
+void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
+  const json::Value& radial = arch["radial"];
+  if (radial["kind"].as_string() != "bessel") b.fail("radial basis '" + radial["kind"].as_string() + "'");
+  plan.radial.num_basis = static_cast<int>(radial["num_basis"].as_int());
+  plan.radial.prefactor = radial["prefactor"].as_double();
+  plan.radial.coeffs = b.tensor(radial["coeffs"], {plan.radial.num_basis});
+  const json::Value& env = arch["envelope"];
+  const std::string env_kind = env["kind"].as_string();
+  plan.radial.r_cut = env["r_cut"].as_double();
+  if (env_kind == "xplor") {
+    plan.radial.envelope = EnvelopeKind::xplor;
+    plan.radial.r_on = env["r_on"].as_double();
+    if (!(plan.radial.r_on < plan.radial.r_cut)) b.fail("xplor envelope needs r_on < r_cut");
+  } else if (env_kind == "polynomial") {
+    plan.radial.envelope = EnvelopeKind::polynomial;
+    plan.radial.p = env["p"].as_double();
+  } else {
+    b.fail("envelope '" + env_kind + "' is not supported");
+  }
+  plan.sh = b.sh(arch["spherical_harmonics"]);
+
+  const int num_species = static_cast<int>(plan.atomic_numbers.size());
+  LinearPlan embed = b.linear(arch["embedding"]);
+  if (embed.in.blocks.size() != 1 || embed.in.blocks[0].mul != num_species || embed.in.blocks[0].l != 0) {
+    b.fail("embedding input must be one-hot over the model's species");
+  }
+  plan.embedding_dim = static_cast<int>(embed.out.dim);
+  plan.embedding.assign(static_cast<size_t>(num_species) * plan.embedding_dim, 0.0);
+  for (const LinearPath& p : embed.paths) {
+    const IrrepBlock& bo = embed.out.blocks[p.out_block];
+    if (bo.l != 0) b.fail("embedding outputs must be scalars");
+    for (int s = 0; s < num_species; ++s)
+      for (int w = 0; w < bo.mul; ++w) plan.embedding[s * plan.embedding_dim + bo.offset + w] += p.weight[s * bo.mul + w];
+  }
+  for (const LinearBias& bias : embed.biases) {
+    const IrrepBlock& bo = embed.out.blocks[bias.out_block];
+    for (int s = 0; s < num_species; ++s)
+      for (int w = 0; w < bo.mul; ++w) plan.embedding[s * plan.embedding_dim + bo.offset + w] += bias.bias[w];
+  }
+
+  int64_t dim = plan.embedding_dim;
+  for (const json::Value& lv : arch["layers"].array()) {
+    SevennetLayer layer;
+    layer.self_connection = b.linear(lv["self_connection"]);
+    layer.linear_1 = b.linear(lv["linear_1"]);
+    layer.conv = b.conv(lv["conv"], plan.sh);
+    layer.linear_2 = b.linear(lv["linear_2"]);
+    layer.gate = b.gate(lv["gate"]);
+    if (layer.self_connection.in.dim != dim || layer.linear_1.in.dim != dim ||
+        layer.linear_1.out.dim != layer.conv.in.dim || layer.conv.out.dim != layer.linear_2.in.dim ||
+        layer.linear_2.out.dim != layer.gate.dim_in || layer.self_connection.out.dim != layer.gate.dim_in) {
+      b.fail("layer " + lv.path() + ": feature sizes do not chain");
+    }
+    if (layer.conv.mlp.dims.front() != plan.radial.num_basis) b.fail("radial MLP input != number of basis functions");
+    dim = layer.gate.dim_out;
+    plan.layers.push_back(std::move(layer));
+  }
+  for (const json::Value& rv : arch["readout"].array()) {
+    LinearPlan lin = b.linear(rv);
+    if (lin.in.dim != dim) b.fail("readout sizes do not chain");
+    dim = lin.out.dim;
+    plan.readout.push_back(std::move(lin));
+  }
+  if (dim != 1) b.fail("readout must end in one scalar per atom");
+  plan.scale = b.tensor(arch["scale"], {num_species});
+  plan.shift = b.tensor(arch["shift"], {num_species});
+}
+
+}  // namespace
+
+int64_t LinearPlan::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : paths) n += static_cast<int64_t>(p.weight.size());
+  for (const auto& b : biases) n += static_cast<int64_t>(b.bias.size());
+  return n;
+}
+
+Activation parse_activation(const std::string& name) {
+  if (name == "identity") return Activation::identity;
+  if (name == "silu") return Activation::silu;
+  if (name == "tanh") return Activation::tanh;
+  if (name == "sigmoid") return Activation::sigmoid;
+  if (name == "abs") return Activation::abs;
+  if (name == "relu") return Activation::relu;
+  if (name == "ssp") return Activation::ssp;
+  throw Error("unsupported activation function '" + name + "'");
+}
+
+Model::~Model() = default;
+
+std::shared_ptr<const Model> Model::load(const std::string& path) {
+  return from_bytes_or_file(path, nullptr);
+}
+
+std::shared_ptr<const Model> Model::from_bytes(const std::string& bytes, const std::string& origin) {
+  return from_bytes_or_file(origin, &bytes);
+}
+
+std::shared_ptr<const Model> Model::from_bytes_or_file(const std::string& origin, const std::string* bytes) {
+  SafetensorsFile file = bytes ? SafetensorsFile::parse(*bytes, origin) : SafetensorsFile::read(origin);
+  auto it = file.metadata().find("e3fuse");
+  if (it == file.metadata().end()) {
+    throw Error("model file '" + origin + "': not an e3fuse model (no 'e3fuse' metadata); convert it with `e3fuse convert`");
+  }
+  json::Value arch = json::parse(it->second, "model file '" + origin + "' metadata");
+  auto plan = std::make_unique<ModelPlan>();
+  plan->json = it->second;
+  plan->format_version = static_cast<int>(arch["format_version"].as_int());
+  if (plan->format_version > kModelFormatVersion) {
+    throw Error("model file '" + origin + "' has format version " + std::to_string(plan->format_version) +
+                ", newer than this e3fuse (" + version() + ") reads (" + std::to_string(kModelFormatVersion) +
+                "); upgrade e3fuse");
+  }
+  if (plan->format_version < 1) throw Error("model file '" + origin + "': invalid format version");
+  plan->family = arch["family"].as_string();
+  plan->cutoff = arch["cutoff"].as_double();
+  if (!(plan->cutoff > 0) || !std::isfinite(plan->cutoff)) throw Error("model file '" + origin + "': bad cutoff");
+  for (int64_t z : arch["atomic_numbers"].as_int_vector()) plan->atomic_numbers.push_back(static_cast<int>(z));
+  plan->species_of_z.assign(119, -1);
+  for (size_t s = 0; s < plan->atomic_numbers.size(); ++s) {
+    int z = plan->atomic_numbers[s];
+    if (z < 1 || z > 118) throw Error("model file '" + origin + "': bad atomic number " + std::to_string(z));
+    if (plan->species_of_z[z] != -1) throw Error("model file '" + origin + "': element listed twice");
+    plan->species_of_z[z] = static_cast<int>(s);
+  }
+  if (arch.contains("source")) {
+    const json::Value& src = arch["source"];
+    std::string desc;
+    for (const auto& kv : src.object()) {
+      if (kv.second.is_string()) desc += (desc.empty() ? "" : ", ") + kv.first + "=" + kv.second.as_string();
+    }
+    plan->source_description = desc;
+  }
+  PlanBuilder builder(file, origin);
+  if (plan->family == "sevennet") {
+    build_sevennet(builder, arch, *plan);
+  } else {
+    throw Error("model file '" + origin + "': model family '" + plan->family + "' is not supported by this build");
+  }
+  plan->num_parameters = builder.num_parameters();
+  std::shared_ptr<Model> model(new Model());
+  model->plan_ = std::move(plan);
+  return model;
+}
+
+const std::string& Model::family() const { return plan_->family; }
+double Model::cutoff() const { return plan_->cutoff; }
+int Model::num_layers() const { return static_cast<int>(plan_->layers.size()); }
+int Model::format_version() const { return plan_->format_version; }
+const std::vector<int>& Model::atomic_numbers() const { return plan_->atomic_numbers; }
+int Model::species_of(int z) const { return (z >= 0 && z < 119) ? plan_->species_of_z[z] : -1; }
+const std::string& Model::architecture_json() const { return plan_->json; }
+int64_t Model::num_parameters() const { return plan_->num_parameters; }
+
+static std::string irreps_string(const Irreps& irreps) {
+  std::string s;
+  for (const auto& b : irreps.blocks) {
+    if (!s.empty()) s += "+";
+    s += std::to_string(b.mul) + "x" + std::to_string(b.l) + (b.parity > 0 ? "e" : "o");
+  }
+  return s.empty() ? "0" : s;
+}
+
+std::string Model::summary() const {
+  const ModelPlan& p = *plan_;
+  std::ostringstream s;
+  s << "family:        " << p.family << "\n";
+  s << "format:        " << p.format_version << "\n";
+  if (!p.source_description.empty()) s << "source:        " << p.source_description << "\n";
+  s << "cutoff:        " << p.cutoff << " A\n";
+  s << "layers:        " << p.layers.size() << "\n";
+  s << "radial basis:  bessel x" << p.radial.num_basis << ", envelope "
+    << (p.radial.envelope == EnvelopeKind::xplor ? "xplor (r_on " + std::to_string(p.radial.r_on) + ")"
+                                                   : "polynomial (p " + std::to_string(p.radial.p) + ")")
+    << "\n";
+  s << "sph. harmonics: lmax " << p.sh.lmax << "\n";
+  for (size_t t = 0; t < p.layers.size(); ++t) {
+    const SevennetLayer& l = p.layers[t];
+    s << "layer " << t << ":       " << irreps_string(l.linear_1.in) << " -> conv " << irreps_string(l.conv.out)
+      << " (" << l.conv.paths.size() << " paths, radial MLP";
+    for (int d : l.conv.mlp.dims) s << " " << d;
+    s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear_2.out) << " -> gate " << l.gate.dim_out
+      << "\n";
+  }
+  s << "elements:      " << p.atomic_numbers.size() << " (Z =";
+  for (size_t i = 0; i < p.atomic_numbers.size(); ++i) {
+    if (i == 12) { s << " ..."; break; }
+    s << " " << p.atomic_numbers[i];
+  }
+  s << ")\n";
+  s << "parameters:    " << p.num_parameters << "\n";
+  return s.str();
+}
+
+}  // namespace e3fuse

@@ -1,0 +1,146 @@
+// model/plan.h: the execution plan of a model, built once from an .e3f file.
+// Immutable data (irreps, paths, coefficients, weights in float64); engines make
+// typed copies for their precision. The model math follows e3nn as used by sevenn
+// (see python/e3fuse/convert/ for how each field is read from the source model).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace e3fuse {
+
+// One block "mul x l" of an irreps vector, stored [mul][2l+1] at `offset`.
+struct IrrepBlock {
+  int mul = 0;
+  int l = 0;
+  int parity = 1;
+  int64_t offset = 0;
+  int dim() const { return mul * (2 * l + 1); }
+};
+
+struct Irreps {
+  std::vector<IrrepBlock> blocks;
+  int64_t dim = 0;
+};
+
+// e3nn o3.Linear: out[out_block][w, m] += sum_u weight[u][w] * in[in_block][u, m].
+struct LinearPath {
+  int in_block = 0;
+  int out_block = 0;
+  std::vector<double> weight;  // [mul_in][mul_out], path weight folded in
+};
+struct LinearBias {
+  int out_block = 0;
+  std::vector<double> bias;  // [mul_out] (scalar outputs only)
+};
+struct LinearPlan {
+  Irreps in, out;
+  std::vector<LinearPath> paths;
+  std::vector<LinearBias> biases;
+  int64_t num_parameters() const;
+};
+
+enum class Activation { identity, silu, tanh, sigmoid, abs, relu, ssp };
+Activation parse_activation(const std::string& name);
+
+// e3nn FullyConnectedNet with scales folded into the weights:
+// h <- act(h @ W_i) * act_scale for hidden layers, the last layer linear.
+struct MlpPlan {
+  std::vector<int> dims;
+  std::vector<std::vector<double>> weights;  // weights[i]: [dims[i]][dims[i+1]]
+  Activation act = Activation::identity;
+  double act_scale = 1.0;
+};
+
+// One 'uvu' path of the channelwise tensor product:
+// out[out_block][u, k] += w[weight_offset + u] * sum_ij cg[i][j][k] x[in_block][u, i] Y[l2][j]
+struct TensorProductPath {
+  int in_block = 0, sh_block = 0, out_block = 0;
+  int l1 = 0, l2 = 0, l3 = 0;
+  int64_t weight_offset = 0;
+  std::vector<double> cg;  // [2l1+1][2l2+1][2l3+1], path normalization folded in
+};
+
+// Message passing: y_i = (1/denominator) sum_{j in N(i)} TP(x_j, Y(v_ij), MLP(emb(r_ij))).
+struct ConvPlan {
+  Irreps in, sh, out;
+  int64_t weight_numel = 0;
+  std::vector<TensorProductPath> paths;
+  MlpPlan mlp;
+  double denominator = 1.0;
+};
+
+// e3nn nn.Gate on a flat input [scalars | gates | gated]:
+// output [act(scalars) | act(gates) * gated * gated_factor].
+struct GateSegment {
+  int start = 0;
+  int dim = 0;
+  Activation act = Activation::identity;
+  double scale = 1.0;
+};
+struct GatedBlock {
+  int start = 0;
+  int mul = 0;
+  int l = 0;
+};
+struct GatePlan {
+  std::vector<GateSegment> scalars, gates;
+  std::vector<GatedBlock> gated;
+  double gated_factor = 1.0;
+  int64_t dim_in = 0, dim_out = 0;
+};
+
+struct SevennetLayer {
+  LinearPlan self_connection, linear_1;
+  ConvPlan conv;
+  LinearPlan linear_2;
+  GatePlan gate;
+};
+
+enum class EnvelopeKind { xplor, polynomial };
+
+// Edge embedding: emb_n(r) = prefactor * sin(coeffs_n r) / r * envelope(r).
+struct RadialPlan {
+  int num_basis = 0;
+  double prefactor = 0.0;
+  std::vector<double> coeffs;
+  EnvelopeKind envelope = EnvelopeKind::polynomial;
+  double r_cut = 0.0;
+  double r_on = 0.0;  // xplor
+  double p = 6.0;     // polynomial
+};
+
+// Real spherical harmonics of the unit vector, Y_l^m(u) = sum_k coeffs[m][k] u^exponents[k].
+struct ShDegree {
+  int l = 0;
+  std::vector<std::array<int, 3>> exponents;
+  std::vector<double> coeffs;  // [2l+1][num_monomials]
+};
+struct ShPlan {
+  int lmax = 0;
+  int dim = 0;  // (lmax+1)^2
+  std::vector<ShDegree> degrees;
+};
+
+struct ModelPlan {
+  std::string family;
+  std::string json;
+  std::string source_description;
+  int format_version = 0;
+  double cutoff = 0.0;
+  std::vector<int> atomic_numbers;
+  std::vector<int> species_of_z;  // indexed by Z (0..118), -1 when absent
+  int64_t num_parameters = 0;
+
+  RadialPlan radial;
+  ShPlan sh;
+  std::vector<double> embedding;  // [num_species][embedding_dim]
+  int embedding_dim = 0;
+  std::vector<SevennetLayer> layers;
+  std::vector<LinearPlan> readout;
+  std::vector<double> scale, shift;  // per species
+};
+
+}  // namespace e3fuse

@@ -1,0 +1,802 @@
+// neighbor_list.cpp: the cell-list neighbor search behind e3fuse::NeighborList
+// (see e3fuse/neighbors.h).
+//
+// Outline of build():
+//   1. Complete the periodic cell vectors into a full-rank basis (unit vectors
+//      orthogonal to the periodic span stand in for non-periodic directions) and
+//      take fractional coordinates in it. Periodic fractional coordinates are
+//      wrapped into [0, 1); the integer wrap w_i of each atom is remembered.
+//   2. Every atom gets the periodic images m (integer cell shifts) that can lie
+//      within R = cutoff + skin of the wrapped cell: along periodic direction a
+//      the fractional coordinate of a neighbor of a wrapped atom lies within
+//      R / d_a of [0, 1), d_a being the spacing of the lattice planes.
+//   3. All points (atoms and images) are binned on a Cartesian grid of bins at
+//      least R wide; each wrapped atom scans its 27 surrounding bins.
+//   4. A candidate j (image m) of receiver i has the cell shift n = m - w_j + w_i
+//      relative to the positions as given. The final test |v| < R uses the edge
+//      vector exactly as the engine computes it, v = (x_j - x_i) + shift(n), so
+//      that the decision for i <- j (n) and j <- i (-n) is bitwise symmetric.
+//   5. Distinct shifts are numbered ((0,0,0) first, the rest in lexicographic
+//      order) and rows are written in CSR form sorted by (j, n).
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "e3fuse/error.h"
+#include "e3fuse/neighbors.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace e3fuse {
+namespace {
+
+// Cells whose periodic vectors span less than this fraction of the volume (area,
+// length) of a box with the same edge lengths are considered degenerate.
+constexpr double kDegenerateCell = 1e-10;
+// Fractional coordinates beyond this many cell lengths are refused, which keeps
+// every integer shift well inside int32.
+constexpr double kMaxWraps = 268435456.0;  // 2^28
+// Upper bound on the number of image offsets considered per atom.
+constexpr int64_t kMaxImageBox = int64_t{1} << 24;
+// Integer shifts are numbered through a dense table up to this size, through a
+// hash map beyond it (positions spread over very many cells).
+constexpr int64_t kMaxDenseShiftBox = int64_t{1} << 20;
+// Below this many atoms the build runs on one thread.
+constexpr int64_t kMinAtomsPerThread = 2048;
+
+double Dot(const double* a, const double* b) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]; }
+
+void Cross(const double* a, const double* b, double* out) {
+  out[0] = a[1] * b[2] - a[2] * b[1];
+  out[1] = a[2] * b[0] - a[0] * b[2];
+  out[2] = a[0] * b[1] - a[1] * b[0];
+}
+
+double Norm(const double* a) { return std::sqrt(Dot(a, a)); }
+
+// The Cartesian shift of integer cell shift n, evaluated as
+// n0 * cell[0..2] + n1 * cell[3..5] + n2 * cell[6..8] in this order. Integer
+// negation is exact and so is every step here under negation, so the shift of
+// -n is exactly the negation of the shift of n.
+inline void ShiftVector(int64_t n0, int64_t n1, int64_t n2, const double* cell, double* out) {
+  const double a = static_cast<double>(n0);
+  const double b = static_cast<double>(n1);
+  const double c = static_cast<double>(n2);
+  for (int k = 0; k < 3; ++k) out[k] = a * cell[k] + b * cell[3 + k] + c * cell[6 + k];
+}
+
+std::string FormatNumber(double x, int precision = 6) {
+  std::ostringstream s;
+  s.precision(precision);
+  s << x;
+  return s.str();
+}
+
+int NumThreads(int64_t work_items) {
+#ifdef _OPENMP
+  const int64_t wanted = std::max<int64_t>(1, work_items / kMinAtomsPerThread);
+  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), wanted));
+#else
+  (void)work_items;
+  return 1;
+#endif
+}
+
+int ThreadId() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+int TeamSize() {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
+// The lattice: the periodic cell vectors completed into a full-rank basis.
+struct Lattice {
+  double cell[9] = {};     // rows of periodic directions as given, other rows zero
+  double recip[9] = {};    // rows r_a with r_a . basis_b = delta_ab
+  double spacing[3] = {};  // distance between lattice planes of direction a
+  bool periodic[3] = {false, false, false};
+};
+
+Lattice MakeLattice(const double* cell, const bool pbc[3]) {
+  Lattice lat;
+  double basis[9] = {};
+  int periodic_axes[3];
+  int free_axes[3];
+  int num_periodic = 0;
+  int num_free = 0;
+  for (int a = 0; a < 3; ++a) {
+    lat.periodic[a] = pbc[a];
+    if (pbc[a]) {
+      periodic_axes[num_periodic++] = a;
+      for (int k = 0; k < 3; ++k) lat.cell[3 * a + k] = basis[3 * a + k] = cell[3 * a + k];
+    } else {
+      free_axes[num_free++] = a;
+    }
+  }
+  const std::string degenerate =
+      "cell has zero volume along its periodic directions (the cell vectors of the periodic "
+      "directions are zero or linearly dependent)";
+  if (num_periodic == 0) {
+    for (int a = 0; a < 3; ++a) basis[4 * a] = 1.0;
+  } else if (num_periodic == 1) {
+    // Two unit vectors orthogonal to the periodic vector and to each other.
+    const double* v = basis + 3 * periodic_axes[0];
+    const double length = Norm(v);
+    if (!(length > 0.0)) throw Error(degenerate);
+    const double u[3] = {v[0] / length, v[1] / length, v[2] / length};
+    int least = 0;  // the Cartesian axis least aligned with u
+    for (int k = 1; k < 3; ++k) {
+      if (std::abs(u[k]) < std::abs(u[least])) least = k;
+    }
+    double axis[3] = {0.0, 0.0, 0.0};
+    axis[least] = 1.0;
+    double* e1 = basis + 3 * free_axes[0];
+    double* e2 = basis + 3 * free_axes[1];
+    Cross(u, axis, e1);
+    const double n1 = Norm(e1);
+    for (int k = 0; k < 3; ++k) e1[k] /= n1;
+    Cross(u, e1, e2);
+  } else if (num_periodic == 2) {
+    const double* v1 = basis + 3 * periodic_axes[0];
+    const double* v2 = basis + 3 * periodic_axes[1];
+    double* e = basis + 3 * free_axes[0];
+    Cross(v1, v2, e);
+    const double area = Norm(e);
+    if (!(area > kDegenerateCell * Norm(v1) * Norm(v2)) || !(area > 0.0)) throw Error(degenerate);
+    for (int k = 0; k < 3; ++k) e[k] /= area;
+  } else {
+    double c12[3];
+    Cross(basis + 3, basis + 6, c12);
+    const double volume = std::abs(Dot(basis, c12));
+    if (!(volume > kDegenerateCell * Norm(basis) * Norm(basis + 3) * Norm(basis + 6)) ||
+        !(volume > 0.0)) {
+      throw Error(degenerate);
+    }
+  }
+  // Reciprocal vectors r_a = (b_{a+1} x b_{a+2}) / det; fractional coordinates
+  // are f_a = x . r_a, and 1 / |r_a| is the spacing of the planes f_a = const.
+  double c12[3];
+  Cross(basis + 3, basis + 6, c12);
+  const double det = Dot(basis, c12);
+  for (int a = 0; a < 3; ++a) {
+    Cross(basis + 3 * ((a + 1) % 3), basis + 3 * ((a + 2) % 3), lat.recip + 3 * a);
+    for (int k = 0; k < 3; ++k) lat.recip[3 * a + k] /= det;
+    lat.spacing[a] = 1.0 / Norm(lat.recip + 3 * a);
+  }
+  return lat;
+}
+
+// A point of the cell list: a wrapped atom or one of its periodic images.
+struct Point {
+  double x, y, z;
+  uint64_t key;  // (atom << 32) | image code
+};
+
+// Numbers integer shifts n: a dense table over the box of possible shifts when
+// that box is small (always, unless positions are spread over many cells), a
+// hash map otherwise.
+struct ShiftKey {
+  int32_t n[3];
+  bool operator==(const ShiftKey& o) const {
+    return n[0] == o.n[0] && n[1] == o.n[1] && n[2] == o.n[2];
+  }
+  bool operator<(const ShiftKey& o) const {
+    return std::lexicographical_compare(n, n + 3, o.n, o.n + 3);
+  }
+};
+
+struct ShiftKeyHash {
+  size_t operator()(const ShiftKey& k) const {
+    uint64_t h = static_cast<uint32_t>(k.n[0]);
+    h = h * 0x9E3779B97F4A7C15ull ^ static_cast<uint32_t>(k.n[1]);
+    h = h * 0x9E3779B97F4A7C15ull ^ static_cast<uint32_t>(k.n[2]);
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+class ShiftNumbering {
+ public:
+  ShiftNumbering(const int64_t lo[3], const int64_t hi[3]) {
+    int64_t total = 1;
+    for (int a = 0; a < 3; ++a) {
+      lo_[a] = lo[a];
+      size_[a] = hi[a] - lo[a] + 1;
+      total = (total <= kMaxDenseShiftBox) ? total * size_[a] : total;
+    }
+    dense_ = total <= kMaxDenseShiftBox;
+    if (dense_) total_ = total;
+  }
+
+  bool dense() const { return dense_; }
+  int64_t dense_size() const { return total_; }
+
+  int64_t Code(const int64_t n[3]) const {
+    return ((n[0] - lo_[0]) * size_[1] + (n[1] - lo_[1])) * size_[2] + (n[2] - lo_[2]);
+  }
+  void Decode(int64_t code, int64_t n[3]) const {
+    n[2] = code % size_[2] + lo_[2];
+    code /= size_[2];
+    n[1] = code % size_[1] + lo_[1];
+    n[0] = code / size_[1] + lo_[0];
+  }
+
+ private:
+  bool dense_ = false;
+  int64_t lo_[3] = {};
+  int64_t size_[3] = {};
+  int64_t total_ = 0;
+};
+
+// Per-thread output of the neighbor scan.
+struct ScanOutput {
+  std::vector<uint64_t> keys;                              // sorted rows, concatenated
+  std::vector<uint8_t> used_dense;                         // shifts seen (dense numbering)
+  std::unordered_set<ShiftKey, ShiftKeyHash> used_sparse;  // shifts seen (hash numbering)
+};
+
+// The bin grid. Along each axis there are `cells` bins of width >= R; when the
+// grid would have too many bins (sparse systems with a huge extent), an axis is
+// folded onto `dims` < `cells` bins by taking the bin index modulo `dims`. Folded
+// bins mix far-apart points, which the distance test rejects; dims >= 3 keeps the
+// three neighbor bins along a folded axis distinct.
+struct Grid {
+  double origin[3] = {};
+  double inv_width[3] = {};
+  int64_t cells[3] = {1, 1, 1};
+  int64_t dims[3] = {1, 1, 1};
+
+  int64_t Coord(int a, double x) const {
+    const double t = std::floor((x - origin[a]) * inv_width[a]);
+    int64_t c = t <= 0.0 ? 0
+                         : (t >= static_cast<double>(cells[a] - 1) ? cells[a] - 1
+                                                                   : static_cast<int64_t>(t));
+    return dims[a] < cells[a] ? c % dims[a] : c;
+  }
+  int64_t Index(const int64_t c[3]) const { return (c[2] * dims[1] + c[1]) * dims[0] + c[0]; }
+  bool folded(int a) const { return dims[a] < cells[a]; }
+};
+
+Grid MakeGrid(const double lo[3], const double hi[3], double width, int64_t max_bins) {
+  Grid g;
+  for (int a = 0; a < 3; ++a) {
+    g.origin[a] = lo[a];
+    const double extent = hi[a] - lo[a];
+    // Bins a little wider than `width`, so that rounding in the bin coordinate
+    // never separates points closer than `width` by more than one bin.
+    const double cells = std::floor(extent / (width * (1.0 + 1e-6)));
+    g.cells[a] =
+        cells < 1.0 ? 1 : (cells > 1e15 ? int64_t{1000000000000000} : static_cast<int64_t>(cells));
+    g.inv_width[a] = extent > 0.0 ? static_cast<double>(g.cells[a]) / extent : 0.0;
+    g.dims[a] = g.cells[a];
+  }
+  auto total = [&g] { return static_cast<double>(g.dims[0]) * g.dims[1] * g.dims[2]; };
+  while (total() > static_cast<double>(max_bins)) {
+    int a = 0;
+    for (int b = 1; b < 3; ++b) {
+      if (g.dims[b] > g.dims[a]) a = b;
+    }
+    g.dims[a] = std::max<int64_t>(3, g.dims[a] / 2);
+  }
+  return g;
+}
+
+}  // namespace
+
+NeighborList::NeighborList(double cutoff, double skin) : cutoff_(cutoff), skin_(skin) {
+  if (!std::isfinite(cutoff) || cutoff <= 0.0) {
+    throw Error("neighbor list cutoff must be positive and finite, got " + FormatNumber(cutoff));
+  }
+  if (!std::isfinite(skin) || skin < 0.0) {
+    throw Error("neighbor list skin must be non-negative and finite, got " + FormatNumber(skin));
+  }
+}
+
+bool NeighborList::update(int64_t num_atoms, const double* positions, const double* cell,
+                          const bool pbc[3]) {
+  if (num_atoms < 0) {
+    throw Error("number of atoms must be non-negative, got " + std::to_string(num_atoms));
+  }
+  if (num_atoms > std::numeric_limits<int32_t>::max()) {
+    throw Error("too many atoms for the neighbor list: " + std::to_string(num_atoms));
+  }
+  if (num_atoms > 0 && positions == nullptr) throw Error("positions are missing (null pointer)");
+  bool periodic[3] = {false, false, false};
+  double cell_copy[9] = {};
+  for (int a = 0; a < 3; ++a) periodic[a] = pbc != nullptr && pbc[a];
+  if (cell != nullptr) {
+    std::memcpy(cell_copy, cell, sizeof(cell_copy));
+  } else if (periodic[0] || periodic[1] || periodic[2]) {
+    throw Error("a periodic system needs a cell (got a null pointer)");
+  }
+  for (int a = 0; a < 3; ++a) {
+    if (!periodic[a]) continue;
+    for (int k = 0; k < 3; ++k) {
+      if (!std::isfinite(cell_copy[3 * a + k])) {
+        throw Error("cell vector " + std::to_string(a) + " (periodic) is not finite (NaN or inf)");
+      }
+    }
+  }
+  for (int64_t i = 0; i < 3 * num_atoms; ++i) {
+    if (!std::isfinite(positions[i])) {
+      throw Error("position of atom " + std::to_string(i / 3) + " is not finite (NaN or inf)");
+    }
+  }
+
+  bool rebuild = !valid_ || num_atoms != num_atoms_ || periodic[0] != pbc_[0] ||
+                 periodic[1] != pbc_[1] || periodic[2] != pbc_[2] ||
+                 std::memcmp(cell_copy, cell_, sizeof(cell_)) != 0;
+  if (!rebuild) {
+    const double* ref = reference_positions_.data();
+    if (skin_ > 0.0) {
+      const double limit2 = 0.25 * skin_ * skin_;
+      for (int64_t i = 0; i < num_atoms && !rebuild; ++i) {
+        const double dx = positions[3 * i] - ref[3 * i];
+        const double dy = positions[3 * i + 1] - ref[3 * i + 1];
+        const double dz = positions[3 * i + 2] - ref[3 * i + 2];
+        rebuild = dx * dx + dy * dy + dz * dz > limit2;
+      }
+    } else {
+      for (int64_t i = 0; i < 3 * num_atoms && !rebuild; ++i) rebuild = positions[i] != ref[i];
+    }
+  }
+  if (rebuild) build(num_atoms, positions, cell_copy, periodic);
+  check_min_distance(positions);
+  return rebuild;
+}
+
+GraphView NeighborList::view(const double* positions, const int32_t* species) const {
+  if (row_offsets_.empty()) throw Error("neighbor list used before its first update()");
+  GraphView g;
+  g.num_nodes = num_atoms_;
+  g.num_energy_nodes = num_atoms_;
+  g.positions = positions;
+  g.species = species;
+  g.row_offsets = row_offsets_.data();
+  g.neighbors = neighbors_.data();
+  g.shift_index = shift_index_.data();
+  g.shifts = shifts_.data();
+  return g;
+}
+
+void NeighborList::build(int64_t num_atoms, const double* positions, const double* cell,
+                         const bool pbc[3]) {
+  valid_ = false;
+  const Lattice lat = MakeLattice(cell, pbc);
+  const int64_t n = num_atoms;
+  const double radius = cutoff_ + skin_;
+  const double radius2 = radius * radius;
+
+  // 1. Fractional coordinates; wrap periodic ones into [0, 1).
+  std::vector<double> frac(3 * n);
+  std::vector<int32_t> wrap(3 * n, 0);
+  double max_abs_position = 0.0;
+  int64_t max_wrap[3] = {0, 0, 0};
+  int64_t min_wrap[3] = {0, 0, 0};
+  for (int64_t i = 0; i < n; ++i) {
+    const double* x = positions + 3 * i;
+    for (int a = 0; a < 3; ++a) {
+      max_abs_position = std::max(max_abs_position, std::abs(x[a]));
+      double f = Dot(x, lat.recip + 3 * a);
+      if (lat.periodic[a]) {
+        if (!(std::abs(f) < kMaxWraps)) {
+          throw Error("atom " + std::to_string(i) + " lies " + FormatNumber(f) +
+                      " cell lengths from the cell along periodic direction " + std::to_string(a) +
+                      "; wrap the positions");
+        }
+        double w = std::floor(f);
+        f -= w;
+        if (f >= 1.0) {  // f was a tiny negative number
+          f = 0.0;
+          w += 1.0;
+        }
+        wrap[3 * i + a] = static_cast<int32_t>(w);
+        max_wrap[a] = std::max<int64_t>(max_wrap[a], wrap[3 * i + a]);
+        min_wrap[a] = std::min<int64_t>(min_wrap[a], wrap[3 * i + a]);
+      }
+      frac[3 * i + a] = f;
+    }
+  }
+
+  // The search radius of the approximate stages (image ranges, binning, first
+  // distance test on wrapped coordinates) is a little larger than R to absorb
+  // their rounding; the final test on the exact edge vector uses R.
+  double cell_length_sum = 0.0;
+  for (int a = 0; a < 3; ++a) {
+    if (lat.periodic[a]) {
+      // Bounds |w . cell| + |m . cell| along this direction.
+      const double max_cells =
+          static_cast<double>(std::max(max_wrap[a], -min_wrap[a])) + radius / lat.spacing[a] + 3.0;
+      cell_length_sum += Norm(lat.cell + 3 * a) * max_cells;
+    }
+  }
+  const double search = radius + 1e-9 * (radius + max_abs_position + cell_length_sum);
+  const double search2 = search * search;
+
+  // 2. Image offsets m lie in the box [-reach_a, reach_a]; image codes number
+  // the box in lexicographic order.
+  int64_t reach[3] = {0, 0, 0};
+  int64_t box[3];
+  int64_t box_size = 1;
+  for (int a = 0; a < 3; ++a) {
+    if (lat.periodic[a]) {
+      const double k = std::ceil(search / lat.spacing[a]) + 1.0;
+      if (!(k < static_cast<double>(kMaxImageBox))) {
+        throw Error("cell is too small for the cutoff: direction " + std::to_string(a) +
+                    " would need " + FormatNumber(k) + " periodic images per side");
+      }
+      reach[a] = static_cast<int64_t>(k);
+    }
+    box[a] = 2 * reach[a] + 1;
+    box_size *= box[a];
+    if (box_size > kMaxImageBox) {
+      throw Error("cell is too small for the cutoff: over " + std::to_string(kMaxImageBox) +
+                  " periodic images per atom would be needed");
+    }
+  }
+  const uint32_t zero_image =
+      static_cast<uint32_t>((reach[0] * box[1] + reach[1]) * box[2] + reach[2]);
+  std::vector<int32_t> image_offsets(3 * box_size);  // image code -> m
+  for (int64_t code = 0; code < box_size; ++code) {
+    image_offsets[3 * code] = static_cast<int32_t>(code / (box[1] * box[2]) - reach[0]);
+    image_offsets[3 * code + 1] = static_cast<int32_t>((code / box[2]) % box[1] - reach[1]);
+    image_offsets[3 * code + 2] = static_cast<int32_t>(code % box[2] - reach[2]);
+  }
+
+  // Per atom, the image range along each axis: a neighbor of a wrapped atom
+  // has fractional coordinate within search / d_a of [0, 1).
+  std::vector<int32_t> image_range(6 * n);
+  std::vector<int64_t> point_begin(n + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t count = 1;
+    for (int a = 0; a < 3; ++a) {
+      int64_t lo = 0;
+      int64_t hi = 0;
+      if (lat.periodic[a]) {
+        const double margin = search / lat.spacing[a];
+        const double f = frac[3 * i + a];
+        lo = std::max<int64_t>(-reach[a], static_cast<int64_t>(std::ceil(-margin - f)));
+        hi = std::min<int64_t>(reach[a], static_cast<int64_t>(std::floor(1.0 + margin - f)));
+        lo = std::min<int64_t>(lo, 0);  // the atom itself is always a point
+        hi = std::max<int64_t>(hi, 0);
+      }
+      image_range[6 * i + 2 * a] = static_cast<int32_t>(lo);
+      image_range[6 * i + 2 * a + 1] = static_cast<int32_t>(hi);
+      count *= hi - lo + 1;
+    }
+    point_begin[i + 1] = point_begin[i] + count;
+  }
+  const int64_t num_points = point_begin[n];
+
+  // Points: the wrapped atom x_i - w_i . cell plus m . cell, images in
+  // lexicographic order of m.
+  std::vector<Point> points(num_points);
+  double lo_corner[3] = {0.0, 0.0, 0.0};
+  double hi_corner[3] = {0.0, 0.0, 0.0};
+  if (num_points > 0) {
+    for (int a = 0; a < 3; ++a) {
+      lo_corner[a] = std::numeric_limits<double>::infinity();
+      hi_corner[a] = -std::numeric_limits<double>::infinity();
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t* w = wrap.data() + 3 * i;
+    const int32_t* r = image_range.data() + 6 * i;
+    double unwrap[3];
+    ShiftVector(w[0], w[1], w[2], lat.cell, unwrap);
+    const double base[3] = {positions[3 * i] - unwrap[0], positions[3 * i + 1] - unwrap[1],
+                            positions[3 * i + 2] - unwrap[2]};
+    Point* p = points.data() + point_begin[i];
+    for (int64_t m0 = r[0]; m0 <= r[1]; ++m0) {
+      for (int64_t m1 = r[2]; m1 <= r[3]; ++m1) {
+        for (int64_t m2 = r[4]; m2 <= r[5]; ++m2) {
+          double s[3];
+          ShiftVector(m0, m1, m2, lat.cell, s);
+          p->x = base[0] + s[0];
+          p->y = base[1] + s[1];
+          p->z = base[2] + s[2];
+          const int64_t code =
+              ((m0 + reach[0]) * box[1] + (m1 + reach[1])) * box[2] + m2 + reach[2];
+          p->key = (static_cast<uint64_t>(i) << 32) | static_cast<uint64_t>(code);
+          const double c[3] = {p->x, p->y, p->z};
+          for (int a = 0; a < 3; ++a) {
+            lo_corner[a] = std::min(lo_corner[a], c[a]);
+            hi_corner[a] = std::max(hi_corner[a], c[a]);
+          }
+          ++p;
+        }
+      }
+    }
+  }
+
+  // 3. Bin the points (counting sort, stable: a bin keeps its points in key order).
+  const Grid grid = MakeGrid(lo_corner, hi_corner, search, std::max<int64_t>(4096, 2 * num_points));
+  const int64_t num_bins = grid.dims[0] * grid.dims[1] * grid.dims[2];
+  std::vector<int64_t> bin_begin(num_bins + 1, 0);
+  std::vector<int64_t> point_bin(num_points);
+  for (int64_t k = 0; k < num_points; ++k) {
+    const int64_t c[3] = {grid.Coord(0, points[k].x), grid.Coord(1, points[k].y),
+                          grid.Coord(2, points[k].z)};
+    point_bin[k] = grid.Index(c);
+    ++bin_begin[point_bin[k] + 1];
+  }
+  for (int64_t b = 0; b < num_bins; ++b) bin_begin[b + 1] += bin_begin[b];
+  std::vector<Point> sorted(num_points);
+  {
+    std::vector<int64_t> fill(bin_begin.begin(), bin_begin.end() - 1);
+    for (int64_t k = 0; k < num_points; ++k) sorted[fill[point_bin[k]]++] = points[k];
+  }
+  std::vector<Point>().swap(points);
+  std::vector<int64_t>().swap(point_bin);
+
+  // Shifts n = m - w_j + w_i lie in a box known in advance.
+  int64_t shift_lo[3];
+  int64_t shift_hi[3];
+  for (int a = 0; a < 3; ++a) {
+    shift_lo[a] = -reach[a] + min_wrap[a] - max_wrap[a];
+    shift_hi[a] = reach[a] + max_wrap[a] - min_wrap[a];
+  }
+  const ShiftNumbering numbering(shift_lo, shift_hi);
+
+  // 4. Scan. Threads take contiguous ranges of binned points, so that a
+  // thread's receivers are close in space; rows are written in atom order later.
+  const int num_threads = NumThreads(n);
+  std::vector<ScanOutput> out(num_threads);
+  std::vector<int32_t> row_thread(n);
+  std::vector<int64_t> row_start(n);
+  std::vector<int64_t> row_count(n);
+
+#pragma omp parallel num_threads(num_threads)
+  {
+    const int t = ThreadId();
+    const int team = TeamSize();  // may be smaller than num_threads
+    ScanOutput& mine = out[t];
+    if (numbering.dense()) mine.used_dense.assign(numbering.dense_size(), 0);
+    std::vector<uint64_t> candidates;
+    const int64_t begin = num_points * t / team;
+    const int64_t end = num_points * (t + 1) / team;
+    for (int64_t k = begin; k < end; ++k) {
+      const Point& self = sorted[k];
+      if ((self.key & 0xffffffffu) != zero_image) continue;
+      const int64_t i = static_cast<int64_t>(self.key >> 32);
+
+      // The neighboring bins: along x as contiguous runs of bins, along y and z
+      // as lists of bin coordinates.
+      int64_t home[3] = {grid.Coord(0, self.x), grid.Coord(1, self.y), grid.Coord(2, self.z)};
+      int64_t near[2][3];
+      int num_near[2] = {0, 0};
+      for (int a = 1; a < 3; ++a) {
+        for (int64_t d = -1; d <= 1; ++d) {
+          int64_t c = home[a] + d;
+          if (grid.folded(a)) {
+            c = (c + grid.dims[a]) % grid.dims[a];
+          } else if (c < 0 || c >= grid.dims[a]) {
+            continue;
+          }
+          near[a - 1][num_near[a - 1]++] = c;
+        }
+      }
+      int64_t runs[2][2];
+      int num_runs = 0;
+      if (grid.folded(0) && home[0] == 0) {
+        runs[num_runs][0] = grid.dims[0] - 1, runs[num_runs++][1] = grid.dims[0] - 1;
+        runs[num_runs][0] = 0, runs[num_runs++][1] = 1;
+      } else if (grid.folded(0) && home[0] == grid.dims[0] - 1) {
+        runs[num_runs][0] = home[0] - 1, runs[num_runs++][1] = home[0];
+        runs[num_runs][0] = 0, runs[num_runs++][1] = 0;
+      } else {
+        runs[num_runs][0] = std::max<int64_t>(0, home[0] - 1);
+        runs[num_runs++][1] = std::min<int64_t>(grid.dims[0] - 1, home[0] + 1);
+      }
+      int64_t ranges[18][2];
+      int num_ranges = 0;
+      int64_t total = 0;
+      for (int z = 0; z < num_near[1]; ++z) {
+        for (int y = 0; y < num_near[0]; ++y) {
+          for (int r = 0; r < num_runs; ++r) {
+            int64_t c[3] = {runs[r][0], near[0][y], near[1][z]};
+            const int64_t first = bin_begin[grid.Index(c)];
+            c[0] = runs[r][1];
+            const int64_t last = bin_begin[grid.Index(c) + 1];
+            ranges[num_ranges][0] = first;
+            ranges[num_ranges++][1] = last;
+            total += last - first;
+          }
+        }
+      }
+
+      // First test on the wrapped coordinates (branch-free append).
+      if (static_cast<int64_t>(candidates.size()) < total) candidates.resize(total);
+      uint64_t* cand = candidates.data();
+      int64_t count = 0;
+      for (int r = 0; r < num_ranges; ++r) {
+        for (int64_t q = ranges[r][0]; q < ranges[r][1]; ++q) {
+          const Point& p = sorted[q];
+          const double dx = p.x - self.x;
+          const double dy = p.y - self.y;
+          const double dz = p.z - self.z;
+          cand[count] = p.key;
+          count += (dx * dx + dy * dy + dz * dz < search2) & (p.key != self.key);
+        }
+      }
+
+      // Final test on the edge vector as the engine computes it.
+      const double* xi = positions + 3 * i;
+      const int32_t* wi = wrap.data() + 3 * i;
+      int64_t kept = 0;
+      for (int64_t c = 0; c < count; ++c) {
+        const uint64_t key = cand[c];
+        const int64_t j = static_cast<int64_t>(key >> 32);
+        const int32_t* m = image_offsets.data() + 3 * (key & 0xffffffffu);
+        const int32_t* wj = wrap.data() + 3 * j;
+        const int64_t shift[3] = {int64_t{m[0]} - wj[0] + wi[0], int64_t{m[1]} - wj[1] + wi[1],
+                                  int64_t{m[2]} - wj[2] + wi[2]};
+        double s[3];
+        ShiftVector(shift[0], shift[1], shift[2], lat.cell, s);
+        const double* xj = positions + 3 * j;
+        const double vx = (xj[0] - xi[0]) + s[0];
+        const double vy = (xj[1] - xi[1]) + s[1];
+        const double vz = (xj[2] - xi[2]) + s[2];
+        if (vx * vx + vy * vy + vz * vz < radius2) {
+          cand[kept++] = key;
+          if (numbering.dense()) {
+            mine.used_dense[numbering.Code(shift)] = 1;
+          } else {
+            mine.used_sparse.insert(
+                ShiftKey{{static_cast<int32_t>(shift[0]), static_cast<int32_t>(shift[1]),
+                          static_cast<int32_t>(shift[2])}});
+          }
+        }
+      }
+      // For a fixed (i, j), n - m is constant, so sorting by (j, image code)
+      // sorts the row by (j, n) with n in lexicographic order.
+      std::sort(cand, cand + kept);
+      row_thread[i] = t;
+      row_start[i] = static_cast<int64_t>(mine.keys.size());
+      row_count[i] = kept;
+      mine.keys.insert(mine.keys.end(), cand, cand + kept);
+    }
+  }
+  std::vector<Point>().swap(sorted);
+
+  // 5. Number the shifts: (0, 0, 0) first, then lexicographic order.
+  std::vector<ShiftKey> used;
+  if (numbering.dense()) {
+    std::vector<uint8_t> any(numbering.dense_size(), 0);
+    for (const ScanOutput& o : out) {
+      if (o.used_dense.empty()) continue;  // a thread that did not run
+      for (int64_t c = 0; c < numbering.dense_size(); ++c) any[c] |= o.used_dense[c];
+    }
+    for (int64_t c = 0; c < numbering.dense_size(); ++c) {
+      if (!any[c]) continue;
+      int64_t s[3];
+      numbering.Decode(c, s);
+      used.push_back(ShiftKey{
+          {static_cast<int32_t>(s[0]), static_cast<int32_t>(s[1]), static_cast<int32_t>(s[2])}});
+    }
+  } else {
+    std::unordered_set<ShiftKey, ShiftKeyHash> all;
+    for (const ScanOutput& o : out) all.insert(o.used_sparse.begin(), o.used_sparse.end());
+    used.assign(all.begin(), all.end());
+    std::sort(used.begin(), used.end());
+  }
+  const ShiftKey zero{{0, 0, 0}};
+  used.erase(std::remove(used.begin(), used.end(), zero), used.end());
+  used.insert(used.begin(), zero);
+  const int64_t num_shifts = static_cast<int64_t>(used.size());
+
+  shift_cells_.resize(3 * num_shifts);
+  shifts_.resize(3 * num_shifts);
+  std::vector<int32_t> dense_index;
+  std::unordered_map<ShiftKey, int32_t, ShiftKeyHash> sparse_index;
+  if (numbering.dense()) dense_index.assign(numbering.dense_size(), -1);
+  for (int64_t s = 0; s < num_shifts; ++s) {
+    const int64_t c[3] = {used[s].n[0], used[s].n[1], used[s].n[2]};
+    for (int a = 0; a < 3; ++a) shift_cells_[3 * s + a] = used[s].n[a];
+    ShiftVector(c[0], c[1], c[2], lat.cell, shifts_.data() + 3 * s);
+    if (numbering.dense()) {
+      dense_index[numbering.Code(c)] = static_cast<int32_t>(s);
+    } else {
+      sparse_index.emplace(used[s], static_cast<int32_t>(s));
+    }
+  }
+
+  // 6. CSR rows in atom order.
+  row_offsets_.assign(n + 1, 0);
+  for (int64_t i = 0; i < n; ++i) row_offsets_[i + 1] = row_offsets_[i] + row_count[i];
+  const int64_t num_edges = row_offsets_[n];
+  neighbors_.resize(num_edges);
+  shift_index_.resize(num_edges);
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t* keys = out[row_thread[i]].keys.data() + row_start[i];
+    const int32_t* wi = wrap.data() + 3 * i;
+    int64_t e = row_offsets_[i];
+    for (int64_t c = 0; c < row_count[i]; ++c, ++e) {
+      const int64_t j = static_cast<int64_t>(keys[c] >> 32);
+      const int32_t* m = image_offsets.data() + 3 * (keys[c] & 0xffffffffu);
+      const int32_t* wj = wrap.data() + 3 * j;
+      const int64_t shift[3] = {int64_t{m[0]} - wj[0] + wi[0], int64_t{m[1]} - wj[1] + wi[1],
+                                int64_t{m[2]} - wj[2] + wi[2]};
+      neighbors_[e] = static_cast<int32_t>(j);
+      if (numbering.dense()) {
+        shift_index_[e] = dense_index[numbering.Code(shift)];
+      } else {
+        shift_index_[e] = sparse_index.at(
+            ShiftKey{{static_cast<int32_t>(shift[0]), static_cast<int32_t>(shift[1]),
+                      static_cast<int32_t>(shift[2])}});
+      }
+    }
+  }
+
+  num_atoms_ = n;
+  std::memcpy(cell_, cell, sizeof(cell_));
+  for (int a = 0; a < 3; ++a) pbc_[a] = pbc[a];
+  reference_positions_.assign(positions, positions + 3 * n);
+  ++num_builds_;
+  valid_ = true;
+}
+
+void NeighborList::check_min_distance(const double* positions) const {
+  if (!(min_distance_ > 0.0) || neighbors_.empty()) return;
+  const double min2 = min_distance_ * min_distance_;
+  const int64_t n = num_atoms_;
+  int64_t first_bad = std::numeric_limits<int64_t>::max();  // smallest offending edge
+#pragma omp parallel for num_threads(NumThreads(n)) schedule(static) reduction(min : first_bad)
+  for (int64_t i = 0; i < n; ++i) {
+    const double* xi = positions + 3 * i;
+    for (int64_t e = row_offsets_[i]; e < row_offsets_[i + 1]; ++e) {
+      const double* xj = positions + 3 * static_cast<int64_t>(neighbors_[e]);
+      const double* s = shifts_.data() + 3 * static_cast<int64_t>(shift_index_[e]);
+      const double vx = (xj[0] - xi[0]) + s[0];
+      const double vy = (xj[1] - xi[1]) + s[1];
+      const double vz = (xj[2] - xi[2]) + s[2];
+      if (vx * vx + vy * vy + vz * vz < min2) {
+        first_bad = std::min(first_bad, e);
+        break;
+      }
+    }
+  }
+  if (first_bad == std::numeric_limits<int64_t>::max()) return;
+
+  const int64_t e = first_bad;
+  const int64_t i =
+      std::upper_bound(row_offsets_.begin(), row_offsets_.end(), e) - row_offsets_.begin() - 1;
+  const int64_t j = neighbors_[e];
+  const double* s = shifts_.data() + 3 * static_cast<int64_t>(shift_index_[e]);
+  const int32_t* cells = shift_cells_.data() + 3 * static_cast<int64_t>(shift_index_[e]);
+  double d2 = 0.0;
+  for (int k = 0; k < 3; ++k) {
+    const double v = (positions[3 * j + k] - positions[3 * i + k]) + s[k];
+    d2 += v * v;
+  }
+  std::string message = "atoms " + std::to_string(i) + " and " + std::to_string(j) + " are " +
+                        FormatNumber(std::sqrt(d2)) + " Å apart, closer than the minimum " +
+                        FormatNumber(min_distance_) + " Å";
+  if (cells[0] != 0 || cells[1] != 0 || cells[2] != 0) {
+    message += " (through the periodic image shifted by cell vectors (" + std::to_string(cells[0]) +
+               ", " + std::to_string(cells[1]) + ", " + std::to_string(cells[2]) + "))";
+  }
+  throw Error(message);
+}
+
+}  // namespace e3fuse

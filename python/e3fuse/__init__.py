@@ -1,0 +1,17 @@
+"""e3fuse: a fused C++/CUDA engine for equivariant interatomic potentials."""
+
+__version__ = "0.1.0"
+
+try:  # the compiled core; absent only in a source tree that was never built
+    from ._core import E3fuseError  # noqa: F401
+except ImportError:  # pragma: no cover
+    class E3fuseError(ValueError):  # type: ignore[no-redef]
+        """Raised for bad input and bad model files."""
+
+
+def __getattr__(name: str):  # lazy: importing e3fuse must not import ase or torch
+    if name == "Calculator":
+        from .calculator import Calculator
+
+        return Calculator
+    raise AttributeError(name)

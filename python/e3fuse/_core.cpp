@@ -1,0 +1,332 @@
+// _core.cpp: the pybind11 module over the core. An adapter only: numpy arrays
+// in, pointers to the core, numpy arrays out; e3fuse::Error -> E3fuseError.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "cpu/typed_plan.h"
+#include "e3fuse/engine.h"
+#include "e3fuse/error.h"
+#include "e3fuse/model.h"
+#include "e3fuse/neighbors.h"
+#include "model/plan.h"
+#include "ops/radial.h"
+#include "ops/sh.h"
+
+namespace py = pybind11;
+using namespace e3fuse;
+
+template <class T>
+using Array = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+namespace {
+
+void check_shape(const py::array& a, std::vector<py::ssize_t> shape, const char* what) {
+  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
+  if (!ok) throw Error(std::string(what) + " has the wrong shape");
+}
+
+py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, bool atom_virials) {
+  const int64_t n = g.num_nodes;
+  Array<double> atom_energies(n), f({n, int64_t(3)}), v({int64_t(3), int64_t(3)}), av({n, int64_t(9)});
+  ComputeOutput out;
+  out.atom_energies = atom_energies.mutable_data();
+  if (forces) out.forces = f.mutable_data();
+  if (virial) out.virial = v.mutable_data();
+  if (atom_virials) out.atom_virials = av.mutable_data();
+  {
+    py::gil_scoped_release release;
+    engine.compute(g, out);
+  }
+  py::dict result;
+  result["energy"] = out.energy;
+  result["energies"] = atom_energies;
+  if (forces) result["forces"] = f;
+  if (virial) result["virial"] = v;
+  if (atom_virials) result["atom_virials"] = av;
+  return result;
+}
+
+// Op-level access to a model's plan in float64, for tests against e3nn/sevenn.
+struct OpsProbe {
+  std::shared_ptr<const Model> model;
+  cpu::TypedPlan<double> plan;
+  explicit OpsProbe(std::shared_ptr<const Model> m) : model(std::move(m)), plan(cpu::make_typed_plan<double>(model->plan())) {}
+
+  const cpu::Linear<double>& linear(const std::string& name) const {
+    if (name.rfind("readout.", 0) == 0) return plan.readout.at(std::stoi(name.substr(8)));
+    const size_t dot = name.find('.', 7);
+    const auto& layer = plan.layers.at(std::stoi(name.substr(7, dot - 7)));
+    const std::string which = name.substr(dot + 1);
+    if (which == "self_connection") return layer.self_connection;
+    if (which == "linear_1") return layer.linear_1;
+    if (which == "linear_2") return layer.linear_2;
+    throw Error("unknown linear '" + name + "'");
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "e3fuse core (C++)";
+  static py::exception<Error> error_type(m, "E3fuseError", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::set_error(error_type, e.what());
+    }
+  });
+  m.attr("__version__") = version();
+  m.attr("FORMAT_VERSION") = kModelFormatVersion;
+  m.def("cuda_available", &cuda_available);
+  m.def("set_log_callback", [](py::object callback) {
+    if (callback.is_none()) {
+      set_log_callback(nullptr);
+      return;
+    }
+    set_log_callback([callback](LogLevel level, const std::string& msg) {
+      py::gil_scoped_acquire gil;
+      callback(static_cast<int>(level), msg);
+    });
+  });
+
+  py::class_<Model, std::shared_ptr<Model>>(m, "Model")
+      .def_static("load", [](const std::string& path) { return std::const_pointer_cast<Model>(Model::load(path)); })
+      .def_property_readonly("family", &Model::family)
+      .def_property_readonly("cutoff", &Model::cutoff)
+      .def_property_readonly("num_layers", &Model::num_layers)
+      .def_property_readonly("format_version", &Model::format_version)
+      .def_property_readonly("atomic_numbers", &Model::atomic_numbers)
+      .def_property_readonly("num_parameters", &Model::num_parameters)
+      .def_property_readonly("architecture_json", &Model::architecture_json)
+      .def("species_of", &Model::species_of)
+      .def("summary", &Model::summary);
+
+  py::class_<NeighborList>(m, "NeighborList")
+      .def(py::init<double, double>(), py::arg("cutoff"), py::arg("skin") = 0.0)
+      .def("set_min_distance", &NeighborList::set_min_distance)
+      .def("invalidate", &NeighborList::invalidate)
+      .def_property_readonly("num_builds", &NeighborList::num_builds)
+      .def_property_readonly("num_edges", &NeighborList::num_edges)
+      .def_property_readonly("cutoff", &NeighborList::cutoff)
+      .def_property_readonly("skin", &NeighborList::skin)
+      .def("update",
+           [](NeighborList& nl, Array<double> positions, Array<double> cell, std::vector<bool> pbc) {
+             check_shape(positions, {-1, 3}, "positions");
+             check_shape(cell, {3, 3}, "cell");
+             if (pbc.size() != 3) throw Error("pbc must have 3 entries");
+             bool p[3] = {pbc[0], pbc[1], pbc[2]};
+             py::gil_scoped_release release;
+             return nl.update(positions.shape(0), positions.data(), cell.data(), p);
+           })
+      .def("edges", [](const NeighborList& nl, Array<double> positions) {
+        const int64_t n = static_cast<int64_t>(nl.row_offsets().empty() ? 0 : nl.row_offsets().size() - 1);
+        check_shape(positions, {n, 3}, "positions");
+        const int64_t E = nl.num_edges();
+        Array<int64_t> recv(E), send(E), shifts({E, int64_t(3)});
+        Array<double> vec({E, int64_t(3)}), dist(E);
+        auto r = recv.mutable_unchecked<1>();
+        auto s = send.mutable_unchecked<1>();
+        auto sh = shifts.mutable_unchecked<2>();
+        auto v = vec.mutable_unchecked<2>();
+        auto d = dist.mutable_unchecked<1>();
+        const double* p = positions.data();
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t e = nl.row_offsets()[i]; e < nl.row_offsets()[i + 1]; ++e) {
+            const int64_t j = nl.neighbors()[e];
+            const int32_t k = nl.shift_index()[e];
+            r(e) = i;
+            s(e) = j;
+            double len2 = 0;
+            for (int a = 0; a < 3; ++a) {
+              sh(e, a) = nl.shift_cells()[3 * k + a];
+              v(e, a) = p[3 * j + a] - p[3 * i + a] + nl.shifts()[3 * k + a];
+              len2 += v(e, a) * v(e, a);
+            }
+            d(e) = std::sqrt(len2);
+          }
+        }
+        py::dict out;
+        out["receivers"] = recv;
+        out["senders"] = send;
+        out["shifts"] = shifts;
+        out["vectors"] = vec;
+        out["distances"] = dist;
+        return out;
+      });
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](std::shared_ptr<Model> model, const std::string& device, const std::string& precision,
+                       int num_threads) {
+             return std::make_unique<Engine>(model, parse_device(device), parse_precision(precision), num_threads);
+           }),
+           py::arg("model"), py::arg("device") = "cpu", py::arg("precision") = "float64", py::arg("num_threads") = 0)
+      .def("describe", &Engine::describe)
+      .def_property_readonly("device", [](const Engine& e) { return to_string(e.device()); })
+      .def_property_readonly("precision", [](const Engine& e) { return to_string(e.precision()); })
+      // Evaluate on the neighbor list's current graph (after NeighborList.update).
+      .def(
+          "compute_neighbors",
+          [](Engine& engine, const NeighborList& nl, Array<double> positions, Array<int32_t> species, bool forces,
+             bool virial, bool atom_virials) {
+            const int64_t n = species.shape(0);
+            check_shape(positions, {n, 3}, "positions");
+            if (static_cast<int64_t>(nl.row_offsets().size()) != n + 1) {
+              throw Error("neighbor list was built for a different number of atoms");
+            }
+            GraphView g = nl.view(positions.data(), species.data());
+            return compute(engine, g, forces, virial, atom_virials);
+          },
+          py::arg("neighbors"), py::arg("positions"), py::arg("species"), py::arg("forces") = true,
+          py::arg("virial") = true, py::arg("atom_virials") = false)
+      // Evaluate on an explicit CSR graph (no shifts): LAMMPS-like local + ghost input.
+      .def(
+          "compute_graph",
+          [](Engine& engine, Array<double> positions, Array<int32_t> species, Array<int64_t> row_offsets,
+             Array<int32_t> neighbors, int64_t num_energy_nodes, bool forces, bool virial, bool atom_virials) {
+            const int64_t n = species.shape(0);
+            check_shape(positions, {n, 3}, "positions");
+            check_shape(row_offsets, {n + 1}, "row_offsets");
+            if (n > 0 && row_offsets.at(n) != neighbors.shape(0)) throw Error("row_offsets do not match neighbors");
+            GraphView g;
+            g.num_nodes = n;
+            g.num_energy_nodes = num_energy_nodes < 0 ? n : num_energy_nodes;
+            g.positions = positions.data();
+            g.species = species.data();
+            g.row_offsets = row_offsets.data();
+            g.neighbors = neighbors.data();
+            return compute(engine, g, forces, virial, atom_virials);
+          },
+          py::arg("positions"), py::arg("species"), py::arg("row_offsets"), py::arg("neighbors"),
+          py::arg("num_energy_nodes") = -1, py::arg("forces") = true, py::arg("virial") = true,
+          py::arg("atom_virials") = false);
+
+  // Op-level probes (float64) used by the tests that compare each op with e3nn.
+  py::class_<OpsProbe>(m, "OpsProbe")
+      .def(py::init([](std::shared_ptr<Model> model) { return std::make_unique<OpsProbe>(model); }))
+      .def("spherical_harmonics",
+           [](const OpsProbe& p, Array<double> vectors) {
+             check_shape(vectors, {-1, 3}, "vectors");
+             const int64_t n = vectors.shape(0);
+             const int dim = p.plan.sh.dim;
+             Array<double> Y({n, int64_t(dim)}), J({n, int64_t(dim), int64_t(3)});
+             std::vector<double> dP(3 * dim), g(dim);
+             for (int64_t e = 0; e < n; ++e) {
+               const double* v = vectors.data() + 3 * e;
+               const double r = std::sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+               const double u[3] = {v[0] / r, v[1] / r, v[2] / r};
+               ops::spherical_harmonics(p.plan.sh, u, Y.mutable_data() + e * dim, dP.data());
+               for (int m = 0; m < dim; ++m) {  // full Jacobian via one-hot vector-Jacobian products
+                 std::fill(g.begin(), g.end(), 0.0);
+                 g[m] = 1.0;
+                 ops::spherical_harmonics_vjp(dim, g.data(), dP.data(), u, r, J.mutable_data() + (e * dim + m) * 3);
+               }
+             }
+             return py::make_tuple(Y, J);
+           })
+      .def("edge_embedding",
+           [](const OpsProbe& p, Array<double> r) {
+             const int64_t n = r.shape(0);
+             const int nb = p.plan.num_basis;
+             Array<double> emb({n, int64_t(nb)}), demb({n, int64_t(nb)});
+             for (int64_t e = 0; e < n; ++e)
+               ops::edge_embedding(nb, p.plan.radial_coeffs.data(), p.plan.radial_prefactor, p.plan.envelope,
+                                   r.at(e), emb.mutable_data() + e * nb, demb.mutable_data() + e * nb);
+             return py::make_tuple(emb, demb);
+           })
+      .def("linear",
+           [](const OpsProbe& p, const std::string& name, Array<double> x) {
+             const auto& lin = p.linear(name);
+             check_shape(x, {-1, lin.dim_in}, "x");
+             const int64_t n = x.shape(0);
+             Array<double> out({n, lin.dim_out});
+             cpu::linear_forward(lin, n, x.data(), out.mutable_data());
+             return out;
+           })
+      .def("linear_transpose",
+           [](const OpsProbe& p, const std::string& name, Array<double> g) {
+             const auto& lin = p.linear(name);
+             check_shape(g, {-1, lin.dim_out}, "grad");
+             const int64_t n = g.shape(0);
+             Array<double> out({n, lin.dim_in});
+             cpu::linear_backward(lin, n, g.data(), out.mutable_data(), false);
+             return out;
+           })
+      .def("gate",
+           [](const OpsProbe& p, int layer, Array<double> x) {
+             const auto& gate = p.plan.layers.at(layer).gate;
+             check_shape(x, {-1, gate.plan.dim_in}, "x");
+             const int64_t n = x.shape(0);
+             Array<double> out({n, gate.plan.dim_out});
+             cpu::gate_forward(gate, n, x.data(), out.mutable_data());
+             return out;
+           })
+      .def("gate_transpose",
+           [](const OpsProbe& p, int layer, Array<double> x, Array<double> g) {
+             const auto& gate = p.plan.layers.at(layer).gate;
+             const int64_t n = x.shape(0);
+             check_shape(x, {n, gate.plan.dim_in}, "x");
+             check_shape(g, {n, gate.plan.dim_out}, "grad");
+             Array<double> out({n, gate.plan.dim_in});
+             cpu::gate_backward(gate, n, x.data(), g.data(), out.mutable_data());
+             return out;
+           })
+      .def("embedding",
+           [](const OpsProbe& p, Array<int32_t> species) {
+             const int64_t n = species.shape(0);
+             Array<double> out({n, int64_t(p.plan.embedding_dim)});
+             for (int64_t i = 0; i < n; ++i) {
+               const int s = species.at(i);
+               if (s < 0 || s >= p.plan.num_species) throw Error("species out of range");
+               std::copy_n(p.plan.embedding.data() + s * p.plan.embedding_dim, p.plan.embedding_dim,
+                           out.mutable_data() + i * p.plan.embedding_dim);
+             }
+             return out;
+           })
+      // Convolution of layer `layer` on an open (non-periodic) CSR graph.
+      .def("conv",
+           [](const OpsProbe& p, int layer, Array<double> positions, Array<int64_t> row_offsets,
+              Array<int32_t> neighbors, Array<double> x) {
+             const auto& conv = p.plan.layers.at(layer).conv;
+             const int64_t n = positions.shape(0);
+             check_shape(x, {n, conv.dim_in}, "x");
+             std::vector<int32_t> species(n, 0);
+             GraphView g;
+             g.num_nodes = g.num_energy_nodes = n;
+             g.positions = positions.data();
+             g.species = species.data();
+             g.row_offsets = row_offsets.data();
+             g.neighbors = neighbors.data();
+             Array<double> y({n, conv.dim_out});
+             cpu::conv_forward(p.plan, conv, g, x.data(), y.mutable_data());
+             return y;
+           })
+      .def("conv_backward",
+           [](const OpsProbe& p, int layer, Array<double> positions, Array<int64_t> row_offsets,
+              Array<int32_t> neighbors, Array<double> x, Array<double> grad_y) {
+             const auto& conv = p.plan.layers.at(layer).conv;
+             const int64_t n = positions.shape(0);
+             check_shape(x, {n, conv.dim_in}, "x");
+             check_shape(grad_y, {n, conv.dim_out}, "grad_y");
+             std::vector<int32_t> species(n, 0);
+             GraphView g;
+             g.num_nodes = g.num_energy_nodes = n;
+             g.positions = positions.data();
+             g.species = species.data();
+             g.row_offsets = row_offsets.data();
+             g.neighbors = neighbors.data();
+             Array<double> gx({n, conv.dim_in}), forces({n, int64_t(3)});
+             std::fill_n(forces.mutable_data(), 3 * n, 0.0);
+             cpu::conv_backward(p.plan, conv, g, x.data(), grad_y.data(), gx.mutable_data(), forces.mutable_data(),
+                                nullptr);
+             return py::make_tuple(gx, forces);
+           });
+}

@@ -1,0 +1,86 @@
+"""Reference evaluations with the upstream packages (sevenn), in float64, for the
+converter's verification step, the tests and the benchmarks. Imports torch and
+sevenn lazily: e3fuse itself never needs them at run time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _onehot_to_float64(module: Any) -> None:
+    """sevenn's OnehotEmbedding casts to float32 unconditionally; make it follow
+    the model dtype so that the whole reference runs in float64."""
+    import torch
+
+    original = module.forward
+
+    def forward(data: Any) -> Any:
+        data = original(data)
+        for key in (module.key_output, module.key_additional_output):
+            if key is not None and key in data and data[key].is_floating_point():
+                data[key] = data[key].to(torch.float64)
+        return data
+
+    module.forward = forward
+
+
+def sevenn_calculator(source: str, dtype: str = "float64") -> Any:
+    """sevenn's own SevenNetCalculator on the model `source`, built in `dtype`."""
+    import sevenn.util
+    import torch
+    from sevenn.calculator import SevenNetCalculator
+
+    from .convert.sevennet import resolve_checkpoint
+
+    checkpoint = sevenn.util.load_checkpoint(str(resolve_checkpoint(source)))
+    model = checkpoint.build_model()
+    if dtype == "float64":
+        model.to(torch.float64)
+        _onehot_to_float64(model._modules["onehot_idx_to_onehot"])
+    model.eval()
+    model.set_is_batch_data(False)
+    calc = SevenNetCalculator(model, file_type="model_instance", device="cpu")
+    calc._e3fuse_dtype = dtype
+    return calc
+
+
+def _sevenn_results(calc: Any, atoms: Any) -> dict[str, Any]:
+    """SevenNetCalculator.calculate in float64: sevenn casts every float input to
+    float32 (sevenn.util.dtype_correct); route that cast to float64 for the call."""
+    import sevenn.util
+    import torch
+
+    original = sevenn.util.dtype_correct
+
+    def dtype_correct(v: Any, float_dtype: Any = torch.float64, int_dtype: Any = torch.int64) -> Any:
+        return original(v, torch.float64, int_dtype)
+
+    previous = torch.get_default_dtype()
+    sevenn.util.dtype_correct = dtype_correct
+    torch.set_default_dtype(torch.float64)
+    try:
+        atoms = atoms.copy()
+        calc.calculate(atoms, ["energy", "forces", "stress"])
+        return dict(calc.results)
+    finally:
+        sevenn.util.dtype_correct = original
+        torch.set_default_dtype(previous)
+
+
+def evaluate(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
+    """energy, energies, forces and (periodic systems) stress of `atoms` with a
+    reference calculator (float64 sevenn models are evaluated in float64)."""
+    if getattr(calc, "_e3fuse_dtype", None) == "float64":
+        results = _sevenn_results(calc, atoms)
+    else:
+        atoms = atoms.copy()
+        atoms.calc = calc
+        calc.calculate(atoms, ["energy", "forces", "stress"])
+        results = calc.results
+    out = {"energy": np.array(results["energy"]), "energies": np.asarray(results["energies"]),
+           "forces": np.asarray(results["forces"])}
+    if atoms.pbc.all():
+        out["stress"] = np.asarray(results["stress"])
+    return out
