@@ -29,39 +29,51 @@ namespace e3fuse::cpu {
 
 namespace {
 
+// Register-blocked micro-kernel: a ROWS x COLS block of C accumulated over all
+// of K in registers, then stored once.
+template <class T, int ROWS, int COLS>
+inline void gemm_block(int K, int N, const T* A, const T* B, T* C, int cols) {
+  T acc[ROWS][COLS] = {};
+  for (int k = 0; k < K; ++k) {
+    const T* b = B + static_cast<size_t>(k) * N;
+    for (int r = 0; r < ROWS; ++r) {
+      const T a = A[static_cast<size_t>(r) * K + k];
+#pragma omp simd
+      for (int c = 0; c < COLS; ++c) acc[r][c] += a * b[c];
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < cols; ++c) C[static_cast<size_t>(r) * N + c] = acc[r][c];
+}
+
 // C[n x N] = A[n x K] @ B[K x N], all row-major and contiguous.
 template <class T>
 void gemm(int n, int K, int N, const T* A, const T* B, T* C) {
+  constexpr int COLS = 64 / static_cast<int>(sizeof(T));  // two 256-bit registers per row
   int e = 0;
   for (; e + 4 <= n; e += 4) {
-    T* c0 = C + static_cast<size_t>(e) * N;
-    T* c1 = c0 + N;
-    T* c2 = c1 + N;
-    T* c3 = c2 + N;
-    std::fill(c0, c0 + 4 * static_cast<size_t>(N), T(0));
     const T* a = A + static_cast<size_t>(e) * K;
-    for (int k = 0; k < K; ++k) {
-      const T a0 = a[k], a1 = a[K + k], a2 = a[2 * K + k], a3 = a[3 * K + k];
-      const T* b = B + static_cast<size_t>(k) * N;
-#pragma omp simd
-      for (int col = 0; col < N; ++col) {
-        const T bv = b[col];
-        c0[col] += a0 * bv;
-        c1[col] += a1 * bv;
-        c2[col] += a2 * bv;
-        c3[col] += a3 * bv;
-      }
+    T* c = C + static_cast<size_t>(e) * N;
+    int col = 0;
+    for (; col + COLS <= N; col += COLS) gemm_block<T, 4, COLS>(K, N, a, B + col, c + col, COLS);
+    if (col < N) {  // ragged right edge: pad B through a small copy
+      for (int r = 0; r < 4; ++r)
+        for (int cc = col; cc < N; ++cc) {
+          T s = T(0);
+          for (int k = 0; k < K; ++k) s += a[static_cast<size_t>(r) * K + k] * B[static_cast<size_t>(k) * N + cc];
+          c[static_cast<size_t>(r) * N + cc] = s;
+        }
     }
   }
   for (; e < n; ++e) {
-    T* c0 = C + static_cast<size_t>(e) * N;
-    std::fill(c0, c0 + N, T(0));
     const T* a = A + static_cast<size_t>(e) * K;
-    for (int k = 0; k < K; ++k) {
-      const T a0 = a[k];
-      const T* b = B + static_cast<size_t>(k) * N;
-#pragma omp simd
-      for (int col = 0; col < N; ++col) c0[col] += a0 * b[col];
+    T* c = C + static_cast<size_t>(e) * N;
+    int col = 0;
+    for (; col + COLS <= N; col += COLS) gemm_block<T, 1, COLS>(K, N, a, B + col, c + col, COLS);
+    for (int cc = col; cc < N; ++cc) {
+      T s = T(0);
+      for (int k = 0; k < K; ++k) s += a[k] * B[static_cast<size_t>(k) * N + cc];
+      c[cc] = s;
     }
   }
 }
@@ -193,7 +205,7 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
   {
     Tile<T> t;
     std::vector<T> M;
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for schedule(dynamic, 2)
     for (int64_t i = 0; i < g.num_nodes; ++i) {
       T* yi = y + i * conv.dim_out;
       std::fill(yi, yi + conv.dim_out, T(0));
@@ -247,7 +259,7 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
   {
     Tile<T> t;
     std::vector<T> M, A1, A2, dY1(sh_dim), dY2(sh_dim);
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for schedule(dynamic, 2)
     for (int64_t k = 0; k < g.num_nodes; ++k) {
       T* gxk = grad_x + k * conv.dim_in;
       std::fill(gxk, gxk + conv.dim_in, T(0));

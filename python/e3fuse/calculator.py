@@ -1,0 +1,96 @@
+"""ASE calculator over the e3fuse core.
+
+Stress follows ASE: eV/A^3, Voigt order (xx, yy, zz, yz, xz, xy), positive under
+tension, stress = -virial / volume with the engine's virial
+W = -sum_edges v (x) dE/dv (LAMMPS sign). Only fully periodic systems have stress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ase.calculators.calculator import Calculator as AseCalculator
+from ase.calculators.calculator import PropertyNotImplementedError, all_changes
+
+from . import _core
+from ._core import E3fuseError
+
+VOIGT = [(0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1)]
+
+
+class Calculator(AseCalculator):
+    """e3fuse as an ASE calculator.
+
+    Parameters
+    ----------
+    model: path of an .e3f file (see ``e3fuse convert``).
+    device: "cpu" or "cuda".
+    dtype: "float64" or "float32".
+    skin: neighbor-list skin in Angstrom; the list is rebuilt only when an atom
+        has moved more than skin / 2 (or the cell, periodicity or atom count changed).
+    num_threads: CPU threads (0: OpenMP's default).
+    min_distance: atoms closer than this (Angstrom) are refused as unphysical.
+    """
+
+    implemented_properties = ["energy", "free_energy", "energies", "forces", "stress", "stresses"]
+
+    def __init__(self, model: str | Path, device: str = "cpu", dtype: str = "float64",
+                 skin: float = 0.5, num_threads: int = 0, min_distance: float = 0.1,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model_path = str(model)
+        if not Path(self.model_path).is_file():
+            raise FileNotFoundError(f"model file {self.model_path!r} does not exist")
+        self.model = _core.Model.load(self.model_path)
+        self.engine = _core.Engine(self.model, device, dtype, num_threads)
+        self.neighbors = _core.NeighborList(self.model.cutoff, float(skin))
+        self.neighbors.set_min_distance(float(min_distance))
+        self._species_key: bytes | None = None
+        self._species = np.zeros(0, dtype=np.int32)
+
+    def __repr__(self) -> str:
+        return f"e3fuse.Calculator({self.model_path!r}: {self.engine.describe()})"
+
+    def _species_of(self, numbers: np.ndarray) -> np.ndarray:
+        key = numbers.tobytes()
+        if key != self._species_key:
+            species = np.array([self.model.species_of(int(z)) for z in numbers], dtype=np.int32)
+            if (species < 0).any():
+                from ase.data import chemical_symbols
+
+                missing = sorted({chemical_symbols[z] if 0 <= z < len(chemical_symbols) else str(z)
+                                  for z in numbers[species < 0]})
+                raise E3fuseError(f"element(s) {', '.join(missing)} not in the model "
+                                  f"{self.model_path!r}")
+            self._species, self._species_key = species, key
+        return self._species
+
+    def calculate(self, atoms: Any = None, properties: list[str] | None = None,
+                  system_changes: list[str] = all_changes) -> None:
+        properties = properties or ["energy"]
+        super().calculate(atoms, properties, system_changes)
+        atoms = self.atoms
+        if len(atoms) == 0:
+            raise E3fuseError("cannot evaluate an empty Atoms object")
+        periodic = bool(atoms.pbc.all())
+        if "stress" in properties and not periodic:
+            raise PropertyNotImplementedError("stress is only defined for fully periodic systems")
+        species = self._species_of(atoms.numbers)
+        positions = np.ascontiguousarray(atoms.positions, dtype=np.float64)
+        cell = np.ascontiguousarray(atoms.cell.array, dtype=np.float64)
+        self.neighbors.update(positions, cell, [bool(p) for p in atoms.pbc])
+        want_grad = any(p in properties for p in ("forces", "stress", "stresses"))
+        out = self.engine.compute_neighbors(self.neighbors, positions, species, forces=want_grad,
+                                            virial=want_grad, atom_virials="stresses" in properties)
+        energy = float(out["energy"])
+        self.results = {"energy": energy, "free_energy": energy, "energies": out["energies"]}
+        if want_grad:
+            self.results["forces"] = out["forces"]
+        if periodic and want_grad:
+            volume = atoms.get_volume()
+            virial = out["virial"]
+            self.results["stress"] = np.array([-virial[a, b] / volume for a, b in VOIGT])
+            if "atom_virials" in out:
+                av = out["atom_virials"].reshape(-1, 3, 3)
+                self.results["stresses"] = np.stack([-av[:, a, b] / volume for a, b in VOIGT], axis=1)

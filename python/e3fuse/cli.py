@@ -1,0 +1,114 @@
+"""The `e3fuse` command: convert, info, verify."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def verification_structure(atomic_numbers: list[int], seed: int = 0):  # -> ase.Atoms
+    """A random, rattled, triclinic periodic structure of up to three of the
+    model's elements (Cu, Ni, O where available), the converter's check."""
+    from ase.build import bulk
+
+    preferred = [z for z in (29, 28, 8) if z in atomic_numbers] or atomic_numbers[:3]
+    rng = np.random.default_rng(seed)
+    atoms = bulk("Cu", "fcc", a=3.6).repeat((2, 2, 2))
+    atoms.set_atomic_numbers(rng.choice(preferred, size=len(atoms)))
+    atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))),
+                   scale_atoms=True)
+    atoms.positions += 0.1 * rng.standard_normal(atoms.positions.shape)
+    return atoms
+
+
+def verify(family: str, source: str, model_path: str, quiet: bool = False) -> dict[str, float]:
+    """Evaluate a random structure with the source package and with e3fuse in
+    float64; raise if they differ beyond rounding."""
+    from . import reference
+    from ._core import Model
+    from .calculator import Calculator
+
+    if family != "sevennet":
+        raise ValueError(f"no reference for family {family!r}")
+    atoms = verification_structure(Model.load(model_path).atomic_numbers)
+    ref = reference.evaluate(reference.sevenn_calculator(source, "float64"), atoms)
+    calc = Calculator(model_path, device="cpu", dtype="float64")
+    ours = atoms.copy()
+    ours.calc = calc
+    diff = {
+        "energy_per_atom": abs(ours.get_potential_energy() - float(ref["energy"])) / len(atoms),
+        "forces": float(np.abs(ours.get_forces() - ref["forces"]).max()),
+        "stress": float(np.abs(ours.get_stress() - ref["stress"]).max()),
+    }
+    limits = {"energy_per_atom": 1e-9, "forces": 1e-8, "stress": 1e-9}
+    bad = [k for k in diff if not diff[k] <= limits[k]]
+    if not quiet:
+        print(f"verification on {len(atoms)} atoms ({atoms.get_chemical_formula()}), float64: "
+              + ", ".join(f"max |d {k}| = {v:.2e}" for k, v in diff.items()))
+    if bad:
+        raise RuntimeError("conversion does NOT reproduce the source model: "
+                           + ", ".join(f"{k} differs by {diff[k]:.3e} (limit {limits[k]:.0e})"
+                                       for k in bad))
+    return diff
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".e3f", dir=output.parent)
+    os.close(fd)
+    try:
+        if args.family == "sevennet":
+            from .convert import sevennet
+
+            sevennet.convert(args.source, tmp)
+        else:
+            raise SystemExit(f"unknown model family {args.family!r}")
+        if not args.no_verify:
+            verify(args.family, args.source, tmp)
+        os.replace(tmp, output)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ._core import Model
+
+    print(Model.load(args.file).summary(), end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="e3fuse", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("convert", help="convert a sevenn checkpoint to an .e3f model file")
+    p.add_argument("family", choices=["sevennet"])
+    p.add_argument("source", help="pretrained name (7net-0, 7net-l3i5, ...) or checkpoint path")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--no-verify", action="store_true", help="skip the comparison with the source")
+    p.set_defaults(func=cmd_convert)
+    p = sub.add_parser("info", help="describe an .e3f model file")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_info)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except Exception as err:  # noqa: BLE001 - report cleanly, non-zero exit
+        from ._core import E3fuseError
+
+        if isinstance(err, (E3fuseError, FileNotFoundError, RuntimeError, ValueError)):
+            print(f"e3fuse: error: {err}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
