@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs e3fuse with the reference packages it is
+# tested against. Versions per shared/CI.md: torch 2.13.0 CPU first (a plain
+# `torch` requirement would pull a multi-GB CUDA build), sevenn 0.13.0, e3nn 0.5.1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip
+$PIP install -q torch==2.13.0
+$PIP install -q "e3nn==0.5.1" "sevenn==0.13.0" ase pytest safetensors numpy scikit-build-core pybind11 ninja cmake
+$PIP install -q --no-build-isolation .
+.venv/bin/python -c "import e3fuse, e3fuse._core as c; print('e3fuse', e3fuse.__version__, 'installed; CUDA backend:', c.cuda_available())"
