@@ -55,7 +55,14 @@ namespace {
 template <class T>
 class CpuRunner {
  public:
-  explicit CpuRunner(const ModelPlan& plan) : plan_(cpu::make_typed_plan<T>(plan)) {}
+  explicit CpuRunner(const ModelPlan& plan) : plan_(cpu::make_typed_plan<T>(plan)) {
+    for (auto& layer : plan_.layers) {  // the convolution works in the ir_mul layout
+      cpu::split_linear_side(layer.linear_1, layer.conv.in_blocks, false);
+      cpu::split_linear_side(layer.linear_2, layer.conv.out_blocks, true);
+      layer.linear_1.out_ir_mul = true;
+      layer.linear_2.in_ir_mul = true;
+    }
+  }
 
   void run(const GraphView& g, ComputeOutput& out) {
     const int64_t n = g.num_nodes;

@@ -72,6 +72,26 @@ struct OpsProbe {
   }
 };
 
+// e3nn's mul_ir layout <-> the convolution's ir_mul layout, row by row.
+template <class Blocks>
+Array<double> relayout(const Blocks& blocks, const Array<double>& in, bool to_ir_mul) {
+  const int64_t n = in.shape(0), dim = in.shape(1);
+  Array<double> out({n, dim});
+  const double* src = in.data();
+  double* dst = out.mutable_data();
+  for (int64_t i = 0; i < n; ++i)
+    for (const auto& b : blocks)
+      for (int u = 0; u < b.mul; ++u)
+        for (int m = 0; m < b.d; ++m) {
+          const int64_t mul_ir = i * dim + b.offset + u * b.d + m, ir_mul = i * dim + b.offset + m * b.mul + u;
+          if (to_ir_mul)
+            dst[ir_mul] = src[mul_ir];
+          else
+            dst[mul_ir] = src[ir_mul];
+        }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -306,8 +326,9 @@ PYBIND11_MODULE(_core, m) {
              g.row_offsets = row_offsets.data();
              g.neighbors = neighbors.data();
              Array<double> y({n, conv.dim_out});
-             cpu::conv_forward(p.plan, conv, g, x.data(), y.mutable_data());
-             return y;
+             Array<double> xt = relayout(conv.in_blocks, x, true);
+             cpu::conv_forward(p.plan, conv, g, xt.data(), y.mutable_data());
+             return relayout(conv.out_blocks, y, false);
            })
       .def("conv_backward",
            [](const OpsProbe& p, int layer, Array<double> positions, Array<int64_t> row_offsets,
@@ -325,8 +346,10 @@ PYBIND11_MODULE(_core, m) {
              g.neighbors = neighbors.data();
              Array<double> gx({n, conv.dim_in}), forces({n, int64_t(3)});
              std::fill_n(forces.mutable_data(), 3 * n, 0.0);
-             cpu::conv_backward(p.plan, conv, g, x.data(), grad_y.data(), gx.mutable_data(), forces.mutable_data(),
+             Array<double> xt = relayout(conv.in_blocks, x, true);
+             Array<double> gyt = relayout(conv.out_blocks, grad_y, true);
+             cpu::conv_backward(p.plan, conv, g, xt.data(), gyt.data(), gx.mutable_data(), forces.mutable_data(),
                                 nullptr);
-             return py::make_tuple(gx, forces);
+             return py::make_tuple(relayout(conv.in_blocks, gx, false), forces);
            });
 }

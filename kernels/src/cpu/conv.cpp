@@ -24,6 +24,7 @@
 #include "ops/activation.h"
 #include "ops/radial.h"
 #include "ops/sh.h"
+#include "ops/tp.h"
 
 namespace e3fuse::cpu {
 
@@ -196,6 +197,79 @@ void coincident_error(const GraphView& g, int64_t i) {
   throw Error("two atoms are at the same position (atom " + std::to_string(i) + " and a neighbor at distance 0)");
 }
 
+// Path kernels: compile-time specialized for l <= 3 (ops/tp.h), generic otherwise.
+template <class T>
+struct PathForward {
+  const typename Conv<T>::Path& p;
+  const T *Y, *x, *w;
+  T* y;
+  template <int L1, int L2, int L3>
+  void run() {
+    ops::tp_path_forward<T, 2 * L1 + 1, 2 * L2 + 1, 2 * L3 + 1>(p.mul, p.cg.data(), Y, x, w, y);
+  }
+  void generic(std::vector<T>& M) {
+    const int d1 = p.d1, d2 = p.d2, d3 = p.d3;
+    M.assign(static_cast<size_t>(d1) * d3, T(0));
+    for (int a = 0; a < d1; ++a)
+      for (int b = 0; b < d2; ++b)
+        for (int k = 0; k < d3; ++k) M[a * d3 + k] += p.cg[(a * d2 + b) * d3 + k] * Y[b];
+    const int mul = p.mul;
+    for (int u = 0; u < mul; ++u)
+      for (int k = 0; k < d3; ++k) {
+        T s = T(0);
+        for (int a = 0; a < d1; ++a) s += x[a * mul + u] * M[a * d3 + k];
+        y[k * mul + u] += w[u] * s;
+      }
+  }
+};
+
+template <class T>
+struct PathBackward {
+  const typename Conv<T>::Path& p;
+  T s;
+  const T *Y, *xj, *xk, *gk, *gj, *w;
+  T *gw, *gxk, *dY1, *dY2;
+  template <int L1, int L2, int L3>
+  void run() {
+    ops::tp_path_backward<T, 2 * L1 + 1, 2 * L2 + 1, 2 * L3 + 1>(p.mul, s, p.cg.data(), Y, xj, xk, gk, gj, w, gw,
+                                                                 gxk, dY1, dY2);
+  }
+  void generic(std::vector<T>& M, std::vector<T>& A1, std::vector<T>& A2) {
+    const int d1 = p.d1, d2 = p.d2, d3 = p.d3;
+    M.assign(static_cast<size_t>(d1) * d3, T(0));
+    A1.assign(M.size(), T(0));
+    A2.assign(M.size(), T(0));
+    for (int a = 0; a < d1; ++a)
+      for (int b = 0; b < d2; ++b)
+        for (int k = 0; k < d3; ++k) M[a * d3 + k] += p.cg[(a * d2 + b) * d3 + k] * Y[b];
+    const int mul = p.mul;
+    for (int u = 0; u < mul; ++u) {
+      T dw1 = T(0), dw2 = T(0);
+      for (int a = 0; a < d1; ++a) {
+        T mg1 = T(0), mg2 = T(0);
+        for (int q = 0; q < d3; ++q) {
+          mg1 += M[a * d3 + q] * gk[q * mul + u];
+          mg2 += M[a * d3 + q] * gj[q * mul + u];
+        }
+        dw1 += xj[a * mul + u] * mg1;
+        dw2 += xk[a * mul + u] * mg2;
+        gxk[a * mul + u] += w[u] * s * mg2;
+        for (int q = 0; q < d3; ++q) {
+          A1[a * d3 + q] += w[u] * xj[a * mul + u] * gk[q * mul + u];
+          A2[a * d3 + q] += w[u] * xk[a * mul + u] * gj[q * mul + u];
+        }
+      }
+      gw[u] = dw1 + s * dw2;
+    }
+    for (int b = 0; b < d2; ++b)
+      for (int a = 0; a < d1; ++a)
+        for (int q = 0; q < d3; ++q) {
+          dY1[b] += p.cg[(a * d2 + b) * d3 + q] * A1[a * d3 + q];
+          dY2[b] += p.cg[(a * d2 + b) * d3 + q] * A2[a * d3 + q];
+        }
+  }
+};
+
 }  // namespace
 
 template <class T>
@@ -221,24 +295,8 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
         const T* w = t.weights.data() + static_cast<size_t>(e) * conv.weight_numel;
         const T* Y = t.Y.data() + static_cast<size_t>(e) * sh_dim;
         for (const auto& p : conv.paths) {
-          // M[i][k] = sum_j cg[i][j][k] Y[j]
-          M.assign(static_cast<size_t>(p.d1) * p.d3, T(0));
-          for (int a = 0; a < p.d1; ++a)
-            for (int b = 0; b < p.d2; ++b) {
-              const T yb = Y[p.sh_offset + b];
-              const T* c = p.cg.data() + (static_cast<size_t>(a) * p.d2 + b) * p.d3;
-              for (int k = 0; k < p.d3; ++k) M[a * p.d3 + k] += c[k] * yb;
-            }
-          const T* xu = xj + p.in_offset;
-          T* yu = yi + p.out_offset;
-          const T* wu = w + p.weight_offset;
-          for (int u = 0; u < p.mul; ++u, xu += p.d1, yu += p.d3) {
-            for (int k = 0; k < p.d3; ++k) {
-              T s = T(0);
-              for (int a = 0; a < p.d1; ++a) s += xu[a] * M[a * p.d3 + k];
-              yu[k] += wu[u] * s;
-            }
-          }
+          PathForward<T> f{p, Y + p.sh_offset, xj + p.in_offset, w + p.weight_offset, yi + p.out_offset};
+          if (!ops::dispatch_l123(p.d1 / 2, p.l2, p.d3 / 2, f)) f.generic(M);
         }
       }
       for (int64_t q = 0; q < conv.dim_out; ++q) yi[q] *= conv.inv_denominator;
@@ -283,57 +341,21 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
         std::fill(dY1.begin(), dY1.end(), T(0));
         std::fill(dY2.begin(), dY2.end(), T(0));
         for (const auto& p : conv.paths) {
-          const int d1 = p.d1, d2 = p.d2, d3 = p.d3;
-          const T s = (p.l2 % 2) ? T(-1) : T(1);
-          M.assign(static_cast<size_t>(d1) * d3, T(0));
-          for (int a = 0; a < d1; ++a)
-            for (int b = 0; b < d2; ++b) {
-              const T yb = Y[p.sh_offset + b];
-              const T* c = p.cg.data() + (static_cast<size_t>(a) * d2 + b) * d3;
-              for (int q = 0; q < d3; ++q) M[a * d3 + q] += c[q] * yb;
-            }
-          A1.assign(static_cast<size_t>(d1) * d3, T(0));
-          A2.assign(static_cast<size_t>(d1) * d3, T(0));
-          const T* wu = w + p.weight_offset;
-          T* gwu = gw + p.weight_offset;
-          for (int u = 0; u < p.mul; ++u) {
-            const T* xju = xj + p.in_offset + u * d1;
-            const T* xku = xk + p.in_offset + u * d1;
-            const T* gku = gk + p.out_offset + u * d3;
-            const T* gju = gj + p.out_offset + u * d3;
-            T* gxku = gxk + p.in_offset + u * d1;
-            const T wv = wu[u];
-            T dw1 = T(0), dw2 = T(0);
-            for (int a = 0; a < d1; ++a) {
-              T mg1 = T(0), mg2 = T(0);
-              for (int q = 0; q < d3; ++q) {
-                mg1 += M[a * d3 + q] * gku[q];
-                mg2 += M[a * d3 + q] * gju[q];
-              }
-              dw1 += xju[a] * mg1;
-              dw2 += xku[a] * mg2;
-              gxku[a] += wv * s * mg2;  // e2: d/dx_k, with Y(-v) = s Y(v)
-              const T wx1 = wv * xju[a], wx2 = wv * xku[a];
-              for (int q = 0; q < d3; ++q) {
-                A1[a * d3 + q] += wx1 * gku[q];
-                A2[a * d3 + q] += wx2 * gju[q];
-              }
-            }
-            gwu[u] = (dw1 + s * dw2) * conv.inv_denominator;
-          }
-          for (int b = 0; b < d2; ++b) {
-            T s1 = T(0), s2 = T(0);
-            for (int a = 0; a < d1; ++a) {
-              const T* c = p.cg.data() + (static_cast<size_t>(a) * d2 + b) * d3;
-              for (int q = 0; q < d3; ++q) {
-                s1 += c[q] * A1[a * d3 + q];
-                s2 += c[q] * A2[a * d3 + q];
-              }
-            }
-            dY1[p.sh_offset + b] += s1;
-            dY2[p.sh_offset + b] += s2;  // gradient w.r.t. Y at -v
-          }
+          PathBackward<T> f{p,
+                            (p.l2 % 2) ? T(-1) : T(1),
+                            Y + p.sh_offset,
+                            xj + p.in_offset,
+                            xk + p.in_offset,
+                            gk + p.out_offset,
+                            gj + p.out_offset,
+                            w + p.weight_offset,
+                            gw + p.weight_offset,
+                            gxk + p.in_offset,
+                            dY1.data() + p.sh_offset,
+                            dY2.data() + p.sh_offset};
+          if (!ops::dispatch_l123(p.d1 / 2, p.l2, p.d3 / 2, f)) f.generic(M, A1, A2);
         }
+        for (int64_t q = 0; q < conv.weight_numel; ++q) gw[q] *= conv.inv_denominator;
         // Combined angular adjoint (see header): dY1 + (-1)^l dY2.
         T* dyc = dYc.data() + static_cast<size_t>(e) * sh_dim;
         for (int m = 0; m < sh_dim; ++m) dyc[m] = (dY1[m] + parity[m] * dY2[m]) * conv.inv_denominator;

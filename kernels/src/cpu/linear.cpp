@@ -21,7 +21,10 @@ void linear_forward(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out)
       }
       for (const auto& p : lin.paths) {
         for (int m = 0; m < p.d; ++m) {
-          for (int u = 0; u < p.mul_in; ++u) xm[u] = xn[p.in_offset + u * p.d + m];
+          if (lin.in_ir_mul)
+            for (int u = 0; u < p.mul_in; ++u) xm[u] = xn[p.in_offset + m * p.mul_in + u];
+          else
+            for (int u = 0; u < p.mul_in; ++u) xm[u] = xn[p.in_offset + u * p.d + m];
           std::fill(acc.begin(), acc.begin() + p.mul_out, T(0));
           for (int u = 0; u < p.mul_in; ++u) {
             const T xu = xm[u];
@@ -30,7 +33,10 @@ void linear_forward(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out)
 #pragma omp simd
             for (int w = 0; w < p.mul_out; ++w) a[w] += wrow[w] * xu;
           }
-          for (int w = 0; w < p.mul_out; ++w) on[p.out_offset + w * p.d + m] += acc[w];
+          if (lin.out_ir_mul)
+            for (int w = 0; w < p.mul_out; ++w) on[p.out_offset + m * p.mul_out + w] += acc[w];
+          else
+            for (int w = 0; w < p.mul_out; ++w) on[p.out_offset + w * p.d + m] += acc[w];
         }
       }
     }
@@ -49,14 +55,17 @@ void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out,
       if (!accumulate) std::fill(xn, xn + lin.dim_in, T(0));
       for (const auto& p : lin.paths) {
         for (int m = 0; m < p.d; ++m) {
-          for (int w = 0; w < p.mul_out; ++w) gm[w] = gn[p.out_offset + w * p.d + m];
+          if (lin.out_ir_mul)
+            for (int w = 0; w < p.mul_out; ++w) gm[w] = gn[p.out_offset + m * p.mul_out + w];
+          else
+            for (int w = 0; w < p.mul_out; ++w) gm[w] = gn[p.out_offset + w * p.d + m];
           for (int u = 0; u < p.mul_in; ++u) {
             const T* wrow = p.weight.data() + static_cast<size_t>(u) * p.mul_out;
             const T* g = gm.data();
             T s = T(0);
 #pragma omp simd reduction(+ : s)
             for (int w = 0; w < p.mul_out; ++w) s += wrow[w] * g[w];
-            xn[p.in_offset + u * p.d + m] += s;
+            xn[lin.in_ir_mul ? p.in_offset + m * p.mul_in + u : p.in_offset + u * p.d + m] += s;
           }
         }
       }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "e3fuse/error.h"
 #include "model/plan.h"
 #include "ops/radial.h"
 #include "ops/sh.h"
@@ -25,6 +26,9 @@ struct Linear {
   };
   int64_t dim_in = 0, dim_out = 0;
   int max_mul = 0;
+  // Layout of each side: e3nn's [mul][2l+1] ("mul_ir", default) or [2l+1][mul]
+  // ("ir_mul", what the convolution uses).
+  bool in_ir_mul = false, out_ir_mul = false;
   std::vector<Path> paths;
   std::vector<Bias> biases;
 };
@@ -45,7 +49,12 @@ struct Conv {
     int mul = 0, d1 = 1, d2 = 1, d3 = 1, l2 = 0;
     std::vector<T> cg;  // [d1][d2][d3]
   };
+  struct Block {
+    int64_t offset = 0;
+    int mul = 0, d = 1;
+  };
   int64_t dim_in = 0, dim_out = 0, weight_numel = 0;
+  std::vector<Block> in_blocks, out_blocks;  // for layout conversions (tests)
   std::vector<Path> paths;
   Mlp<T> mlp;
   T inv_denominator = T(1);
@@ -131,6 +140,8 @@ Conv<T> make_conv(const ConvPlan& p) {
   c.dim_in = p.in.dim;
   c.dim_out = p.out.dim;
   c.weight_numel = p.weight_numel;
+  for (const IrrepBlock& b : p.in.blocks) c.in_blocks.push_back({b.offset, b.mul, 2 * b.l + 1});
+  for (const IrrepBlock& b : p.out.blocks) c.out_blocks.push_back({b.offset, b.mul, 2 * b.l + 1});
   for (const TensorProductPath& path : p.paths) {
     typename Conv<T>::Path q;
     q.in_offset = p.in.blocks[path.in_block].offset;
@@ -148,6 +159,42 @@ Conv<T> make_conv(const ConvPlan& p) {
   c.mlp = make_mlp<T>(p.mlp);
   c.inv_denominator = static_cast<T>(1.0 / p.denominator);
   return c;
+}
+
+// Splits a linear layer's paths so that its input (or output) side is cut along
+// `blocks` (offset, mul, d): needed for the ir_mul layout, where "384x1e" and
+// "128x1e+256x1e" are laid out differently although their mul_ir layouts agree.
+template <class T, class Block>
+void split_linear_side(Linear<T>& lin, const std::vector<Block>& blocks, bool input) {
+  std::vector<typename Linear<T>::Path> out;
+  for (const auto& p : lin.paths) {
+    const int64_t begin = input ? p.in_offset : p.out_offset;
+    const int mul = input ? p.mul_in : p.mul_out;
+    const int64_t end = begin + static_cast<int64_t>(mul) * p.d;
+    for (const Block& b : blocks) {
+      const int64_t b_end = b.offset + static_cast<int64_t>(b.mul) * b.d;
+      if (b_end <= begin || b.offset >= end) continue;
+      if (b.d != p.d || b.offset < begin || b_end > end) {
+        throw Error("internal: linear layer and convolution irreps are not compatible");
+      }
+      const int u0 = static_cast<int>((b.offset - begin) / p.d);
+      typename Linear<T>::Path q = p;
+      if (input) {
+        q.in_offset = b.offset;
+        q.mul_in = b.mul;
+        q.weight.assign(p.weight.begin() + static_cast<size_t>(u0) * p.mul_out,
+                        p.weight.begin() + static_cast<size_t>(u0 + b.mul) * p.mul_out);
+      } else {
+        q.out_offset = b.offset;
+        q.mul_out = b.mul;
+        q.weight.clear();
+        for (int u = 0; u < p.mul_in; ++u)
+          for (int w = 0; w < b.mul; ++w) q.weight.push_back(p.weight[static_cast<size_t>(u) * p.mul_out + u0 + w]);
+      }
+      out.push_back(std::move(q));
+    }
+  }
+  lin.paths = std::move(out);
 }
 
 template <class T>

@@ -254,11 +254,20 @@ struct ScanOutput {
   std::unordered_set<ShiftKey, ShiftKeyHash> used_sparse;  // shifts seen (hash numbering)
 };
 
-// The bin grid. Along each axis there are `cells` bins of width >= R; when the
-// grid would have too many bins (sparse systems with a huge extent), an axis is
-// folded onto `dims` < `cells` bins by taking the bin index modulo `dims`. Folded
-// bins mix far-apart points, which the distance test rejects; dims >= 3 keeps the
-// three neighbor bins along a folded axis distinct.
+// Bins are at least search / kBinsPerRadius wide, so neighbors lie at most
+// kBinsPerRadius bins away along each axis. Two bins per radius scan a
+// 5 x 5 x 5 block of volume 15.6 R^3 instead of the 27 R^3 of bins R wide.
+constexpr int kBinsPerRadius = 2;
+constexpr int kStencil = 2 * kBinsPerRadius + 1;
+
+// A flag in row keys during the scan (see there).
+constexpr uint64_t kNeedsExactTest = uint64_t{1} << 31;
+
+// The bin grid. Along each axis there are `cells` bins; when the grid would
+// have too many bins (sparse systems with a huge extent), an axis is folded
+// onto `dims` < `cells` bins by taking the bin index modulo `dims`. Folded bins
+// mix far-apart points, which the distance test rejects; dims >= kStencil keeps
+// the neighbor bins along a folded axis distinct.
 struct Grid {
   double origin[3] = {};
   double inv_width[3] = {};
@@ -270,10 +279,47 @@ struct Grid {
     int64_t c = t <= 0.0 ? 0
                          : (t >= static_cast<double>(cells[a] - 1) ? cells[a] - 1
                                                                    : static_cast<int64_t>(t));
-    return dims[a] < cells[a] ? c % dims[a] : c;
+    return folded(a) ? c % dims[a] : c;
   }
-  int64_t Index(const int64_t c[3]) const { return (c[2] * dims[1] + c[1]) * dims[0] + c[0]; }
+  int64_t Index(int64_t x, int64_t y, int64_t z) const { return (z * dims[1] + y) * dims[0] + x; }
   bool folded(int a) const { return dims[a] < cells[a]; }
+
+  // The bins within kBinsPerRadius of `home` along axis a, in increasing order;
+  // returns how many.
+  int Near(int a, int64_t home, int64_t* out) const {
+    int count = 0;
+    for (int64_t d = -kBinsPerRadius; d <= kBinsPerRadius; ++d) {
+      int64_t c = home + d;
+      if (folded(a)) {
+        out[count++] = (c + dims[a]) % dims[a];
+      } else if (c >= 0 && c < dims[a]) {
+        out[count++] = c;
+      }
+    }
+    return count;
+  }
+  // The same bins along x as at most two runs of consecutive bins [first, last].
+  int NearRuns(int64_t home, int64_t runs[2][2]) const {
+    const int64_t lo = home - kBinsPerRadius;
+    const int64_t hi = home + kBinsPerRadius;
+    if (!folded(0)) {
+      runs[0][0] = std::max<int64_t>(0, lo);
+      runs[0][1] = std::min<int64_t>(dims[0] - 1, hi);
+      return 1;
+    }
+    if (lo < 0) {
+      runs[0][0] = lo + dims[0], runs[0][1] = dims[0] - 1;
+      runs[1][0] = 0, runs[1][1] = hi;
+      return 2;
+    }
+    if (hi >= dims[0]) {
+      runs[0][0] = lo, runs[0][1] = dims[0] - 1;
+      runs[1][0] = 0, runs[1][1] = hi - dims[0];
+      return 2;
+    }
+    runs[0][0] = lo, runs[0][1] = hi;
+    return 1;
+  }
 };
 
 Grid MakeGrid(const double lo[3], const double hi[3], double width, int64_t max_bins) {
@@ -282,7 +328,7 @@ Grid MakeGrid(const double lo[3], const double hi[3], double width, int64_t max_
     g.origin[a] = lo[a];
     const double extent = hi[a] - lo[a];
     // Bins a little wider than `width`, so that rounding in the bin coordinate
-    // never separates points closer than `width` by more than one bin.
+    // never puts points closer than kBinsPerRadius * width further apart.
     const double cells = std::floor(extent / (width * (1.0 + 1e-6)));
     g.cells[a] =
         cells < 1.0 ? 1 : (cells > 1e15 ? int64_t{1000000000000000} : static_cast<int64_t>(cells));
@@ -295,9 +341,42 @@ Grid MakeGrid(const double lo[3], const double hi[3], double width, int64_t max_
     for (int b = 1; b < 3; ++b) {
       if (g.dims[b] > g.dims[a]) a = b;
     }
-    g.dims[a] = std::max<int64_t>(3, g.dims[a] / 2);
+    g.dims[a] = std::max<int64_t>(kStencil, g.dims[a] / 2);
   }
   return g;
+}
+
+// Sorts a row of distinct keys (j << 32) | code. Rows are short (tens of keys),
+// where placing each key at its rank is branch-free and several times faster
+// than std::sort. The rank by j (the number of keys with a smaller j) is counted
+// on 32-bit j over a padded length, eight per AVX2 instruction; keys of equal j
+// (several images of one atom) share a rank and are placed one after the other,
+// and a final insertion sort orders them by code, in one pass when there are none.
+constexpr int64_t kMaxRankSort = 256;
+
+void SortRow(uint64_t* keys, int64_t count, uint64_t* scratch, int32_t* js, int32_t* taken) {
+  if (count > kMaxRankSort) {
+    std::sort(keys, keys + count);
+    return;
+  }
+  const int64_t padded = (count + 7) & ~int64_t{7};
+  for (int64_t a = 0; a < count; ++a) {
+    js[a] = static_cast<int32_t>(keys[a] >> 32);
+    taken[a] = 0;
+  }
+  for (int64_t a = count; a < padded; ++a) js[a] = std::numeric_limits<int32_t>::max();
+  for (int64_t a = 0; a < count; ++a) {
+    const int32_t j = js[a];
+    int32_t rank = 0;
+    for (int64_t b = 0; b < padded; ++b) rank += static_cast<int32_t>(js[b] < j);
+    scratch[rank + taken[rank]++] = keys[a];
+  }
+  for (int64_t a = 0; a < count; ++a) {
+    const uint64_t key = scratch[a];
+    int64_t b = a;
+    for (; b > 0 && keys[b - 1] > key; --b) keys[b] = keys[b - 1];
+    keys[b] = key;
+  }
 }
 
 }  // namespace
@@ -529,14 +608,14 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
   }
 
   // 3. Bin the points (counting sort, stable: a bin keeps its points in key order).
-  const Grid grid = MakeGrid(lo_corner, hi_corner, search, std::max<int64_t>(4096, 2 * num_points));
+  const Grid grid = MakeGrid(lo_corner, hi_corner, search / kBinsPerRadius,
+                             std::max<int64_t>(4096, 2 * num_points));
   const int64_t num_bins = grid.dims[0] * grid.dims[1] * grid.dims[2];
   std::vector<int64_t> bin_begin(num_bins + 1, 0);
   std::vector<int64_t> point_bin(num_points);
   for (int64_t k = 0; k < num_points; ++k) {
-    const int64_t c[3] = {grid.Coord(0, points[k].x), grid.Coord(1, points[k].y),
-                          grid.Coord(2, points[k].z)};
-    point_bin[k] = grid.Index(c);
+    point_bin[k] = grid.Index(grid.Coord(0, points[k].x), grid.Coord(1, points[k].y),
+                              grid.Coord(2, points[k].z));
     ++bin_begin[point_bin[k] + 1];
   }
   for (int64_t b = 0; b < num_bins; ++b) bin_begin[b + 1] += bin_begin[b];
@@ -548,7 +627,9 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
   std::vector<Point>().swap(points);
   std::vector<int64_t>().swap(point_bin);
 
-  // Shifts n = m - w_j + w_i lie in a box known in advance.
+  // Shifts n = m - w_j + w_i lie in a box known in advance. When it is small,
+  // n is numbered by its position in the box, a linear function of m, w_j and
+  // w_i: code(n) = base + offset(m) - offset(w_j) + offset(w_i).
   int64_t shift_lo[3];
   int64_t shift_hi[3];
   for (int a = 0; a < 3; ++a) {
@@ -556,9 +637,41 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
     shift_hi[a] = reach[a] + max_wrap[a] - min_wrap[a];
   }
   const ShiftNumbering numbering(shift_lo, shift_hi);
+  const bool dense = numbering.dense();
+  std::vector<int64_t> image_linear;
+  std::vector<int64_t> wrap_linear;
+  int64_t code_base = 0;
+  if (dense) {
+    const int64_t zero[3] = {0, 0, 0};
+    code_base = numbering.Code(zero);
+    const int64_t unit[3][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+    int64_t stride[3];
+    for (int a = 0; a < 3; ++a) stride[a] = numbering.Code(unit[a]) - code_base;
+    image_linear.resize(box_size);
+    for (int64_t c = 0; c < box_size; ++c) {
+      const int32_t* m = image_offsets.data() + 3 * c;
+      image_linear[c] = m[0] * stride[0] + m[1] * stride[1] + m[2] * stride[2];
+    }
+    wrap_linear.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t* w = wrap.data() + 3 * i;
+      wrap_linear[i] = w[0] * stride[0] + w[1] * stride[1] + w[2] * stride[2];
+    }
+  }
 
   // 4. Scan. Threads take contiguous ranges of binned points, so that a
   // thread's receivers are close in space; rows are written in atom order later.
+  // Row keys are (j << 32) | code, code being the shift code (dense numbering)
+  // or the image code (hash numbering); for a fixed (i, j) both increase with n
+  // in lexicographic order, so sorting the keys sorts the row by (j, n).
+  //
+  // The wrapped coordinates differ from the exact edge vectors by rounding far
+  // below `margin`, so a candidate within R - margin on the wrapped coordinates
+  // is surely a neighbor and one beyond R + margin surely is not; only those in
+  // between need the exact test.
+  const double margin = search - radius;
+  const double inner = std::max(0.0, radius - margin);
+  const double inner2 = inner * inner;
   const int num_threads = NumThreads(n);
   std::vector<ScanOutput> out(num_threads);
   std::vector<int32_t> row_thread(n);
@@ -570,53 +683,34 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
     const int t = ThreadId();
     const int team = TeamSize();  // may be smaller than num_threads
     ScanOutput& mine = out[t];
-    if (numbering.dense()) mine.used_dense.assign(numbering.dense_size(), 0);
-    std::vector<uint64_t> candidates;
+    if (dense) mine.used_dense.assign(numbering.dense_size(), 0);
+    std::vector<uint64_t> candidate_buffer;
+    std::vector<uint64_t> scratch;
+    std::vector<int32_t> scratch_j;
+    std::vector<int32_t> scratch_taken;
     const int64_t begin = num_points * t / team;
     const int64_t end = num_points * (t + 1) / team;
     for (int64_t k = begin; k < end; ++k) {
-      const Point& self = sorted[k];
+      const Point self = sorted[k];  // a copy: stores to the candidates must not alias it
       if ((self.key & 0xffffffffu) != zero_image) continue;
       const int64_t i = static_cast<int64_t>(self.key >> 32);
 
-      // The neighboring bins: along x as contiguous runs of bins, along y and z
-      // as lists of bin coordinates.
-      int64_t home[3] = {grid.Coord(0, self.x), grid.Coord(1, self.y), grid.Coord(2, self.z)};
-      int64_t near[2][3];
-      int num_near[2] = {0, 0};
-      for (int a = 1; a < 3; ++a) {
-        for (int64_t d = -1; d <= 1; ++d) {
-          int64_t c = home[a] + d;
-          if (grid.folded(a)) {
-            c = (c + grid.dims[a]) % grid.dims[a];
-          } else if (c < 0 || c >= grid.dims[a]) {
-            continue;
-          }
-          near[a - 1][num_near[a - 1]++] = c;
-        }
-      }
+      // The surrounding bins as ranges of points: runs of consecutive bins
+      // along x, for each pair of bins along y and z.
+      int64_t near_y[kStencil];
+      int64_t near_z[kStencil];
       int64_t runs[2][2];
-      int num_runs = 0;
-      if (grid.folded(0) && home[0] == 0) {
-        runs[num_runs][0] = grid.dims[0] - 1, runs[num_runs++][1] = grid.dims[0] - 1;
-        runs[num_runs][0] = 0, runs[num_runs++][1] = 1;
-      } else if (grid.folded(0) && home[0] == grid.dims[0] - 1) {
-        runs[num_runs][0] = home[0] - 1, runs[num_runs++][1] = home[0];
-        runs[num_runs][0] = 0, runs[num_runs++][1] = 0;
-      } else {
-        runs[num_runs][0] = std::max<int64_t>(0, home[0] - 1);
-        runs[num_runs++][1] = std::min<int64_t>(grid.dims[0] - 1, home[0] + 1);
-      }
-      int64_t ranges[18][2];
+      const int num_y = grid.Near(1, grid.Coord(1, self.y), near_y);
+      const int num_z = grid.Near(2, grid.Coord(2, self.z), near_z);
+      const int num_runs = grid.NearRuns(grid.Coord(0, self.x), runs);
+      int64_t ranges[2 * kStencil * kStencil][2];
       int num_ranges = 0;
       int64_t total = 0;
-      for (int z = 0; z < num_near[1]; ++z) {
-        for (int y = 0; y < num_near[0]; ++y) {
+      for (int z = 0; z < num_z; ++z) {
+        for (int y = 0; y < num_y; ++y) {
           for (int r = 0; r < num_runs; ++r) {
-            int64_t c[3] = {runs[r][0], near[0][y], near[1][z]};
-            const int64_t first = bin_begin[grid.Index(c)];
-            c[0] = runs[r][1];
-            const int64_t last = bin_begin[grid.Index(c) + 1];
+            const int64_t first = bin_begin[grid.Index(runs[r][0], near_y[y], near_z[z])];
+            const int64_t last = bin_begin[grid.Index(runs[r][1], near_y[y], near_z[z]) + 1];
             ranges[num_ranges][0] = first;
             ranges[num_ranges++][1] = last;
             total += last - first;
@@ -624,9 +718,16 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
         }
       }
 
-      // First test on the wrapped coordinates (branch-free append).
-      if (static_cast<int64_t>(candidates.size()) < total) candidates.resize(total);
-      uint64_t* cand = candidates.data();
+      // Test on the wrapped coordinates, appending without branches. Bit 31 of
+      // a key (free: image codes are below 2^24) marks the candidates between
+      // R - margin and R + margin, which need the exact test.
+      if (static_cast<int64_t>(candidate_buffer.size()) < total) {
+        candidate_buffer.resize(total);
+        scratch.resize(total);
+        scratch_j.resize(total + 8);
+        scratch_taken.resize(total);
+      }
+      uint64_t* candidates = candidate_buffer.data();
       int64_t count = 0;
       for (int r = 0; r < num_ranges; ++r) {
         for (int64_t q = ranges[r][0]; q < ranges[r][1]; ++q) {
@@ -634,53 +735,77 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
           const double dx = p.x - self.x;
           const double dy = p.y - self.y;
           const double dz = p.z - self.z;
-          cand[count] = p.key;
-          count += (dx * dx + dy * dy + dz * dz < search2) & (p.key != self.key);
+          const double d2 = dx * dx + dy * dy + dz * dz;
+          candidates[count] = p.key | (static_cast<uint64_t>(d2 >= inner2) << 31);
+          count += d2 < search2;
         }
       }
 
-      // Final test on the edge vector as the engine computes it.
+      // Drop the atom itself, decide the marked candidates on the edge vector
+      // as the engine computes it, and turn image codes into shift codes.
       const double* xi = positions + 3 * i;
       const int32_t* wi = wrap.data() + 3 * i;
+      const int64_t row_base = dense ? code_base + wrap_linear[i] : 0;
       int64_t kept = 0;
       for (int64_t c = 0; c < count; ++c) {
-        const uint64_t key = cand[c];
-        const int64_t j = static_cast<int64_t>(key >> 32);
-        const int32_t* m = image_offsets.data() + 3 * (key & 0xffffffffu);
-        const int32_t* wj = wrap.data() + 3 * j;
-        const int64_t shift[3] = {int64_t{m[0]} - wj[0] + wi[0], int64_t{m[1]} - wj[1] + wi[1],
-                                  int64_t{m[2]} - wj[2] + wi[2]};
-        double s[3];
-        ShiftVector(shift[0], shift[1], shift[2], lat.cell, s);
-        const double* xj = positions + 3 * j;
-        const double vx = (xj[0] - xi[0]) + s[0];
-        const double vy = (xj[1] - xi[1]) + s[1];
-        const double vz = (xj[2] - xi[2]) + s[2];
-        if (vx * vx + vy * vy + vz * vz < radius2) {
-          cand[kept++] = key;
-          if (numbering.dense()) {
-            mine.used_dense[numbering.Code(shift)] = 1;
-          } else {
-            mine.used_sparse.insert(
-                ShiftKey{{static_cast<int32_t>(shift[0]), static_cast<int32_t>(shift[1]),
-                          static_cast<int32_t>(shift[2])}});
-          }
+        uint64_t key = candidates[c];
+        const uint64_t j = key >> 32;
+        if (key & kNeedsExactTest) {
+          key &= ~kNeedsExactTest;
+          if (key == self.key) continue;
+          const int32_t* m = image_offsets.data() + 3 * (key & 0xffffffffu);
+          const int32_t* wj = wrap.data() + 3 * j;
+          double s[3];
+          ShiftVector(int64_t{m[0]} - wj[0] + wi[0], int64_t{m[1]} - wj[1] + wi[1],
+                      int64_t{m[2]} - wj[2] + wi[2], lat.cell, s);
+          const double* xj = positions + 3 * j;
+          const double vx = (xj[0] - xi[0]) + s[0];
+          const double vy = (xj[1] - xi[1]) + s[1];
+          const double vz = (xj[2] - xi[2]) + s[2];
+          if (!(vx * vx + vy * vy + vz * vz < radius2)) continue;
+        } else if (key == self.key) {
+          continue;
         }
+        if (dense) {
+          const int64_t code = row_base + image_linear[key & 0xffffffffu] - wrap_linear[j];
+          mine.used_dense[code] = 1;
+          key = (j << 32) | static_cast<uint64_t>(code);
+        }
+        candidates[kept++] = key;
       }
-      // For a fixed (i, j), n - m is constant, so sorting by (j, image code)
-      // sorts the row by (j, n) with n in lexicographic order.
-      std::sort(cand, cand + kept);
+      SortRow(candidates, kept, scratch.data(), scratch_j.data(), scratch_taken.data());
       row_thread[i] = t;
       row_start[i] = static_cast<int64_t>(mine.keys.size());
       row_count[i] = kept;
-      mine.keys.insert(mine.keys.end(), cand, cand + kept);
+      mine.keys.insert(mine.keys.end(), candidates, candidates + kept);
     }
   }
   std::vector<Point>().swap(sorted);
 
+  // The shift n of an edge from its row and key (hash numbering).
+  auto edge_shift = [&](int64_t i, uint64_t key) {
+    const int32_t* m = image_offsets.data() + 3 * (key & 0xffffffffu);
+    const int32_t* wj = wrap.data() + 3 * (key >> 32);
+    const int32_t* wi = wrap.data() + 3 * i;
+    ShiftKey s;
+    for (int a = 0; a < 3; ++a) s.n[a] = m[a] - wj[a] + wi[a];
+    return s;
+  };
+  if (!dense) {
+#pragma omp parallel num_threads(num_threads)
+    {
+      ScanOutput& mine = out[ThreadId()];
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t* keys = out[row_thread[i]].keys.data() + row_start[i];
+        for (int64_t c = 0; c < row_count[i]; ++c) mine.used_sparse.insert(edge_shift(i, keys[c]));
+      }
+    }
+  }
+
   // 5. Number the shifts: (0, 0, 0) first, then lexicographic order.
   std::vector<ShiftKey> used;
-  if (numbering.dense()) {
+  if (dense) {
     std::vector<uint8_t> any(numbering.dense_size(), 0);
     for (const ScanOutput& o : out) {
       if (o.used_dense.empty()) continue;  // a thread that did not run
@@ -708,12 +833,12 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
   shifts_.resize(3 * num_shifts);
   std::vector<int32_t> dense_index;
   std::unordered_map<ShiftKey, int32_t, ShiftKeyHash> sparse_index;
-  if (numbering.dense()) dense_index.assign(numbering.dense_size(), -1);
+  if (dense) dense_index.assign(numbering.dense_size(), -1);
   for (int64_t s = 0; s < num_shifts; ++s) {
     const int64_t c[3] = {used[s].n[0], used[s].n[1], used[s].n[2]};
     for (int a = 0; a < 3; ++a) shift_cells_[3 * s + a] = used[s].n[a];
     ShiftVector(c[0], c[1], c[2], lat.cell, shifts_.data() + 3 * s);
-    if (numbering.dense()) {
+    if (dense) {
       dense_index[numbering.Code(c)] = static_cast<int32_t>(s);
     } else {
       sparse_index.emplace(used[s], static_cast<int32_t>(s));
@@ -729,21 +854,17 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
 #pragma omp parallel for num_threads(num_threads) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t* keys = out[row_thread[i]].keys.data() + row_start[i];
-    const int32_t* wi = wrap.data() + 3 * i;
-    int64_t e = row_offsets_[i];
-    for (int64_t c = 0; c < row_count[i]; ++c, ++e) {
-      const int64_t j = static_cast<int64_t>(keys[c] >> 32);
-      const int32_t* m = image_offsets.data() + 3 * (keys[c] & 0xffffffffu);
-      const int32_t* wj = wrap.data() + 3 * j;
-      const int64_t shift[3] = {int64_t{m[0]} - wj[0] + wi[0], int64_t{m[1]} - wj[1] + wi[1],
-                                int64_t{m[2]} - wj[2] + wi[2]};
-      neighbors_[e] = static_cast<int32_t>(j);
-      if (numbering.dense()) {
-        shift_index_[e] = dense_index[numbering.Code(shift)];
-      } else {
-        shift_index_[e] = sparse_index.at(
-            ShiftKey{{static_cast<int32_t>(shift[0]), static_cast<int32_t>(shift[1]),
-                      static_cast<int32_t>(shift[2])}});
+    int32_t* neighbors = neighbors_.data() + row_offsets_[i];
+    int32_t* shift_index = shift_index_.data() + row_offsets_[i];
+    if (dense) {
+      for (int64_t c = 0; c < row_count[i]; ++c) {
+        neighbors[c] = static_cast<int32_t>(keys[c] >> 32);
+        shift_index[c] = dense_index[keys[c] & 0xffffffffu];
+      }
+    } else {
+      for (int64_t c = 0; c < row_count[i]; ++c) {
+        neighbors[c] = static_cast<int32_t>(keys[c] >> 32);
+        shift_index[c] = sparse_index.find(edge_shift(i, keys[c]))->second;
       }
     }
   }
