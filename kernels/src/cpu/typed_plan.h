@@ -103,14 +103,14 @@ Linear<T> make_linear(const LinearPlan& p) {
     q.mul_in = bi.mul;
     q.mul_out = bo.mul;
     q.d = 2 * bi.l + 1;
-    q.weight.assign(path.weight.begin(), path.weight.end());
+    q.weight = std::vector<T>(path.weight.begin(), path.weight.end());
     l.max_mul = std::max({l.max_mul, bi.mul, bo.mul});
     l.paths.push_back(std::move(q));
   }
   for (const LinearBias& b : p.biases) {
     typename Linear<T>::Bias q;
     q.out_offset = p.out.blocks[b.out_block].offset;
-    q.bias.assign(b.bias.begin(), b.bias.end());
+    q.bias = std::vector<T>(b.bias.begin(), b.bias.end());
     l.biases.push_back(std::move(q));
   }
   return l;
@@ -153,7 +153,7 @@ Conv<T> make_conv(const ConvPlan& p) {
     q.d2 = 2 * path.l2 + 1;
     q.d3 = 2 * path.l3 + 1;
     q.l2 = path.l2;
-    q.cg.assign(path.cg.begin(), path.cg.end());
+    q.cg = std::vector<T>(path.cg.begin(), path.cg.end());
     c.paths.push_back(std::move(q));
   }
   c.mlp = make_mlp<T>(p.mlp);
@@ -203,12 +203,12 @@ TypedPlan<T> make_typed_plan(const ModelPlan& p) {
   t.cutoff = p.cutoff;
   t.num_species = static_cast<int>(p.atomic_numbers.size());
   t.num_basis = p.radial.num_basis;
-  t.radial_coeffs.assign(p.radial.coeffs.begin(), p.radial.coeffs.end());
+  t.radial_coeffs = std::vector<T>(p.radial.coeffs.begin(), p.radial.coeffs.end());
   t.radial_prefactor = static_cast<T>(p.radial.prefactor);
   t.envelope = {p.radial.envelope, p.radial.r_cut, p.radial.r_on, p.radial.p};
   t.sh = ops::make_sh_table<T>(p.sh);
   t.embedding_dim = p.embedding_dim;
-  t.embedding.assign(p.embedding.begin(), p.embedding.end());
+  t.embedding = std::vector<T>(p.embedding.begin(), p.embedding.end());
   for (const SevennetLayer& l : p.layers) {
     Layer<T> q;
     q.self_connection = make_linear<T>(l.self_connection);
@@ -220,8 +220,8 @@ TypedPlan<T> make_typed_plan(const ModelPlan& p) {
     t.layers.push_back(std::move(q));
   }
   for (const LinearPlan& r : p.readout) t.readout.push_back(make_linear<T>(r));
-  t.scale.assign(p.scale.begin(), p.scale.end());
-  t.shift.assign(p.shift.begin(), p.shift.end());
+  t.scale = std::vector<T>(p.scale.begin(), p.scale.end());
+  t.shift = std::vector<T>(p.shift.begin(), p.shift.end());
   return t;
 }
 

@@ -31,6 +31,10 @@
 #include <unordered_set>
 #include <vector>
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 #include "e3fuse/error.h"
 #include "e3fuse/neighbors.h"
 
@@ -346,6 +350,86 @@ Grid MakeGrid(const double lo[3], const double hi[3], double width, int64_t max_
   return g;
 }
 
+// Binned points in structure-of-arrays form, padded with kPointPadding unused
+// entries so that vector loads may run past the last point.
+constexpr int64_t kPointPadding = 4;
+
+struct BinnedPoints {
+  std::vector<double> x, y, z;
+  std::vector<uint64_t> key;
+
+  explicit BinnedPoints(int64_t count)
+      : x(count + kPointPadding, 0.0),
+        y(count + kPointPadding, 0.0),
+        z(count + kPointPadding, 0.0),
+        key(count + kPointPadding, 0) {}
+};
+
+#ifdef __AVX2__
+// For each 4-bit lane mask, the 32-bit lane indices that move the selected
+// 64-bit lanes to the front (compress-store emulation).
+struct CompressTable {
+  alignas(32) int32_t lanes[16][8];
+  CompressTable() {
+    for (int mask = 0; mask < 16; ++mask) {
+      int out = 0;
+      for (int l = 0; l < 4; ++l) {
+        if (mask & (1 << l)) {
+          lanes[mask][2 * out] = 2 * l;
+          lanes[mask][2 * out + 1] = 2 * l + 1;
+          ++out;
+        }
+      }
+      for (; out < 4; ++out) lanes[mask][2 * out] = lanes[mask][2 * out + 1] = 0;
+    }
+  }
+};
+const CompressTable kCompress;
+#endif
+
+// Appends to out[count...] the keys of points [first, last) closer than
+// sqrt(search2) to (x, y, z), with kNeedsExactTest set on those not closer than
+// sqrt(inner2), and returns the new count. out needs 4 entries of slack.
+inline int64_t CollectCandidates(const BinnedPoints& p, int64_t first, int64_t last, double x,
+                                 double y, double z, double inner2, double search2, uint64_t* out,
+                                 int64_t count) {
+#ifdef __AVX2__
+  const __m256d cx = _mm256_set1_pd(x);
+  const __m256d cy = _mm256_set1_pd(y);
+  const __m256d cz = _mm256_set1_pd(z);
+  const __m256d limit = _mm256_set1_pd(search2);
+  const __m256d sure = _mm256_set1_pd(inner2);
+  const __m256i flag = _mm256_set1_epi64x(static_cast<int64_t>(kNeedsExactTest));
+  for (int64_t q = first; q < last; q += 4) {
+    const __m256d dx = _mm256_sub_pd(_mm256_loadu_pd(p.x.data() + q), cx);
+    const __m256d dy = _mm256_sub_pd(_mm256_loadu_pd(p.y.data() + q), cy);
+    const __m256d dz = _mm256_sub_pd(_mm256_loadu_pd(p.z.data() + q), cz);
+    const __m256d d2 = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(dx, dx), _mm256_mul_pd(dy, dy)),
+                                     _mm256_mul_pd(dz, dz));
+    int mask = _mm256_movemask_pd(_mm256_cmp_pd(d2, limit, _CMP_LT_OQ));
+    if (last - q < 4) mask &= (1 << (last - q)) - 1;
+    __m256i keys = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.key.data() + q));
+    const __m256d far = _mm256_cmp_pd(d2, sure, _CMP_GE_OQ);
+    keys = _mm256_or_si256(keys, _mm256_and_si256(_mm256_castpd_si256(far), flag));
+    const __m256i lanes =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(kCompress.lanes[mask]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + count),
+                        _mm256_permutevar8x32_epi32(keys, lanes));
+    count += __builtin_popcount(static_cast<unsigned>(mask));
+  }
+#else
+  for (int64_t q = first; q < last; ++q) {
+    const double dx = p.x[q] - x;
+    const double dy = p.y[q] - y;
+    const double dz = p.z[q] - z;
+    const double d2 = dx * dx + dy * dy + dz * dz;
+    out[count] = p.key[q] | (static_cast<uint64_t>(d2 >= inner2) << 31);
+    count += d2 < search2;
+  }
+#endif
+  return count;
+}
+
 // Sorts a row of distinct keys (j << 32) | code. Rows are short (tens of keys),
 // where placing each key at its rank is branch-free and several times faster
 // than std::sort. The rank by j (the number of keys with a smaller j) is counted
@@ -365,11 +449,18 @@ void SortRow(uint64_t* keys, int64_t count, uint64_t* scratch, int32_t* js, int3
     taken[a] = 0;
   }
   for (int64_t a = count; a < padded; ++a) js[a] = std::numeric_limits<int32_t>::max();
-  for (int64_t a = 0; a < count; ++a) {
-    const int32_t j = js[a];
-    int32_t rank = 0;
-    for (int64_t b = 0; b < padded; ++b) rank += static_cast<int32_t>(js[b] < j);
-    scratch[rank + taken[rank]++] = keys[a];
+  for (int64_t a0 = 0; a0 < count; a0 += 8) {  // eight ranks at a time
+    int32_t rank[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t ja[8];
+    for (int l = 0; l < 8; ++l) ja[l] = js[a0 + l];
+    for (int64_t b = 0; b < count; ++b) {
+      const int32_t j = js[b];
+      for (int l = 0; l < 8; ++l) rank[l] += static_cast<int32_t>(j < ja[l]);
+    }
+    for (int64_t a = a0; a < std::min(count, a0 + 8); ++a) {
+      const int32_t r = rank[a - a0];
+      scratch[r + taken[r]++] = keys[a];
+    }
   }
   for (int64_t a = 0; a < count; ++a) {
     const uint64_t key = scratch[a];
@@ -619,10 +710,16 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
     ++bin_begin[point_bin[k] + 1];
   }
   for (int64_t b = 0; b < num_bins; ++b) bin_begin[b + 1] += bin_begin[b];
-  std::vector<Point> sorted(num_points);
+  BinnedPoints sorted(num_points);
   {
     std::vector<int64_t> fill(bin_begin.begin(), bin_begin.end() - 1);
-    for (int64_t k = 0; k < num_points; ++k) sorted[fill[point_bin[k]]++] = points[k];
+    for (int64_t k = 0; k < num_points; ++k) {
+      const int64_t to = fill[point_bin[k]]++;
+      sorted.x[to] = points[k].x;
+      sorted.y[to] = points[k].y;
+      sorted.z[to] = points[k].z;
+      sorted.key[to] = points[k].key;
+    }
   }
   std::vector<Point>().swap(points);
   std::vector<int64_t>().swap(point_bin);
@@ -691,18 +788,21 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
     const int64_t begin = num_points * t / team;
     const int64_t end = num_points * (t + 1) / team;
     for (int64_t k = begin; k < end; ++k) {
-      const Point self = sorted[k];  // a copy: stores to the candidates must not alias it
-      if ((self.key & 0xffffffffu) != zero_image) continue;
-      const int64_t i = static_cast<int64_t>(self.key >> 32);
+      const uint64_t self_key = sorted.key[k];
+      if ((self_key & 0xffffffffu) != zero_image) continue;
+      const int64_t i = static_cast<int64_t>(self_key >> 32);
+      const double self_x = sorted.x[k];
+      const double self_y = sorted.y[k];
+      const double self_z = sorted.z[k];
 
       // The surrounding bins as ranges of points: runs of consecutive bins
       // along x, for each pair of bins along y and z.
       int64_t near_y[kStencil];
       int64_t near_z[kStencil];
       int64_t runs[2][2];
-      const int num_y = grid.Near(1, grid.Coord(1, self.y), near_y);
-      const int num_z = grid.Near(2, grid.Coord(2, self.z), near_z);
-      const int num_runs = grid.NearRuns(grid.Coord(0, self.x), runs);
+      const int num_y = grid.Near(1, grid.Coord(1, self_y), near_y);
+      const int num_z = grid.Near(2, grid.Coord(2, self_z), near_z);
+      const int num_runs = grid.NearRuns(grid.Coord(0, self_x), runs);
       int64_t ranges[2 * kStencil * kStencil][2];
       int num_ranges = 0;
       int64_t total = 0;
@@ -718,11 +818,11 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
         }
       }
 
-      // Test on the wrapped coordinates, appending without branches. Bit 31 of
-      // a key (free: image codes are below 2^24) marks the candidates between
-      // R - margin and R + margin, which need the exact test.
-      if (static_cast<int64_t>(candidate_buffer.size()) < total) {
-        candidate_buffer.resize(total);
+      // Test on the wrapped coordinates. Bit 31 of a key (free: image codes are
+      // below 2^24) marks the candidates between R - margin and R + margin,
+      // which need the exact test.
+      if (static_cast<int64_t>(candidate_buffer.size()) < total + 4) {
+        candidate_buffer.resize(total + 4);
         scratch.resize(total);
         scratch_j.resize(total + 8);
         scratch_taken.resize(total);
@@ -730,15 +830,8 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
       uint64_t* candidates = candidate_buffer.data();
       int64_t count = 0;
       for (int r = 0; r < num_ranges; ++r) {
-        for (int64_t q = ranges[r][0]; q < ranges[r][1]; ++q) {
-          const Point& p = sorted[q];
-          const double dx = p.x - self.x;
-          const double dy = p.y - self.y;
-          const double dz = p.z - self.z;
-          const double d2 = dx * dx + dy * dy + dz * dz;
-          candidates[count] = p.key | (static_cast<uint64_t>(d2 >= inner2) << 31);
-          count += d2 < search2;
-        }
+        count = CollectCandidates(sorted, ranges[r][0], ranges[r][1], self_x, self_y, self_z,
+                                  inner2, search2, candidates, count);
       }
 
       // Drop the atom itself, decide the marked candidates on the edge vector
@@ -752,7 +845,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
         const uint64_t j = key >> 32;
         if (key & kNeedsExactTest) {
           key &= ~kNeedsExactTest;
-          if (key == self.key) continue;
+          if (key == self_key) continue;
           const int32_t* m = image_offsets.data() + 3 * (key & 0xffffffffu);
           const int32_t* wj = wrap.data() + 3 * j;
           double s[3];
@@ -763,7 +856,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
           const double vy = (xj[1] - xi[1]) + s[1];
           const double vz = (xj[2] - xi[2]) + s[2];
           if (!(vx * vx + vy * vy + vz * vz < radius2)) continue;
-        } else if (key == self.key) {
+        } else if (key == self_key) {
           continue;
         }
         if (dense) {
@@ -780,7 +873,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
       mine.keys.insert(mine.keys.end(), candidates, candidates + kept);
     }
   }
-  std::vector<Point>().swap(sorted);
+  sorted = BinnedPoints(0);
 
   // The shift n of an edge from its row and key (hash numbering).
   auto edge_shift = [&](int64_t i, uint64_t key) {
