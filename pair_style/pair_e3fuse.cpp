@@ -1,0 +1,562 @@
+/* pair_style e3fuse: see pair_e3fuse.h for the syntax and the two ways of
+   handling message passing (images on one rank, a thick ghost shell on many). */
+
+#include "pair_e3fuse.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <sstream>
+
+#include "atom.h"
+#include "comm.h"
+#include "domain.h"
+#include "e3fuse/engine.h"
+#include "e3fuse/error.h"
+#include "e3fuse/model.h"
+#include "e3fuse/system.h"
+#include "error.h"
+#include "force.h"
+#include "memory.h"
+#include "neigh_list.h"
+#include "neighbor.h"
+#include "update.h"
+#include "utils.h"
+
+using namespace LAMMPS_NS;
+
+namespace {
+
+// Element symbols by atomic number (index 0 unused).
+const char *const kElementSymbols[] = {
+    "",   "H",  "He", "Li", "Be", "B",  "C",  "N",  "O",  "F",  "Ne", "Na", "Mg", "Al", "Si",
+    "P",  "S",  "Cl", "Ar", "K",  "Ca", "Sc", "Ti", "V",  "Cr", "Mn", "Fe", "Co", "Ni", "Cu",
+    "Zn", "Ga", "Ge", "As", "Se", "Br", "Kr", "Rb", "Sr", "Y",  "Zr", "Nb", "Mo", "Tc", "Ru",
+    "Rh", "Pd", "Ag", "Cd", "In", "Sn", "Sb", "Te", "I",  "Xe", "Cs", "Ba", "La", "Ce", "Pr",
+    "Nd", "Pm", "Sm", "Eu", "Gd", "Tb", "Dy", "Ho", "Er", "Tm", "Yb", "Lu", "Hf", "Ta", "W",
+    "Re", "Os", "Ir", "Pt", "Au", "Hg", "Tl", "Pb", "Bi", "Po", "At", "Rn", "Fr", "Ra", "Ac",
+    "Th", "Pa", "U",  "Np", "Pu", "Am", "Cm", "Bk", "Cf", "Es", "Fm", "Md", "No", "Lr", "Rf",
+    "Db", "Sg", "Bh", "Hs", "Mt", "Ds", "Rg", "Cn", "Nh", "Fl", "Mc", "Lv", "Ts", "Og"};
+constexpr int kNumElements = 118;
+
+// Atomic number of an element symbol (exact, case-sensitive), or 0.
+int atomic_number(const std::string &symbol) {
+  for (int z = 1; z <= kNumElements; ++z)
+    if (symbol == kElementSymbols[z]) return z;
+  return 0;
+}
+
+std::string element_symbol(int z) {
+  if (z >= 1 && z <= kNumElements) return kElementSymbols[z];
+  return "Z=" + std::to_string(z);
+}
+
+std::string format_double(double value) {
+  std::ostringstream s;
+  s << value;
+  return s.str();
+}
+
+}  // namespace
+
+/* ---------------------------------------------------------------------- */
+
+PairE3fuse::PairE3fuse(LAMMPS *lmp) : Pair(lmp) {
+  single_enable = 0;
+  restartinfo = 0;
+  one_coeff = 1;
+  manybody_flag = 1;
+  unit_convert_flag = 0;
+  // the engine returns the virial (an exact strain derivative); no f.r sum
+  no_virial_fdotr_compute = 1;
+  // per-atom virials split every edge term half-half: not the centroid form
+  centroidstressflag = CENTROID_NOTAVAIL;
+  ghostneigh = 0;
+  cutghost = nullptr;
+}
+
+/* ---------------------------------------------------------------------- */
+
+PairE3fuse::~PairE3fuse() {
+  if (copymode) return;
+  if (allocated) {
+    memory->destroy(setflag);
+    memory->destroy(cutsq);
+    memory->destroy(cutghost);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairE3fuse::allocate() {
+  allocated = 1;
+  const int n = atom->ntypes;
+  memory->create(setflag, n + 1, n + 1, "pair:setflag");
+  memory->create(cutsq, n + 1, n + 1, "pair:cutsq");
+  memory->create(cutghost, n + 1, n + 1, "pair:cutghost");
+  for (int i = 0; i <= n; ++i)
+    for (int j = 0; j <= n; ++j) {
+      setflag[i][j] = 0;
+      cutsq[i][j] = 0.0;
+      cutghost[i][j] = 0.0;
+    }
+}
+
+/* ----------------------------------------------------------------------
+   pair_style e3fuse [device cpu|cuda] [precision float32|float64] [threads N]
+                     [mode auto|images|shell]
+------------------------------------------------------------------------- */
+
+void PairE3fuse::settings(int narg, char **arg) {
+  if (strcmp(update->unit_style, "metal") != 0)
+    error->all(FLERR, "pair_style e3fuse requires 'units metal' (eV, Angstrom, ps), not 'units {}'",
+               update->unit_style);
+
+  device_name_ = "cpu";
+  precision_name_.clear();
+  num_threads_ = 0;
+  mode_requested_ = Mode::AUTO;
+
+  int iarg = 0;
+  while (iarg < narg) {
+    const std::string key = arg[iarg];
+    if (iarg + 1 >= narg) error->all(FLERR, "pair_style e3fuse: keyword '{}' needs a value", key);
+    const std::string value = arg[iarg + 1];
+    if (key == "device") {
+      try {
+        device_name_ = e3fuse::to_string(e3fuse::parse_device(value));
+      } catch (std::exception &e) {
+        error->all(FLERR, "pair_style e3fuse: {}", e.what());
+      }
+    } else if (key == "precision") {
+      try {
+        precision_name_ = e3fuse::to_string(e3fuse::parse_precision(value));
+      } catch (std::exception &e) {
+        error->all(FLERR, "pair_style e3fuse: {}", e.what());
+      }
+    } else if (key == "threads") {
+      num_threads_ = utils::inumeric(FLERR, value, false, lmp);
+      if (num_threads_ < 0)
+        error->all(FLERR, "pair_style e3fuse: threads must be >= 0 (0: OpenMP default)");
+    } else if (key == "mode") {
+      if (value == "auto")
+        mode_requested_ = Mode::AUTO;
+      else if (value == "images")
+        mode_requested_ = Mode::IMAGES;
+      else if (value == "shell")
+        mode_requested_ = Mode::SHELL;
+      else
+        error->all(FLERR, "pair_style e3fuse: unknown mode '{}' (expected auto, images or shell)",
+                   value);
+    } else {
+      error->all(
+          FLERR,
+          "pair_style e3fuse: unknown keyword '{}' (expected device, precision, threads or mode)",
+          key);
+    }
+    iarg += 2;
+  }
+  if (precision_name_.empty()) precision_name_ = device_name_ == "cpu" ? "float64" : "float32";
+
+  // a new pair_style invalidates the engine: pair_coeff must follow
+  engine_.reset();
+  model_.reset();
+}
+
+/* ----------------------------------------------------------------------
+   pair_coeff * * model.e3f El1 El2 ... (one element or NULL per atom type)
+------------------------------------------------------------------------- */
+
+void PairE3fuse::coeff(int narg, char **arg) {
+  const int ntypes = atom->ntypes;
+  if (narg != 3 + ntypes)
+    error->all(FLERR,
+               "pair_coeff for e3fuse: expected '* * model.e3f' and {} element symbol(s) or NULL "
+               "(one per atom type), got {} argument(s)",
+               ntypes, narg);
+  if (strcmp(arg[0], "*") != 0 || strcmp(arg[1], "*") != 0)
+    error->all(FLERR, "pair_coeff for e3fuse must start with '* *'");
+  if (!allocated) allocate();
+
+  model_path_ = arg[2];
+  try {
+    model_ = e3fuse::Model::load(model_path_);
+    engine_ =
+        std::make_unique<e3fuse::Engine>(model_, e3fuse::parse_device(device_name_),
+                                         e3fuse::parse_precision(precision_name_), num_threads_);
+  } catch (std::exception &e) {
+    engine_.reset();
+    model_.reset();
+    error->all(FLERR, "pair e3fuse: cannot use model '{}': {}", model_path_, e.what());
+  }
+  cutoff_ = model_->cutoff();
+  num_layers_ = model_->num_layers();
+  if (!(cutoff_ > 0.0) || num_layers_ < 1)
+    error->all(FLERR, "pair e3fuse: model '{}' has cutoff {} and {} layers", model_path_, cutoff_,
+               num_layers_);
+
+  type_species_.assign(ntypes + 1, -1);
+  type_elements_.assign(ntypes + 1, "NULL");
+  for (int t = 1; t <= ntypes; ++t) {
+    const std::string symbol = arg[2 + t];
+    type_elements_[t] = symbol;
+    if (symbol == "NULL") continue;
+    const int z = atomic_number(symbol);
+    if (z == 0)
+      error->all(FLERR, "pair_coeff for e3fuse: '{}' (atom type {}) is not an element symbol",
+                 symbol, t);
+    const int s = model_->species_of(z);
+    if (s < 0) {
+      std::string known;
+      for (int zz : model_->atomic_numbers())
+        known += (known.empty() ? "" : " ") + element_symbol(zz);
+      error->all(FLERR,
+                 "pair_coeff for e3fuse: element {} (atom type {}) is not in the model '{}' (it "
+                 "knows: {})",
+                 symbol, t, model_path_, known);
+    }
+    type_species_[t] = s;
+  }
+  // Types mapped to NULL: as a sub-style of pair_style hybrid (force->pair is
+  // the hybrid style) they stay unset, so that hybrid hands them to other styles
+  // and leaves them out of our neighbor list; alone, they are set, and an atom of
+  // such a type is an error in compute().
+  const bool substyle = force->pair != this;
+  for (int i = 1; i <= ntypes; ++i)
+    for (int j = i; j <= ntypes; ++j)
+      setflag[i][j] = (!substyle || (type_species_[i] >= 0 && type_species_[j] >= 0)) ? 1 : 0;
+
+  if (comm->me == 0) {
+    std::string mapping;
+    for (int t = 1; t <= ntypes; ++t)
+      mapping += (t > 1 ? ", " : "") + std::to_string(t) + " -> " + type_elements_[t];
+    utils::logmesg(lmp, "pair e3fuse: model " + model_path_ + "\n  " + engine_->describe() +
+                            "\n  atom types: " + mapping + "\n  e3fuse version " +
+                            e3fuse::version() + "\n");
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairE3fuse::init_style() {
+  if (strcmp(update->unit_style, "metal") != 0)
+    error->all(FLERR, "pair_style e3fuse requires 'units metal', not 'units {}'",
+               update->unit_style);
+  if (!engine_)
+    error->all(FLERR, "pair e3fuse: pair_coeff * * model.e3f ... must be given after pair_style");
+
+  mode_ = mode_requested_;
+  if (mode_ == Mode::AUTO)
+    mode_ = (comm->nprocs == 1 && atom->tag_enable) ? Mode::IMAGES : Mode::SHELL;
+  if (mode_ == Mode::IMAGES) {
+    if (comm->nprocs != 1)
+      error->all(
+          FLERR,
+          "pair e3fuse: mode images needs a single MPI rank (this run has {}); use mode shell",
+          comm->nprocs);
+    if (!atom->tag_enable)
+      error->all(FLERR, "pair e3fuse: mode images needs atom IDs (atom_modify id yes)");
+  } else {
+    if (force->newton_pair == 0)
+      error->all(
+          FLERR,
+          "pair e3fuse in mode shell (the default with several MPI ranks) requires newton_pair on");
+    if (comm->mode != Comm::SINGLE)
+      error->all(FLERR, "pair e3fuse (mode shell) requires comm_modify mode single");
+  }
+
+  graph_logged_ = false;
+  ghostneigh = (mode_ == Mode::SHELL) ? 1 : 0;
+  int flags = NeighConst::REQ_FULL;
+  if (mode_ == Mode::SHELL) flags |= NeighConst::REQ_GHOST;
+  neighbor->add_request(this, flags);
+
+  if (mode_ == Mode::SHELL) {
+    // An atom's energy depends on atoms num_layers hops away: the ghost shell
+    // must reach num_layers x cutoff, plus the skin (atoms move between
+    // neighbor list builds).
+    const double needed = num_layers_ * cutoff_ + neighbor->skin;
+    const bool raised = comm->cutghostuser < needed;
+    if (raised) comm->cutghostuser = needed;
+    if (comm->me == 0)
+      utils::logmesg(
+          lmp, "pair e3fuse: mode shell; ghost cutoff " + format_double(comm->cutghostuser) + " A" +
+                   (raised ? " (set to " : " (>= ") + std::to_string(num_layers_) + " layers x " +
+                   format_double(cutoff_) + " A + skin " + format_double(neighbor->skin) + " A)\n");
+  } else if (comm->me == 0) {
+    utils::logmesg(
+        lmp, "pair e3fuse: mode images (one rank; graph over local atoms with periodic shifts)\n");
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+double PairE3fuse::init_one(int i, int j) {
+  // also for NULL-mapped types (setflag 0): they are an error only if present
+  cutghost[i][j] = cutghost[j][i] = cutoff_;
+  return cutoff_;
+}
+
+/* ----------------------------------------------------------------------
+   The local atoms of the neighbor list (all local atoms, or under pair_style
+   hybrid those of the types given to e3fuse) become nodes 0..inum-1, the
+   energy nodes. Returns inum.
+------------------------------------------------------------------------- */
+
+int PairE3fuse::add_local_nodes() {
+  const int nall = atom->nlocal + atom->nghost;
+  const int inum = list->inum;
+  atom_node_.assign(nall, -1);
+  node_atom_.resize(inum);
+  for (int ii = 0; ii < inum; ++ii) {
+    const int i = list->ilist[ii];
+    node_atom_[ii] = i;
+    atom_node_[i] = ii;
+  }
+  return inum;
+}
+
+/* ----------------------------------------------------------------------
+   images mode (one rank): graph nodes = local atoms; an edge to a ghost
+   becomes an edge to its owner with the ghost's lattice shift. Shifts are
+   integer combinations of the box vectors so that the reverse edge carries
+   exactly the negated shift (the engine needs a symmetric graph).
+------------------------------------------------------------------------- */
+
+void PairE3fuse::build_images_graph() {
+  const int nlocal = atom->nlocal;
+  const int nghost = atom->nghost;
+  const int nall = nlocal + nghost;
+  double **x = atom->x;
+  tagint *tag = atom->tag;
+  const int inum = add_local_nodes();
+
+  tagint maxtag = 0;
+  for (int i = 0; i < nlocal; ++i) maxtag = std::max(maxtag, tag[i]);
+  owner_of_tag_.assign(static_cast<size_t>(maxtag) + 1, -1);
+  for (int i = 0; i < nlocal; ++i) owner_of_tag_[tag[i]] = i;
+
+  // shift table: entry 0 is zero, entry 1 + g belongs to ghost nlocal + g
+  shifts_.assign(3 * static_cast<size_t>(nghost + 1), 0.0);
+  ghost_owner_.assign(nghost, -1);
+  const double xprd = domain->xprd, yprd = domain->yprd, zprd = domain->zprd;
+  const double xy = domain->triclinic ? domain->xy : 0.0;
+  const double xz = domain->triclinic ? domain->xz : 0.0;
+  const double yz = domain->triclinic ? domain->yz : 0.0;
+  for (int j = nlocal; j < nall; ++j) {
+    const tagint t = tag[j];
+    const int o = (t >= 0 && t <= maxtag) ? owner_of_tag_[t] : -1;
+    if (o < 0) continue;  // reported below only if the ghost is a neighbor
+    ghost_owner_[j - nlocal] = o;
+    const double dx = x[j][0] - x[o][0], dy = x[j][1] - x[o][1], dz = x[j][2] - x[o][2];
+    const double nc = domain->zperiodic ? std::nearbyint(dz / zprd) : 0.0;
+    const double nb = domain->yperiodic ? std::nearbyint((dy - nc * yz) / yprd) : 0.0;
+    const double na = domain->xperiodic ? std::nearbyint((dx - nb * xy - nc * xz) / xprd) : 0.0;
+    double *s = &shifts_[3 * static_cast<size_t>(j - nlocal + 1)];
+    s[0] = na * xprd + nb * xy + nc * xz;
+    s[1] = nb * yprd + nc * yz;
+    s[2] = nc * zprd;
+  }
+
+  num_nodes_ = inum;
+  positions_.resize(3 * static_cast<size_t>(inum));
+  for (int u = 0; u < inum; ++u)
+    for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
+
+  const double cut2 = cutoff_ * cutoff_;
+  int *numneigh = list->numneigh;
+  int **firstneigh = list->firstneigh;
+  row_offsets_.assign(static_cast<size_t>(inum) + 1, 0);
+  neighbors_.clear();
+  shift_index_.clear();
+  for (int u = 0; u < inum; ++u) {
+    const int i = node_atom_[u];
+    const int *jlist = firstneigh[i];
+    const int jnum = numneigh[i];
+    const double *pu = &positions_[3 * u];
+    for (int jj = 0; jj < jnum; ++jj) {
+      const int j = jlist[jj] & NEIGHMASK;
+      const int o = j < nlocal ? j : ghost_owner_[j - nlocal];
+      const int v = o < 0 ? -1 : atom_node_[o];
+      if (v < 0)
+        error->one(FLERR,
+                   "pair e3fuse (mode images): neighbor atom ID {} has no local owner in the graph",
+                   tag[j]);
+      const int si = j < nlocal ? 0 : j - nlocal + 1;
+      const double *pv = &positions_[3 * v];
+      const double *s = &shifts_[3 * static_cast<size_t>(si)];
+      // same arithmetic as the engine: (p_v - p_u) + shift
+      const double v0 = (pv[0] - pu[0]) + s[0];
+      const double v1 = (pv[1] - pu[1]) + s[1];
+      const double v2 = (pv[2] - pu[2]) + s[2];
+      if (v0 * v0 + v1 * v1 + v2 * v2 >= cut2) continue;
+      neighbors_.push_back(v);
+      shift_index_.push_back(si);
+    }
+    row_offsets_[u + 1] = static_cast<int64_t>(neighbors_.size());
+  }
+}
+
+/* ----------------------------------------------------------------------
+   shell mode: nodes = local atoms (energy nodes) and the ghosts within
+   num_layers hops of them (breadth-first over edges shorter than the
+   cutoff). Edges between two atoms num_layers hops away cannot change a local
+   energy and are left out; every other edge among the nodes is kept in both
+   directions, so the graph stays symmetric.
+------------------------------------------------------------------------- */
+
+void PairE3fuse::build_shell_graph() {
+  const int nall = atom->nlocal + atom->nghost;
+  double **x = atom->x;
+  int *numneigh = list->numneigh;
+  int **firstneigh = list->firstneigh;
+  const double cut2 = cutoff_ * cutoff_;
+  const int L = num_layers_;
+
+  if (!list->ghost)
+    error->one(FLERR, "pair e3fuse (mode shell): the neighbor list has no ghost neighbors");
+  const int inum = add_local_nodes();
+  hop_.assign(nall, -1);
+  for (int u = 0; u < inum; ++u) hop_[node_atom_[u]] = 0;
+  // breadth-first search; node_atom_ doubles as the queue
+  for (size_t q = 0; q < node_atom_.size(); ++q) {
+    const int i = node_atom_[q];
+    const int h = hop_[i];
+    if (h >= L) continue;
+    const int *jlist = firstneigh[i];
+    const int jnum = numneigh[i];
+    for (int jj = 0; jj < jnum; ++jj) {
+      const int j = jlist[jj] & NEIGHMASK;
+      if (hop_[j] >= 0) continue;
+      const double dx = x[j][0] - x[i][0], dy = x[j][1] - x[i][1], dz = x[j][2] - x[i][2];
+      if (dx * dx + dy * dy + dz * dz >= cut2) continue;
+      hop_[j] = h + 1;
+      atom_node_[j] = static_cast<int>(node_atom_.size());
+      node_atom_.push_back(j);
+    }
+  }
+
+  num_nodes_ = static_cast<int64_t>(node_atom_.size());
+  positions_.resize(3 * static_cast<size_t>(num_nodes_));
+  row_offsets_.assign(static_cast<size_t>(num_nodes_) + 1, 0);
+  neighbors_.clear();
+  shift_index_.clear();
+  for (int64_t u = 0; u < num_nodes_; ++u) {
+    const int i = node_atom_[u];
+    for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[i][a];
+    const int hi = hop_[i];
+    const int *jlist = firstneigh[i];
+    const int jnum = numneigh[i];
+    for (int jj = 0; jj < jnum; ++jj) {
+      const int j = jlist[jj] & NEIGHMASK;
+      const int hj = hop_[j];
+      if (hj < 0 || std::min(hi, hj) >= L) continue;
+      const double dx = x[j][0] - x[i][0], dy = x[j][1] - x[i][1], dz = x[j][2] - x[i][2];
+      if (dx * dx + dy * dy + dz * dz >= cut2) continue;
+      neighbors_.push_back(atom_node_[j]);
+    }
+    row_offsets_[u + 1] = static_cast<int64_t>(neighbors_.size());
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairE3fuse::check_species(int64_t num_nodes) {
+  const int *type = atom->type;
+  species_.resize(num_nodes);
+  for (int64_t u = 0; u < num_nodes; ++u) {
+    const int i = node_atom_[u];
+    const int t = type[i];
+    const int s = (t >= 1 && t < static_cast<int>(type_species_.size())) ? type_species_[t] : -1;
+    if (s < 0)
+      error->one(
+          FLERR,
+          "pair e3fuse: atom ID {} has atom type {}, which pair_coeff maps to NULL (no element of "
+          "the model)",
+          atom->tag_enable ? static_cast<long long>(atom->tag[i]) : static_cast<long long>(i), t);
+    species_[u] = s;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairE3fuse::compute(int eflag, int vflag) {
+  ev_init(eflag, vflag);
+  if (!engine_) error->all(FLERR, "pair e3fuse: no model (pair_coeff missing)");
+
+  if (mode_ == Mode::IMAGES)
+    build_images_graph();
+  else
+    build_shell_graph();
+  const int64_t n = num_nodes_;
+  const int num_local = list->inum;
+  if (!graph_logged_ && comm->me == 0) {
+    utils::logmesg(lmp, "pair e3fuse: rank 0 graph: " + std::to_string(num_local) +
+                            " local atoms, " + std::to_string(n - num_local) + " ghost nodes, " +
+                            std::to_string(neighbors_.size()) + " edges\n");
+  }
+  graph_logged_ = true;
+  if (n == 0) return;
+  check_species(n);
+
+  e3fuse::GraphView g;
+  g.num_nodes = n;
+  g.num_energy_nodes = num_local;
+  g.positions = positions_.data();
+  g.species = species_.data();
+  g.row_offsets = row_offsets_.data();
+  g.neighbors = neighbors_.data();
+  if (mode_ == Mode::IMAGES) {
+    g.shift_index = shift_index_.data();
+    g.shifts = shifts_.data();
+  }
+
+  forces_.resize(3 * static_cast<size_t>(n));
+  if (eflag_atom) atom_energies_.resize(n);
+  if (vflag_atom) atom_virials_.resize(9 * static_cast<size_t>(n));
+  double w[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+  e3fuse::ComputeOutput out;
+  out.forces = forces_.data();
+  out.atom_energies = eflag_atom ? atom_energies_.data() : nullptr;
+  out.virial = vflag_global ? w : nullptr;
+  out.atom_virials = vflag_atom ? atom_virials_.data() : nullptr;
+  try {
+    engine_->compute(g, out);
+  } catch (std::exception &e) {
+    error->one(FLERR, "pair e3fuse: {}", e.what());
+  }
+
+  double **f = atom->f;
+  for (int64_t u = 0; u < n; ++u) {
+    const int i = node_atom_[u];
+    f[i][0] += forces_[3 * u + 0];
+    f[i][1] += forces_[3 * u + 1];
+    f[i][2] += forces_[3 * u + 2];
+  }
+  if (eflag_global) eng_vdwl += out.energy;
+  if (eflag_atom)
+    for (int u = 0; u < num_local; ++u) eatom[node_atom_[u]] += atom_energies_[u];
+  // engine: W = -sum_edges v (x) dE/dv, row-major 3x3 (LAMMPS sign);
+  // LAMMPS: xx, yy, zz, xy, xz, yz
+  if (vflag_global) {
+    virial[0] += w[0];
+    virial[1] += w[4];
+    virial[2] += w[8];
+    virial[3] += w[1];
+    virial[4] += w[2];
+    virial[5] += w[5];
+  }
+  if (vflag_atom) {
+    for (int64_t u = 0; u < n; ++u) {
+      const double *wu = &atom_virials_[9 * u];
+      double *va = vatom[node_atom_[u]];
+      va[0] += wu[0];
+      va[1] += wu[4];
+      va[2] += wu[8];
+      va[3] += wu[1];
+      va[4] += wu[2];
+      va[5] += wu[5];
+    }
+  }
+}

