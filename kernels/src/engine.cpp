@@ -13,7 +13,9 @@
 
 #include <omp.h>
 
+#include "cpu/mace.h"
 #include "cpu/ops.h"
+#include "ops/activation.h"
 #include "cpu/typed_plan.h"
 #include "e3fuse/engine.h"
 #include "e3fuse/error.h"
@@ -152,11 +154,180 @@ class CpuRunner {
   std::vector<std::vector<T>> x1_, pre_gate_;
 };
 
+// MACE interaction t (mace-torch RealAgnostic[Residual]InteractionBlock + product):
+//   sc = Skip_s(x) (residual); u = LinearUp(x); y = Conv(u) (1/avg_num_neighbors);
+//   m = Linear(y); m = Skip_s(m) (non-residual); x = ProductLinear(SC_s(m)) (+ sc);
+//   e_i += Readout_t(x_i).   Atomic energy e_i = e0[s_i] + scale * sum_t Readout_t + shift.
+// The backward pass keeps u, m and the readout hidden pre-activations (node-level).
+template <class T>
+class MaceRunner {
+ public:
+  struct Layer {
+    bool residual = false, add_sc = false;
+    cpu::ElementLinear<T> skip;
+    cpu::Linear<T> linear_up, linear, product_linear, readout_1, readout_2;
+    cpu::Conv<T> conv;
+    cpu::SymmetricContraction<T> product;
+    bool nonlinear = false;
+    Activation act = Activation::identity;
+    T act_scale = T(1);
+  };
+
+  explicit MaceRunner(const ModelPlan& plan) : geom_(cpu::make_typed_plan<T>(plan)) {
+    for (const MaceLayer& l : plan.mace_layers) {
+      Layer q;
+      q.residual = l.residual;
+      q.add_sc = l.residual && l.product_sc;
+      q.skip = cpu::make_element_linear<T>(l.skip);
+      q.linear_up = cpu::make_linear<T>(l.linear_up);
+      q.linear = cpu::make_linear<T>(l.linear);
+      q.conv = cpu::make_conv<T>(l.conv);
+      q.product = cpu::make_symmetric_contraction<T>(l.product);
+      q.product_linear = cpu::make_linear<T>(l.product_linear);
+      q.readout_1 = cpu::make_linear<T>(l.readout.linear_1);
+      q.nonlinear = l.readout.nonlinear;
+      if (q.nonlinear) q.readout_2 = cpu::make_linear<T>(l.readout.linear_2);
+      q.act = l.readout.act;
+      q.act_scale = static_cast<T>(l.readout.act_scale);
+      cpu::split_linear_side(q.linear_up, q.conv.in_blocks, false);  // conv works in ir_mul
+      cpu::split_linear_side(q.linear, q.conv.out_blocks, true);
+      q.linear_up.out_ir_mul = true;
+      q.linear.in_ir_mul = true;
+      layers_.push_back(std::move(q));
+    }
+    e0_ = plan.e0;
+    scale_ = plan.mace_scale;
+    shift_ = plan.mace_shift;
+  }
+
+  void run(const GraphView& g, ComputeOutput& out) {
+    const int64_t n = g.num_nodes;
+    const int num_layers = static_cast<int>(layers_.size());
+    const bool want_grad = out.forces || out.virial || out.atom_virials;
+    const auto N = static_cast<size_t>(n);
+    up_.resize(num_layers);
+    m_.resize(num_layers);
+    hidden_.resize(num_layers);
+    std::vector<T> x(N * geom_.embedding_dim);
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row =
+          geom_.embedding.data() + static_cast<size_t>(g.species[i]) * geom_.embedding_dim;
+      std::copy(row, row + geom_.embedding_dim, x.begin() + i * geom_.embedding_dim);
+    }
+    std::vector<double> inter(N, 0.0);
+    std::vector<T> sc, y, mlin, p, r(N);
+    for (int t = 0; t < num_layers; ++t) {
+      const Layer& L = layers_[t];
+      if (L.residual) {
+        sc.resize(N * L.skip.dim_out);
+        cpu::element_linear_forward(L.skip, n, g.species, x.data(), sc.data());
+      }
+      up_[t].resize(N * L.linear_up.dim_out);
+      cpu::linear_forward(L.linear_up, n, x.data(), up_[t].data());
+      y.resize(N * L.conv.dim_out);
+      cpu::conv_forward(geom_, L.conv, g, up_[t].data(), y.data());
+      m_[t].resize(N * L.linear.dim_out);
+      if (L.residual) {
+        cpu::linear_forward(L.linear, n, y.data(), m_[t].data());
+      } else {
+        mlin.resize(N * L.linear.dim_out);
+        cpu::linear_forward(L.linear, n, y.data(), mlin.data());
+        cpu::element_linear_forward(L.skip, n, g.species, mlin.data(), m_[t].data());
+      }
+      p.resize(N * L.product.dim_out);
+      cpu::symmetric_contraction_forward(L.product, n, g.species, m_[t].data(), p.data());
+      x.resize(N * L.product_linear.dim_out);
+      cpu::linear_forward(L.product_linear, n, p.data(), x.data());
+      if (L.add_sc)
+        for (size_t q = 0; q < x.size(); ++q) x[q] += sc[q];
+      if (L.nonlinear) {
+        std::vector<T>& h = hidden_[t];
+        h.resize(N * L.readout_1.dim_out);
+        cpu::linear_forward(L.readout_1, n, x.data(), h.data());
+        std::vector<T> a(h.size());
+        for (size_t q = 0; q < h.size(); ++q) a[q] = ops::activation(L.act, h[q]) * L.act_scale;
+        cpu::linear_forward(L.readout_2, n, a.data(), r.data());
+      } else {
+        cpu::linear_forward(L.readout_1, n, x.data(), r.data());
+      }
+      for (int64_t i = 0; i < n; ++i) inter[i] += static_cast<double>(r[i]);
+    }
+    double energy = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double e =
+          i < g.num_energy_nodes ? e0_[g.species[i]] + scale_ * inter[i] + shift_ : 0.0;
+      if (out.atom_energies) out.atom_energies[i] = e;
+      energy += e;
+    }
+    out.energy = energy;
+    if (!want_grad) return;
+
+    std::vector<T> seed(N, T(0));
+    for (int64_t i = 0; i < g.num_energy_nodes; ++i) seed[i] = static_cast<T>(scale_);
+    std::vector<double> forces(N * 3, 0.0);
+    std::vector<double> atom_virials;
+    const bool want_virial = out.virial || out.atom_virials;
+    if (want_virial) atom_virials.assign(N * 9, 0.0);
+    std::vector<T> gx(N * layers_.back().product_linear.dim_out, T(0)), gp, gm, gmlin, gy, gup, gh;
+    for (int t = num_layers - 1; t >= 0; --t) {
+      const Layer& L = layers_[t];
+      if (L.nonlinear) {  // gx += readout^T(seed)
+        gh.resize(N * L.readout_2.dim_in);
+        cpu::linear_backward(L.readout_2, n, seed.data(), gh.data(), false);
+        const std::vector<T>& h = hidden_[t];
+        for (size_t q = 0; q < gh.size(); ++q)
+          gh[q] *= ops::activation_grad(L.act, h[q]) * L.act_scale;
+        cpu::linear_backward(L.readout_1, n, gh.data(), gx.data(), true);
+      } else {
+        cpu::linear_backward(L.readout_1, n, seed.data(), gx.data(), true);
+      }
+      gp.resize(N * L.product_linear.dim_in);
+      cpu::linear_backward(L.product_linear, n, gx.data(), gp.data(), false);
+      gm.resize(N * L.product.dim_in);
+      cpu::symmetric_contraction_backward(L.product, n, g.species, m_[t].data(), gp.data(),
+                                          gm.data());
+      if (!L.residual) {
+        gmlin.resize(N * L.linear.dim_out);
+        cpu::element_linear_backward(L.skip, n, g.species, gm.data(), gmlin.data(), false);
+        gm.swap(gmlin);
+      }
+      gy.resize(N * L.linear.dim_in);
+      cpu::linear_backward(L.linear, n, gm.data(), gy.data(), false);
+      gup.resize(N * L.conv.dim_in);
+      cpu::conv_backward(geom_, L.conv, g, up_[t].data(), gy.data(), gup.data(), forces.data(),
+                         want_virial ? atom_virials.data() : nullptr);
+      if (t == 0) break;
+      std::vector<T> gprev(N * L.linear_up.dim_in, T(0));
+      cpu::linear_backward(L.linear_up, n, gup.data(), gprev.data(), true);
+      if (L.add_sc)
+        cpu::element_linear_backward(L.skip, n, g.species, gx.data(), gprev.data(), true);
+      gx.swap(gprev);
+    }
+    if (out.forces) std::memcpy(out.forces, forces.data(), forces.size() * sizeof(double));
+    if (out.atom_virials)
+      std::memcpy(out.atom_virials, atom_virials.data(), atom_virials.size() * sizeof(double));
+    if (out.virial) {
+      for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int q = 0; q < 9; ++q) out.virial[q] += atom_virials[9 * i + q];
+    }
+  }
+
+ private:
+  cpu::TypedPlan<T> geom_;  // radial basis, spherical harmonics, embedding
+  std::vector<Layer> layers_;
+  std::vector<double> e0_;
+  double scale_ = 1.0, shift_ = 0.0;
+  std::vector<std::vector<T>> up_, m_, hidden_;
+};
+
 }  // namespace
 
 struct Engine::Impl {
   std::unique_ptr<CpuRunner<float>> f32;
   std::unique_ptr<CpuRunner<double>> f64;
+  std::unique_ptr<MaceRunner<float>> mace32;
+  std::unique_ptr<MaceRunner<double>> mace64;
   int num_threads = 0;
 };
 
@@ -167,9 +338,15 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
     throw Error(cuda_available() ? "the CUDA backend does not run this model yet"
                                  : "this e3fuse was built without CUDA; use device 'cpu'");
   }
-  if (model_->family() != "sevennet") throw Error("model family '" + model_->family() + "' is not supported");
+  const std::string& family = model_->family();
+  if (family != "sevennet" && family != "mace") throw Error("model family '" + family + "' is not supported");
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
-  if (precision == Precision::float64)
+  if (family == "mace") {
+    if (precision == Precision::float64)
+      impl_->mace64 = std::make_unique<MaceRunner<double>>(model_->plan());
+    else
+      impl_->mace32 = std::make_unique<MaceRunner<float>>(model_->plan());
+  } else if (precision == Precision::float64)
     impl_->f64 = std::make_unique<CpuRunner<double>>(model_->plan());
   else
     impl_->f32 = std::make_unique<CpuRunner<float>>(model_->plan());
@@ -202,8 +379,12 @@ void Engine::compute(const GraphView& g, ComputeOutput& out) {
   try {
     if (impl_->f64)
       impl_->f64->run(g, out);
-    else
+    else if (impl_->f32)
       impl_->f32->run(g, out);
+    else if (impl_->mace64)
+      impl_->mace64->run(g, out);
+    else
+      impl_->mace32->run(g, out);
   } catch (...) {
     omp_set_num_threads(saved);
     throw;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/mace.h"
 #include "cpu/ops.h"
 #include "cpu/typed_plan.h"
 #include "e3fuse/engine.h"
@@ -71,6 +72,11 @@ struct OpsProbe {
     throw Error("unknown linear '" + name + "'");
   }
 };
+
+void check_species(const Array<int32_t>& species, int num_species) {
+  for (int64_t i = 0; i < species.shape(0); ++i)
+    if (species.data()[i] < 0 || species.data()[i] >= num_species) throw Error("species index out of range");
+}
 
 // e3nn's mul_ir layout <-> the convolution's ir_mul layout, row by row.
 template <class Blocks>
@@ -278,6 +284,34 @@ PYBIND11_MODULE(_core, m) {
              const int64_t n = g.shape(0);
              Array<double> out({n, lin.dim_in});
              cpu::linear_backward(lin, n, g.data(), out.mutable_data(), false);
+             return out;
+           })
+      .def("symmetric_contraction",
+           [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species) {
+             const auto sc = cpu::make_symmetric_contraction<double>(
+                 p.model->plan().mace_layers.at(layer).product);
+             check_shape(x, {-1, sc.dim_in}, "x");
+             const int64_t n = x.shape(0);
+             check_shape(species, {n}, "species");
+             check_species(species, p.plan.num_species);
+             Array<double> out({n, sc.dim_out});
+             cpu::symmetric_contraction_forward(sc, n, species.data(), x.data(),
+                                                out.mutable_data());
+             return out;
+           })
+      .def("symmetric_contraction_transpose",
+           [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species,
+              Array<double> g) {
+             const auto sc = cpu::make_symmetric_contraction<double>(
+                 p.model->plan().mace_layers.at(layer).product);
+             const int64_t n = x.shape(0);
+             check_shape(x, {n, sc.dim_in}, "x");
+             check_shape(species, {n}, "species");
+             check_shape(g, {n, sc.dim_out}, "grad");
+             check_species(species, p.plan.num_species);
+             Array<double> out({n, sc.dim_in});
+             cpu::symmetric_contraction_backward(sc, n, species.data(), x.data(), g.data(),
+                                                 out.mutable_data());
              return out;
            })
       .def("gate",

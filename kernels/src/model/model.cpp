@@ -194,6 +194,13 @@ class PlanBuilder {
     return plan;
   }
 
+  std::vector<int64_t> int_tensor(const json::Value& name_value) {
+    const std::string name = name_value.as_string();
+    if (!file_.has(name)) fail("tensor '" + name + "' named at " + name_value.path() + " is missing");
+    return file_.to_int(name);
+  }
+  void uncount(int64_t n) { num_parameters_ -= n; }  // constants, not parameters
+
   int64_t num_parameters() const { return num_parameters_; }
 
   [[noreturn]] void fail(const std::string& what) const {
@@ -219,10 +226,13 @@ class PlanBuilder {
   int64_t num_parameters_ = 0;
 };
 
-void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
+// Radial basis, envelope, spherical harmonics and the one-hot species embedding
+// (shared by all families).
+void build_common(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   const json::Value& radial = arch["radial"];
   if (radial["kind"].as_string() != "bessel") b.fail("radial basis '" + radial["kind"].as_string() + "'");
   plan.radial.num_basis = static_cast<int>(radial["num_basis"].as_int());
+  if (plan.radial.num_basis < 1 || plan.radial.num_basis > 64) b.fail("number of radial basis functions must be 1..64");
   plan.radial.prefactor = radial["prefactor"].as_double();
   plan.radial.coeffs = b.tensor(radial["coeffs"], {plan.radial.num_basis});
   const json::Value& env = arch["envelope"];
@@ -259,6 +269,11 @@ void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
       for (int w = 0; w < bo.mul; ++w) plan.embedding[s * plan.embedding_dim + bo.offset + w] += bias.bias[w];
   }
 
+}
+
+void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
+  build_common(b, arch, plan);
+  const int num_species = static_cast<int>(plan.atomic_numbers.size());
   int64_t dim = plan.embedding_dim;
   for (const json::Value& lv : arch["layers"].array()) {
     SevennetLayer layer;
@@ -285,6 +300,124 @@ void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   if (dim != 1) b.fail("readout must end in one scalar per atom");
   plan.scale = b.tensor(arch["scale"], {num_species});
   plan.shift = b.tensor(arch["shift"], {num_species});
+}
+
+ElementLinearPlan element_linear(PlanBuilder& b, const json::Value& v, int num_species) {
+  ElementLinearPlan plan;
+  plan.in = b.irreps(v["irreps_in"]);
+  plan.out = b.irreps(v["irreps_out"]);
+  if (v["elements"].size() != static_cast<size_t>(num_species))
+    b.fail("element linear at " + v.path() + ": one map per species expected");
+  for (const json::Value& e : v["elements"].array()) {
+    LinearPlan lin = b.linear(e);
+    if (lin.in.dim != plan.in.dim || lin.out.dim != plan.out.dim)
+      b.fail("element linear at " + e.path() + ": sizes");
+    plan.per_species.push_back(std::move(lin));
+  }
+  return plan;
+}
+
+SymmetricContractionPlan symmetric_contraction(PlanBuilder& b, const json::Value& v,
+                                               int num_species) {
+  SymmetricContractionPlan plan;
+  plan.in = b.irreps(v["irreps_in"]);
+  plan.out = b.irreps(v["irreps_out"]);
+  plan.num_features = static_cast<int>(v["num_features"].as_int());
+  plan.num_ell = static_cast<int>(v["num_ell"].as_int());
+  const int C = plan.num_features;
+  int ell = 0;
+  for (const IrrepBlock& blk : plan.in.blocks) {
+    if (blk.mul != C)
+      b.fail("symmetric contraction at " + v.path() + ": unequal input multiplicities");
+    ell += 2 * blk.l + 1;
+  }
+  if (ell != plan.num_ell) b.fail("symmetric contraction at " + v.path() + ": num_ell mismatch");
+  for (const json::Value& cv : v["contractions"].array()) {
+    ContractionPlan c;
+    c.out_block = static_cast<int>(cv["out"].as_int());
+    if (c.out_block < 0 || c.out_block >= static_cast<int>(plan.out.blocks.size()))
+      b.fail("bad output block at " + cv.path());
+    const IrrepBlock& bo = plan.out.blocks[c.out_block];
+    if (bo.mul != C) b.fail("symmetric contraction output multiplicity at " + cv.path());
+    for (const json::Value& tv : cv["terms"].array()) {
+      ContractionTerm t;
+      t.nu = static_cast<int>(tv["nu"].as_int());
+      t.num_params = static_cast<int>(tv["num_params"].as_int());
+      if (t.nu < 1 || t.nu > 8 || t.num_params < 1) b.fail("bad contraction term at " + tv.path());
+      std::vector<int64_t> idx = b.int_tensor(tv["index"]);
+      if (idx.size() % (t.nu + 2) != 0) b.fail("bad contraction index at " + tv.path());
+      const int64_t rows = static_cast<int64_t>(idx.size()) / (t.nu + 2);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t* row = &idx[r * (t.nu + 2)];
+        if (row[0] < 0 || row[0] > 2 * bo.l || row[t.nu + 1] < 0 || row[t.nu + 1] >= t.num_params)
+          b.fail("contraction index out of range at " + tv.path());
+        for (int q = 1; q <= t.nu; ++q)
+          if (row[q] < 0 || row[q] >= plan.num_ell)
+            b.fail("contraction index out of range at " + tv.path());
+      }
+      t.index.assign(idx.begin(), idx.end());
+      t.values = b.tensor(tv["values"], {rows});
+      b.uncount(rows);
+      t.weights = b.tensor(tv["weights"], {num_species, t.num_params, C});
+      c.terms.push_back(std::move(t));
+    }
+    plan.contractions.push_back(std::move(c));
+  }
+  return plan;
+}
+
+void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
+  build_common(b, arch, plan);
+  const int num_species = static_cast<int>(plan.atomic_numbers.size());
+  int64_t dim = plan.embedding_dim;
+  for (const json::Value& lv : arch["layers"].array()) {
+    MaceLayer layer;
+    layer.residual = lv["residual"].as_bool();
+    layer.product_sc = lv["product_sc"].as_bool();
+    layer.skip = element_linear(b, lv["skip"], num_species);
+    layer.linear_up = b.linear(lv["linear_up"]);
+    layer.conv = b.conv(lv["conv"], plan.sh);
+    layer.linear = b.linear(lv["linear"]);
+    layer.product = symmetric_contraction(b, lv["product"], num_species);
+    layer.product_linear = b.linear(lv["product_linear"]);
+    const json::Value& rv = lv["readout"];
+    layer.readout.nonlinear = rv["kind"].as_string() == "nonlinear";
+    if (layer.readout.nonlinear) {
+      layer.readout.linear_1 = b.linear(rv["linear_1"]);
+      layer.readout.linear_2 = b.linear(rv["linear_2"]);
+      layer.readout.act = parse_activation(rv["act"].as_string());
+      layer.readout.act_scale = rv["scale"].as_double();
+      for (const IrrepBlock& blk : layer.readout.linear_1.out.blocks)
+        if (blk.l != 0) b.fail("non-linear readout on non-scalars at " + rv.path());
+      if (layer.readout.linear_2.in.dim != layer.readout.linear_1.out.dim ||
+          layer.readout.linear_2.out.dim != 1)
+        b.fail("readout sizes at " + rv.path());
+    } else if (rv["kind"].as_string() == "linear") {
+      layer.readout.linear_1 = b.linear(rv["linear"]);
+      if (layer.readout.linear_1.out.dim != 1)
+        b.fail("readout must give one scalar at " + rv.path());
+    } else {
+      b.fail("readout kind '" + rv["kind"].as_string() + "'");
+    }
+    const int64_t skip_out = layer.skip.out.dim;
+    const bool chain =
+        layer.linear_up.in.dim == dim && layer.linear_up.out.dim == layer.conv.in.dim &&
+        layer.conv.out.dim == layer.linear.in.dim && layer.linear.out.dim == layer.product.in.dim &&
+        layer.product.out.dim == layer.product_linear.in.dim &&
+        layer.readout.linear_1.in.dim == layer.product_linear.out.dim &&
+        (layer.residual
+             ? (layer.skip.in.dim == dim && skip_out == layer.product_linear.out.dim)
+             : (layer.skip.in.dim == layer.linear.out.dim && skip_out == layer.linear.out.dim));
+    if (!chain) b.fail("layer " + lv.path() + ": feature sizes do not chain");
+    if (layer.conv.mlp.dims.front() != plan.radial.num_basis)
+      b.fail("radial MLP input != number of basis functions");
+    dim = layer.product_linear.out.dim;
+    plan.mace_layers.push_back(std::move(layer));
+  }
+  if (plan.mace_layers.empty()) b.fail("MACE model without interactions");
+  plan.e0 = b.tensor(arch["e0"], {num_species});
+  plan.mace_scale = arch["scale"].as_double();
+  plan.mace_shift = arch["shift"].as_double();
 }
 
 }  // namespace
@@ -355,6 +488,8 @@ std::shared_ptr<const Model> Model::from_bytes_or_file(const std::string& origin
   PlanBuilder builder(file, origin);
   if (plan->family == "sevennet") {
     build_sevennet(builder, arch, *plan);
+  } else if (plan->family == "mace") {
+    build_mace(builder, arch, *plan);
   } else {
     throw Error("model file '" + origin + "': model family '" + plan->family + "' is not supported by this build");
   }
@@ -366,7 +501,9 @@ std::shared_ptr<const Model> Model::from_bytes_or_file(const std::string& origin
 
 const std::string& Model::family() const { return plan_->family; }
 double Model::cutoff() const { return plan_->cutoff; }
-int Model::num_layers() const { return static_cast<int>(plan_->layers.size()); }
+int Model::num_layers() const {
+  return static_cast<int>(plan_->family == "mace" ? plan_->mace_layers.size() : plan_->layers.size());
+}
 int Model::format_version() const { return plan_->format_version; }
 const std::vector<int>& Model::atomic_numbers() const { return plan_->atomic_numbers; }
 int Model::species_of(int z) const { return (z >= 0 && z < 119) ? plan_->species_of_z[z] : -1; }
@@ -389,7 +526,7 @@ std::string Model::summary() const {
   s << "format:        " << p.format_version << "\n";
   if (!p.source_description.empty()) s << "source:        " << p.source_description << "\n";
   s << "cutoff:        " << p.cutoff << " A\n";
-  s << "layers:        " << p.layers.size() << "\n";
+  s << "layers:        " << (p.family == "mace" ? p.mace_layers.size() : p.layers.size()) << "\n";
   s << "radial basis:  bessel x" << p.radial.num_basis << ", envelope "
     << (p.radial.envelope == EnvelopeKind::xplor ? "xplor (r_on " + std::to_string(p.radial.r_on) + ")"
                                                    : "polynomial (p " + std::to_string(p.radial.p) + ")")
@@ -402,6 +539,16 @@ std::string Model::summary() const {
     for (int d : l.conv.mlp.dims) s << " " << d;
     s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear_2.out) << " -> gate " << l.gate.dim_out
       << "\n";
+  }
+  for (size_t t = 0; t < p.mace_layers.size(); ++t) {
+    const MaceLayer& l = p.mace_layers[t];
+    s << "layer " << t << ":       " << irreps_string(l.linear_up.in) << " -> conv " << irreps_string(l.conv.out) << " ("
+      << l.conv.paths.size() << " paths, radial MLP";
+    for (int d : l.conv.mlp.dims) s << " " << d;
+    s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear.out) << " -> product (correlation";
+    for (const auto& c : l.product.contractions) s << " " << (c.terms.empty() ? 0 : c.terms.back().nu);
+    s << ") -> " << irreps_string(l.product_linear.out) << (l.residual ? ", residual" : "")
+      << (l.readout.nonlinear ? ", MLP readout" : ", linear readout") << "\n";
   }
   s << "elements:      " << p.atomic_numbers.size() << " (Z =";
   for (size_t i = 0; i < p.atomic_numbers.size(); ++i) {

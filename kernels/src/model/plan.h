@@ -124,6 +124,53 @@ struct ShPlan {
   std::vector<ShDegree> degrees;
 };
 
+// MACE (mace-torch): element-dependent linear (skip_tp with one-hot species).
+struct ElementLinearPlan {
+  Irreps in, out;
+  std::vector<LinearPlan> per_species;
+};
+
+// One correlation order nu of one output irrep of the symmetric contraction:
+// out[m][c] += sum_rows value * weights[species][k][c] * prod_j x[i_j][c],
+// rows = (m, i_1..i_nu, k) with i_1 <= ... <= i_nu (permutations summed).
+struct ContractionTerm {
+  int nu = 0;
+  int num_params = 0;
+  std::vector<int32_t> index;   // [rows][nu + 2]
+  std::vector<double> values;   // [rows]
+  std::vector<double> weights;  // [num_species][num_params][num_features]
+};
+struct ContractionPlan {
+  int out_block = 0;
+  std::vector<ContractionTerm> terms;
+};
+// x is the interaction output, all blocks of multiplicity num_features, read as
+// x[c][i] with i over the concatenated irreps (mace's reshape_irreps).
+struct SymmetricContractionPlan {
+  Irreps in, out;
+  int num_features = 0, num_ell = 0;
+  std::vector<ContractionPlan> contractions;
+};
+
+struct MaceReadout {
+  bool nonlinear = false;
+  LinearPlan linear_1, linear_2;  // linear readouts use linear_1 only
+  Activation act = Activation::identity;
+  double act_scale = 1.0;
+};
+
+// sc = skip(x) (residual); x_up = linear_up(x); y = conv(x_up); m = linear(y);
+// m = skip(m) (non-residual); p = SC(m); x = product_linear(p) (+ sc); e += readout(x).
+struct MaceLayer {
+  bool residual = false;
+  bool product_sc = false;
+  ElementLinearPlan skip;
+  LinearPlan linear_up, linear, product_linear;
+  ConvPlan conv;
+  SymmetricContractionPlan product;
+  MaceReadout readout;
+};
+
 struct ModelPlan {
   std::string family;
   std::string json;
@@ -141,6 +188,11 @@ struct ModelPlan {
   std::vector<SevennetLayer> layers;
   std::vector<LinearPlan> readout;
   std::vector<double> scale, shift;  // per species
+
+  // MACE: atomic energy e_i = e0[s_i] + scale * sum_t readout_t(x_t)_i + shift.
+  std::vector<MaceLayer> mace_layers;
+  std::vector<double> e0;
+  double mace_scale = 1.0, mace_shift = 0.0;
 };
 
 }  // namespace e3fuse

@@ -1,0 +1,100 @@
+// cpu/mace.h: typed MACE-specific ops for the CPU backend: the element-dependent
+// linear (mace's skip_tp), the symmetric contraction (product basis) and their
+// adjoints with respect to node features. Node-major arrays, OpenMP over nodes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/typed_plan.h"
+#include "model/plan.h"
+
+namespace e3fuse::cpu {
+
+template <class T>
+struct ElementLinear {
+  int64_t dim_in = 0, dim_out = 0;
+  std::vector<Linear<T>> per_species;
+};
+
+template <class T>
+struct SymmetricContraction {
+  struct Term {
+    int nu = 0, num_params = 0;
+    int64_t rows = 0;
+    std::vector<int32_t> index;  // [rows][nu + 2]: m, i_1..i_nu, k
+    std::vector<T> values;       // [rows]
+    std::vector<T> weights;      // [num_species][num_params][C]
+  };
+  struct Contraction {
+    int64_t out_offset = 0;
+    int d = 1;
+    std::vector<Term> terms;
+  };
+  int C = 0, num_ell = 0;
+  int64_t dim_in = 0, dim_out = 0;
+  std::vector<int64_t> ell_offset;  // x[c][i] = x_flat[ell_offset[i] + c * ell_stride[i]]
+  std::vector<int> ell_stride;
+  std::vector<Contraction> contractions;
+};
+
+template <class T>
+ElementLinear<T> make_element_linear(const ElementLinearPlan& p) {
+  ElementLinear<T> e;
+  e.dim_in = p.in.dim;
+  e.dim_out = p.out.dim;
+  for (const LinearPlan& l : p.per_species) e.per_species.push_back(make_linear<T>(l));
+  return e;
+}
+
+template <class T>
+SymmetricContraction<T> make_symmetric_contraction(const SymmetricContractionPlan& p) {
+  SymmetricContraction<T> s;
+  s.C = p.num_features;
+  s.num_ell = p.num_ell;
+  s.dim_in = p.in.dim;
+  s.dim_out = p.out.dim;
+  for (const IrrepBlock& b : p.in.blocks)
+    for (int m = 0; m < 2 * b.l + 1; ++m) {
+      s.ell_offset.push_back(b.offset + m);
+      s.ell_stride.push_back(2 * b.l + 1);
+    }
+  for (const ContractionPlan& c : p.contractions) {
+    typename SymmetricContraction<T>::Contraction q;
+    q.out_offset = p.out.blocks[c.out_block].offset;
+    q.d = 2 * p.out.blocks[c.out_block].l + 1;
+    for (const ContractionTerm& t : c.terms) {
+      typename SymmetricContraction<T>::Term u;
+      u.nu = t.nu;
+      u.num_params = t.num_params;
+      u.rows = static_cast<int64_t>(t.values.size());
+      u.index = std::vector<int32_t>(t.index.begin(), t.index.end());
+      u.values = std::vector<T>(t.values.begin(), t.values.end());
+      u.weights = std::vector<T>(t.weights.begin(), t.weights.end());
+      q.terms.push_back(std::move(u));
+    }
+    s.contractions.push_back(std::move(q));
+  }
+  return s;
+}
+
+// out = W_{s_n} x_n for every node n (mul_ir layout both sides, out overwritten).
+template <class T>
+void element_linear_forward(const ElementLinear<T>& lin, int64_t num_nodes, const int32_t* species,
+                            const T* x, T* out);
+// grad_x (+)= W_{s_n}^T grad_out_n.
+template <class T>
+void element_linear_backward(const ElementLinear<T>& lin, int64_t num_nodes, const int32_t* species,
+                             const T* grad_out, T* grad_x, bool accumulate);
+
+// out[n] = SC(x[n]; species s_n), out overwritten (mul_ir layout of irreps_out).
+template <class T>
+void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t num_nodes,
+                                   const int32_t* species, const T* x, T* out);
+// grad_x = (d SC / d x)^T grad_out, overwritten.
+template <class T>
+void symmetric_contraction_backward(const SymmetricContraction<T>& sc, int64_t num_nodes,
+                                    const int32_t* species, const T* x, const T* grad_out,
+                                    T* grad_x);
+
+}  // namespace e3fuse::cpu
