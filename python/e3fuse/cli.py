@@ -26,17 +26,25 @@ def verification_structure(atomic_numbers: list[int], seed: int = 0):  # -> ase.
     return atoms
 
 
-def verify(family: str, source: str, model_path: str, quiet: bool = False) -> dict[str, float]:
+def verify(family: str, source, model_path: str, quiet: bool = False,
+           head: str | None = None) -> dict[str, float]:
     """Evaluate a random structure with the source package and with e3fuse in
     float64; raise if they differ beyond rounding."""
     from . import reference
     from ._core import Model
     from .calculator import Calculator
 
-    if family != "sevennet":
-        raise ValueError(f"no reference for family {family!r}")
     atoms = verification_structure(Model.load(model_path).atomic_numbers)
-    ref = reference.evaluate(reference.sevenn_calculator(source, "float64"), atoms)
+    if family == "sevennet":
+        ref = reference.evaluate(reference.sevenn_calculator(source, "float64"), atoms)
+    elif family == "mace":
+        if head is None:
+            from .modelfile import read_architecture
+
+            head = read_architecture(model_path).get("source", {}).get("head")
+        ref = reference.evaluate_mace(reference.mace_calculator(source, "float64", head), atoms)
+    else:
+        raise ValueError(f"no reference for family {family!r}")
     calc = Calculator(model_path, device="cpu", dtype="float64")
     ours = atoms.copy()
     ours.calc = calc
@@ -67,10 +75,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
             from .convert import sevennet
 
             sevennet.convert(args.source, tmp)
+        elif args.family == "mace":
+            from .convert import mace
+
+            mace.convert(args.source, tmp, head=args.head)
         else:
             raise SystemExit(f"unknown model family {args.family!r}")
         if not args.no_verify:
-            verify(args.family, args.source, tmp)
+            verify(args.family, args.source, tmp, head=getattr(args, "head", None))
         os.replace(tmp, output)
     finally:
         if os.path.exists(tmp):
@@ -89,9 +101,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e3fuse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("convert", help="convert a sevenn checkpoint to an .e3f model file")
-    p.add_argument("family", choices=["sevennet"])
-    p.add_argument("source", help="pretrained name (7net-0, 7net-l3i5, ...) or checkpoint path")
+    p = sub.add_parser("convert", help="convert a sevenn checkpoint or a mace-torch model to an "
+                       ".e3f model file")
+    p.add_argument("family", choices=["sevennet", "mace"])
+    p.add_argument("source", help="sevennet: pretrained name (7net-0, 7net-l3i5, ...) or "
+                   "checkpoint path; mace: model file saved with torch.save(model)")
+    p.add_argument("--head", default=None, help="mace multi-head models: the head to convert")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--no-verify", action="store_true", help="skip the comparison with the source")
     p.set_defaults(func=cmd_convert)

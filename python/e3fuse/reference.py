@@ -84,3 +84,37 @@ def evaluate(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
     if atoms.pbc.all():
         out["stress"] = np.asarray(results["stress"])
     return out
+
+
+def mace_calculator(source: Any, dtype: str = "float64", head: str | None = None) -> Any:
+    """mace-torch's own MACECalculator on `source` (a model file written by
+    torch.save(model), or a model object), in `dtype`."""
+    import copy
+    import warnings
+
+    import torch
+    from mace.calculators import MACECalculator
+
+    if isinstance(source, torch.nn.Module):
+        model = copy.deepcopy(source)
+    else:
+        model = torch.load(str(source), map_location="cpu", weights_only=False)
+    model = model.to(torch.float64 if dtype == "float64" else torch.float32).eval()
+    kwargs: dict[str, Any] = {"head": head} if head is not None else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        calc = MACECalculator(models=model, device="cpu", default_dtype=dtype, **kwargs)
+    return calc
+
+
+def evaluate_mace(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
+    """energy, energies, forces and (periodic systems) stress with a MACECalculator."""
+    atoms = atoms.copy()
+    atoms.calc = calc
+    calc.calculate(atoms, ["energy", "forces", "stress"])
+    results = calc.results
+    out = {"energy": np.array(results["energy"]), "energies": np.asarray(results["energies"]),
+           "forces": np.asarray(results["forces"])}
+    if atoms.pbc.all():
+        out["stress"] = np.asarray(results["stress"])
+    return out

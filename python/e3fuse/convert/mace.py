@@ -1,0 +1,392 @@
+"""Convert a mace-torch model (whole-model file written by torch.save(model), or a
+model object) into an .e3f file.
+
+Supported: MACE and ScaleShiftMACE with RealAgnosticInteractionBlock /
+RealAgnosticResidualInteractionBlock, Bessel radial basis with the polynomial
+cutoff, e3nn spherical harmonics, linear and non-linear readouts, E0s, scale
+and shift, several heads (one selected at conversion). Everything else is
+refused by module name.
+
+Conventions (see DESIGN §5): mace's edge vector is pos[receiver] - pos[sender]
+(+ shift); the core's convolution uses pos[sender] - pos[receiver], so the
+tensor-product coefficients of odd-l spherical-harmonics paths are negated
+(Y_l(-v) = (-1)^l Y_l(v)). The symmetric contraction is stored as sparse
+generalized-CG tensors (index tuples sorted, permutations summed, which is
+exact because the product of features is symmetric) plus the per-element
+weights [num_elements, num_params, num_features]."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..modelfile import FORMAT_VERSION, TensorStore, sha256_of_file, write_model_file
+from . import e3nn_parts as parts
+from .e3nn_parts import UnsupportedModel
+
+SUPPORTED_MODELS = ("MACE", "ScaleShiftMACE")
+SUPPORTED_INTERACTIONS = ("RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock")
+
+
+def load_mace_model(source: str | Path | torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of the mace model in eval mode."""
+    import copy
+
+    if isinstance(source, torch.nn.Module):
+        model = copy.deepcopy(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"{source!r} is not a mace-torch model file")
+        model = torch.load(str(path), map_location="cpu", weights_only=False)
+        if not isinstance(model, torch.nn.Module):
+            raise UnsupportedModel(
+                f"{source!r} does not hold a whole model (torch.save(model)); got "
+                f"{type(model).__name__}")
+    return model.to(torch.float64).eval()
+
+
+def _element_linear(tp: Any, name: str, store: TensorStore, num_elements: int) -> dict[str, Any]:
+    """FullyConnectedTensorProduct(x, one-hot species) -> one linear layer per
+    element, probed from the module (e_u at m = 0 of each input block)."""
+    if type(tp).__name__ != "FullyConnectedTensorProduct":
+        raise UnsupportedModel(f"{name}: {type(tp).__name__} is not supported")
+    irreps_in, irreps_attr, irreps_out = tp.irreps_in1, tp.irreps_in2, tp.irreps_out
+    if irreps_attr.dim != num_elements or any(ir.l != 0 for _, ir in irreps_attr):
+        raise UnsupportedModel(f"{name}: second input is not the one-hot species")
+    starts_in = [s.start for s in irreps_in.slices()]
+    starts_out = [s.start for s in irreps_out.slices()]
+    elements = []
+    for s in range(num_elements):
+        paths = []
+        for bi, (mul_in, ir_in) in enumerate(irreps_in):
+            if mul_in == 0:
+                continue
+            x = torch.zeros(mul_in, irreps_in.dim, dtype=torch.float64)
+            for u in range(mul_in):
+                x[u, starts_in[bi] + u * ir_in.dim] = 1.0
+            attr = torch.zeros(mul_in, num_elements, dtype=torch.float64)
+            attr[:, s] = 1.0
+            with torch.no_grad():
+                out = tp(x, attr)
+            for bo, (mul_out, ir_out) in enumerate(irreps_out):
+                if ir_out != ir_in or mul_out == 0:
+                    continue
+                w = out[:, starts_out[bo]: starts_out[bo] + mul_out * ir_out.dim: ir_out.dim]
+                if not torch.any(w != 0):
+                    continue
+                paths.append({"in": bi, "out": bo,
+                              "weight": store.add(f"{name}.e{s}.path.{bi}.{bo}", w.numpy())})
+        elements.append({"irreps_in": parts.irreps_list(irreps_in),
+                         "irreps_out": parts.irreps_list(irreps_out), "paths": paths,
+                         "biases": []})
+    _check_element_linear(tp, elements, store, num_elements, name)
+    return {"irreps_in": parts.irreps_list(irreps_in), "irreps_out": parts.irreps_list(irreps_out),
+            "elements": elements}
+
+
+def _check_element_linear(tp: Any, elements: list[dict[str, Any]], store: TensorStore,
+                          num_elements: int, name: str) -> None:
+    """Rebuild the probed maps and compare with the module on random inputs."""
+    irreps_in, irreps_out = tp.irreps_in1, tp.irreps_out
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(num_elements, irreps_in.dim, dtype=torch.float64, generator=gen)
+    attr = torch.eye(num_elements, dtype=torch.float64)
+    with torch.no_grad():
+        expected = tp(x, attr)
+    got = torch.zeros_like(expected)
+    sl_in, sl_out = irreps_in.slices(), irreps_out.slices()
+    for s, desc in enumerate(elements):
+        for p in desc["paths"]:
+            mul_in, ir = irreps_in[p["in"]]
+            mul_out = irreps_out[p["out"]].mul
+            w = torch.from_numpy(store.arrays[p["weight"]])
+            xin = x[s, sl_in[p["in"]]].reshape(mul_in, ir.dim)
+            got[s, sl_out[p["out"]]] += (w.T @ xin).reshape(mul_out * ir.dim)
+    err = (got - expected).abs().max().item() if expected.numel() else 0.0
+    if err > 1e-12 * max(1.0, expected.abs().max().item()):
+        raise RuntimeError(f"{name}: element-wise linear probe does not reproduce ({err:.2e})")
+
+
+def _product(prod: Any, name: str, store: TensorStore, num_elements: int) -> dict[str, Any]:
+    """EquivariantProductBasisBlock's SymmetricContraction -> sparse U tensors
+    (m, i_1 <= ... <= i_nu, k, value) and weights per correlation order."""
+    sc = prod.symmetric_contractions
+    if type(sc).__name__ != "SymmetricContraction":
+        raise UnsupportedModel(f"{name}: {type(sc).__name__} (cuequivariance/oeq) is not supported")
+    irreps_in, irreps_out = sc.irreps_in, sc.irreps_out
+    muls = {mul for mul, _ in irreps_in}
+    if len(muls) != 1:
+        raise UnsupportedModel(f"{name}: symmetric contraction input with unequal multiplicities")
+    num_features = muls.pop()
+    num_ell = sum(ir.dim for _, ir in irreps_in)
+    contractions = []
+    for c, (contraction, (mul_out, ir_out)) in enumerate(zip(sc.contractions, irreps_out)):
+        if mul_out != num_features:
+            raise UnsupportedModel(f"{name}: output multiplicity {mul_out} != {num_features}")
+        d = ir_out.dim
+        weights_by_nu = {contraction.correlation: contraction.weights_max}
+        for i, w in enumerate(contraction.weights):
+            weights_by_nu[contraction.correlation - i - 1] = w
+        terms = []
+        for nu in range(1, contraction.correlation + 1):
+            u = contraction.U_tensors(nu).detach().to(torch.float64)
+            k_params = u.shape[-1]
+            u = u.reshape(d, *([num_ell] * nu), k_params)  # L = 0: m axis restored
+            w = weights_by_nu[nu].detach().to(torch.float64)
+            if tuple(w.shape) != (num_elements, k_params, num_features):
+                raise UnsupportedModel(f"{name}: unexpected weight shape {tuple(w.shape)}")
+            acc: dict[tuple[int, ...], float] = {}
+            nz = torch.nonzero(u).tolist()
+            for idx in nz:
+                m, ii, k = idx[0], tuple(sorted(idx[1:-1])), idx[-1]
+                key = (m, *ii, k)
+                acc[key] = acc.get(key, 0.0) + float(u[tuple(idx)])
+            keys = [key for key, v in acc.items() if v != 0.0]
+            if not keys:
+                continue
+            index = np.array(keys, dtype=np.int64).reshape(len(keys), nu + 2)
+            values = np.array([acc[key] for key in keys])
+            terms.append({
+                "nu": nu, "num_params": int(k_params),
+                "index": store.add(f"{name}.c{c}.nu{nu}.index", index, dtype="int64"),
+                "values": store.add(f"{name}.c{c}.nu{nu}.values", values),
+                "weights": store.add(f"{name}.c{c}.nu{nu}.weights", w.numpy()),
+            })
+        contractions.append({"out": c, "terms": terms})
+    _check_product(sc, contractions, store, num_elements, num_features, num_ell, name)
+    return {"irreps_in": parts.irreps_list(irreps_in), "irreps_out": parts.irreps_list(irreps_out),
+            "num_features": int(num_features), "num_ell": int(num_ell),
+            "contractions": contractions}
+
+
+def _check_product(sc: Any, contractions: list[dict[str, Any]], store: TensorStore,
+                   num_elements: int, num_features: int, num_ell: int, name: str) -> None:
+    """Evaluate the sparse form in numpy against the module on random inputs."""
+    gen = torch.Generator().manual_seed(1)
+    n = max(num_elements, 2)
+    x = torch.randn(n, num_features, num_ell, dtype=torch.float64, generator=gen)
+    species = np.arange(n) % num_elements
+    attr = torch.zeros(n, num_elements, dtype=torch.float64)
+    attr[torch.arange(n), torch.from_numpy(species)] = 1.0
+    with torch.no_grad():
+        expected = sc(x, attr).numpy()
+    xs = x.numpy()
+    outs = []
+    for desc, (_, ir) in zip(contractions, sc.irreps_out):
+        out = np.zeros((n, num_features, ir.dim))
+        for t in desc["terms"]:
+            index, values = store.arrays[t["index"]], store.arrays[t["values"]]
+            w = store.arrays[t["weights"]][species]  # [n, K, C]
+            for row, v in zip(index, values):
+                m, ii, k = row[0], row[1:-1], row[-1]
+                prod = np.prod(xs[:, :, ii], axis=2)  # [n, C]
+                out[:, :, m] += v * w[:, k, :] * prod
+        outs.append(out.reshape(n, -1))
+    got = np.concatenate(outs, axis=1)
+    err = np.abs(got - expected).max()
+    if err > 1e-10 * max(1.0, np.abs(expected).max()):
+        raise RuntimeError(f"{name}: sparse symmetric contraction does not reproduce ({err:.2e})")
+
+
+def _flip_edge_direction(conv: dict[str, Any], store: TensorStore) -> None:
+    """Negate the coefficients of odd-l spherical-harmonics paths (see module doc)."""
+    sh_degrees = [degree for _, degree, _ in conv["irreps_sh"]]
+    for ins in conv["instructions"]:
+        if sh_degrees[ins["sh"]] % 2 == 1:
+            store.arrays[ins["cg"]] = -store.arrays[ins["cg"]]
+
+
+def _readout(readout: Any, name: str, store: TensorStore, head: int, num_heads: int
+             ) -> dict[str, Any]:
+    kind = type(readout).__name__
+    if kind == "LinearReadoutBlock":
+        lin = parts.linear(readout.linear, f"{name}.linear", store)
+        _select_output(lin, head, store)
+        return {"kind": "linear", "linear": lin}
+    if kind == "NonLinearReadoutBlock":
+        lin1 = parts.linear(readout.linear_1, f"{name}.linear_1", store)
+        lin2 = parts.linear(readout.linear_2, f"{name}.linear_2", store)
+        acts = readout.non_linearity.acts
+        if len(acts) != 1 or any(ir.l != 0 for _, ir in readout.non_linearity.irreps_in):
+            raise UnsupportedModel(f"{name}: readout non-linearity on non-scalars")
+        act = parts.normalized_activation(acts[0])
+        hidden = readout.linear_1.irreps_out.dim
+        if num_heads > 1:  # mask_head: keep the hidden units of this head only
+            per = hidden // num_heads
+            keep = np.zeros(hidden, dtype=bool)
+            keep[head * per:(head + 1) * per] = True
+            for p in lin2["paths"]:
+                start = sum(m * (2 * deg + 1) for m, deg, _ in lin2["irreps_in"][: p["in"]])
+                mul = lin2["irreps_in"][p["in"]][0]
+                w = store.arrays[p["weight"]]
+                store.arrays[p["weight"]] = w * keep[start:start + mul, None]
+        _select_output(lin2, head, store)
+        return {"kind": "nonlinear", "linear_1": lin1, "linear_2": lin2, **act}
+    raise UnsupportedModel(f"{name}: {kind} is not supported")
+
+
+def _select_output(lin: dict[str, Any], head: int, store: TensorStore) -> None:
+    """Keep output column `head` of a readout linear (irreps_out = num_heads x 0e)."""
+    out = lin["irreps_out"]
+    if len(out) != 1 or out[0][1] != 0:
+        raise UnsupportedModel("readout output must be scalars")
+    if out[0][0] == 1:
+        return
+    for p in lin["paths"]:
+        w = store.arrays[p["weight"]]
+        store.arrays[p["weight"]] = np.ascontiguousarray(w[:, head:head + 1])
+    for b in lin["biases"]:
+        store.arrays[b["weight"]] = np.ascontiguousarray(store.arrays[b["weight"]][head:head + 1])
+    lin["irreps_out"] = [[1, 0, 1]]
+
+
+def extract(model: torch.nn.Module, source: dict[str, Any], head: str | None = None
+            ) -> tuple[dict[str, Any], TensorStore]:
+    """mace-torch MACE / ScaleShiftMACE -> (architecture JSON, tensors)."""
+    store = TensorStore()
+    kind = type(model).__name__
+    if kind not in SUPPORTED_MODELS:
+        raise UnsupportedModel(f"model class {kind} is not supported (supported: "
+                               f"{', '.join(SUPPORTED_MODELS)})")
+    for attr, what in (("pair_repulsion", "ZBL pair repulsion"),
+                       ("joint_embedding", "joint embedding"),
+                       ("embedding_readout", "embedding readout")):
+        if hasattr(model, attr):
+            raise UnsupportedModel(f"{attr}: {what} is not supported")
+    if getattr(model, "use_agnostic_product", False):
+        raise UnsupportedModel("products: element-agnostic product basis is not supported")
+    heads = list(getattr(model, "heads", None) or ["Default"])
+    if head is None:
+        if len(heads) > 1:
+            default = [h for h in heads if h.lower() == "default"]
+            if not default:
+                raise UnsupportedModel(f"the model has several heads ({', '.join(heads)}); "
+                                       "choose one with --head")
+            head = default[0]
+        else:
+            head = heads[0]
+    if head not in heads:
+        raise ValueError(f"head {head!r} not in the model's heads ({', '.join(heads)})")
+    h = heads.index(head)
+
+    atomic_numbers = [int(z) for z in model.atomic_numbers.tolist()]
+    num_elements = len(atomic_numbers)
+    r_max = float(model.r_max)
+
+    radial = model.radial_embedding
+    if type(radial.bessel_fn).__name__ != "BesselBasis":
+        raise UnsupportedModel(f"radial_embedding.bessel_fn: {type(radial.bessel_fn).__name__}")
+    if hasattr(radial, "distance_transform"):
+        raise UnsupportedModel("radial_embedding.distance_transform (Agnesi/Soft) is not supported")
+    if not getattr(radial, "apply_cutoff", True):
+        raise UnsupportedModel("radial_embedding with apply_cutoff=False is not supported")
+    bessel = radial.bessel_fn
+    radial_desc = {"kind": "bessel", "num_basis": int(bessel.bessel_weights.numel()),
+                   "prefactor": float(bessel.prefactor),
+                   "coeffs": store.add("radial.coeffs",
+                                       bessel.bessel_weights.detach().to(torch.float64).numpy())}
+    cutoff_fn = radial.cutoff_fn
+    if type(cutoff_fn).__name__ != "PolynomialCutoff":
+        raise UnsupportedModel(f"radial_embedding.cutoff_fn: {type(cutoff_fn).__name__}")
+    envelope = {"kind": "polynomial", "p": float(cutoff_fn.p), "r_cut": float(cutoff_fn.r_max)}
+
+    sh_module = model.spherical_harmonics
+    if not sh_module.normalize or sh_module.normalization != "component":
+        raise UnsupportedModel("spherical_harmonics: only normalize=True, 'component'")
+    ls = [ir.l for _, ir in sh_module.irreps_out]
+    lmax = max(ls)
+    if ls != list(range(lmax + 1)):
+        raise UnsupportedModel("spherical_harmonics must be l = 0..lmax")
+    sh = parts.spherical_harmonics(lmax, "component", "sh", store)
+    sh["irreps"] = parts.irreps_list(sh_module.irreps_out)
+
+    embedding = parts.linear(model.node_embedding.linear, "embedding", store)
+
+    layers = []
+    for t, (inter, prod) in enumerate(zip(model.interactions, model.products)):
+        name = f"layers.{t}"
+        ikind = type(inter).__name__
+        if ikind not in SUPPORTED_INTERACTIONS:
+            raise UnsupportedModel(f"interactions.{t}: {ikind} is not supported (supported: "
+                                   f"{', '.join(SUPPORTED_INTERACTIONS)})")
+        if hasattr(inter, "conv_fusion"):
+            raise UnsupportedModel(f"interactions.{t}: fused convolution backends")
+        if type(prod).__name__ != "EquivariantProductBasisBlock":
+            raise UnsupportedModel(f"products.{t}: {type(prod).__name__} is not supported")
+        residual = ikind == "RealAgnosticResidualInteractionBlock"
+        conv = parts.tensor_product_uvu(inter.conv_tp, f"{name}.conv", store)
+        _flip_edge_direction(conv, store)
+        conv["mlp"] = parts.fully_connected_net(inter.conv_tp_weights, f"{name}.conv.mlp", store)
+        conv["denominator"] = float(inter.avg_num_neighbors)
+        layer = {
+            "residual": residual,
+            "skip": _element_linear(inter.skip_tp, f"{name}.skip", store, num_elements),
+            "linear_up": parts.linear(inter.linear_up, f"{name}.linear_up", store),
+            "conv": conv,
+            "linear": parts.linear(inter.linear, f"{name}.linear", store),
+            "product": _product(prod, f"{name}.product", store, num_elements),
+            "product_linear": parts.linear(prod.linear, f"{name}.product_linear", store),
+            "product_sc": bool(prod.use_sc),
+        }
+        layers.append(layer)
+    readouts = list(model.readouts)
+    if len(readouts) != len(layers):
+        raise UnsupportedModel("readouts: one readout per interaction is required "
+                               "(use_last_readout_only is not supported)")
+    for t, r in enumerate(readouts):
+        layers[t]["readout"] = _readout(r, f"layers.{t}.readout", store, h, len(heads))
+
+    # AtomicEnergiesBlock: energies = atleast_2d(buffer).T, [n_elements, n_heads]
+    e0 = torch.atleast_2d(model.atomic_energies_fn.atomic_energies.detach().to(torch.float64)).T
+    if e0.shape[0] != num_elements:
+        raise UnsupportedModel(f"atomic_energies_fn: shape {tuple(e0.shape)} does not match "
+                               f"{num_elements} elements")
+    e0 = e0[:, h] if e0.shape[1] > 1 else e0[:, 0]
+    if kind == "ScaleShiftMACE":
+        scale = float(torch.atleast_1d(model.scale_shift.scale)[h])
+        shift = float(torch.atleast_1d(model.scale_shift.shift)[h])
+    else:
+        scale, shift = 1.0, 0.0
+
+    architecture = {
+        "format_version": FORMAT_VERSION,
+        "family": "mace",
+        "e3fuse_version": __version__,
+        "source": {**source, "head": head},
+        "units": {"energy": "eV", "length": "Angstrom"},
+        "cutoff": r_max,
+        "atomic_numbers": atomic_numbers,
+        "radial": radial_desc,
+        "envelope": envelope,
+        "spherical_harmonics": sh,
+        "embedding": embedding,
+        "layers": layers,
+        "e0": store.add("e0", e0.numpy()),
+        "scale": scale,
+        "shift": shift,
+    }
+    return architecture, store
+
+
+def convert(source: str | Path | torch.nn.Module, output: str | Path, head: str | None = None
+            ) -> dict[str, Any]:
+    """Write the .e3f file; returns the architecture dictionary."""
+    import mace
+
+    model = load_mace_model(source)
+    info: dict[str, Any] = {"kind": "mace", "model_class": type(model).__name__,
+                            "mace_version": getattr(mace, "__version__", "unknown")}
+    if not isinstance(source, torch.nn.Module):
+        info["file"] = Path(source).name
+        info["sha256"] = sha256_of_file(source)
+    architecture, store = extract(model, info, head)
+    write_model_file(output, architecture, store)
+    return architecture
+
+
+__all__ = ["convert", "extract", "load_mace_model", "UnsupportedModel"]

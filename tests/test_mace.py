@@ -1,0 +1,258 @@
+"""MACE (mace-torch) models: conversion, e3fuse vs mace-torch in float64 and
+float32, the symmetric contraction op, finite differences and invariances.
+
+Models are built here with random weights (nothing is downloaded): the
+MACE-MP-0 small/medium/large architectures as mace-torch's training scripts
+build them (RealAgnosticInteractionBlock first, then residual blocks; 128
+channels, max_ell 3, correlation 3, 10 Bessel functions, r_max 6, radial MLP
+[64, 64, 64], readout MLP 16x0e) on a few elements, and smaller variants."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mace_modules = pytest.importorskip("mace.modules")
+
+from e3fuse import _core, cli, reference  # noqa: E402
+from e3fuse.calculator import Calculator  # noqa: E402
+from e3fuse.convert import mace as mace_convert  # noqa: E402
+
+MP0 = dict(max_ell=3, correlation=3, num_bessel=10, r_max=6.0, radial_mlp=(64, 64, 64),
+           mlp_irreps="16x0e", elements=(8, 28, 29))
+ARCHS: dict[str, dict[str, Any]] = {
+    "mp0-small": dict(MP0, hidden="128x0e"),
+    "mp0-medium": dict(MP0, hidden="128x0e+128x1o"),
+    "mp0-large": dict(MP0, hidden="128x0e+128x1o+128x2e"),
+    "L0-corr2": dict(hidden="16x0e", max_ell=2, correlation=2),
+    "L2-lmax2": dict(hidden="16x0e+16x1o+16x2e", max_ell=2, correlation=2),
+    "three-interactions": dict(hidden="16x0e+16x1o", max_ell=2, correlation=[3, 2, 1],
+                               num_interactions=3, radial_mlp=(8, 8, 8)),
+    "many-elements": dict(hidden="16x0e+16x1o", max_ell=1, correlation=3,
+                          elements=(1, 6, 7, 8, 13, 26, 28, 29)),
+    "plain-mace-residual-first": dict(hidden="16x0e+16x1o", max_ell=2, correlation=2,
+                                      scale_shift=False, first_residual=True, p=6,
+                                      num_bessel=4, r_max=4.0, radial_mlp=(12,)),
+}
+
+
+def build_mace(hidden: str, max_ell: int = 2, correlation: Any = 2, num_interactions: int = 2,
+               elements: tuple[int, ...] = (8, 28, 29), r_max: float = 4.5, num_bessel: int = 6,
+               p: int = 5, radial_mlp: tuple[int, ...] = (16, 16), mlp_irreps: str = "8x0e",
+               scale_shift: bool = True, first_residual: bool = False, seed: int = 0,
+               heads: list[str] | None = None, **extra: Any) -> Any:
+    """A mace-torch model in float64 with random (non-trivial) weights."""
+    from e3nn import o3
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    n = len(elements)
+    first = "RealAgnosticResidualInteractionBlock" if first_residual else \
+        "RealAgnosticInteractionBlock"
+    kwargs = dict(
+        r_max=r_max, num_bessel=num_bessel, num_polynomial_cutoff=p, max_ell=max_ell,
+        interaction_cls=mace_modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+        interaction_cls_first=mace_modules.interaction_classes[first],
+        num_interactions=num_interactions, num_elements=n, hidden_irreps=o3.Irreps(hidden),
+        MLP_irreps=o3.Irreps(mlp_irreps),
+        atomic_energies=rng.normal(size=(n,) if heads is None else (len(heads), n)),
+        avg_num_neighbors=7.3, atomic_numbers=list(elements), correlation=correlation,
+        gate=torch.nn.functional.silu, radial_MLP=list(radial_mlp), heads=heads, **extra)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if scale_shift:
+                scale = [1.3, 0.7][: len(heads)] if heads else 1.3
+                shift = [0.2, -0.4][: len(heads)] if heads else 0.2
+                model = mace_modules.ScaleShiftMACE(atomic_inter_scale=scale,
+                                                    atomic_inter_shift=shift, **kwargs)
+            else:
+                model = mace_modules.MACE(**kwargs)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    return model.eval()
+
+
+def structure(elements: tuple[int, ...], seed: int = 0, repeat: int = 2) -> Any:
+    from ase.build import bulk
+
+    rng = np.random.default_rng(seed)
+    atoms = bulk("Cu", "fcc", a=3.6).repeat((repeat, repeat, repeat))
+    atoms.set_atomic_numbers(rng.choice(list(elements), size=len(atoms)))
+    atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))),
+                   scale_atoms=True)
+    atoms.positions += 0.1 * rng.standard_normal(atoms.positions.shape)
+    return atoms
+
+
+_CACHE: dict[str, tuple[Any, Path]] = {}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: Any) -> Path:
+    return tmp_path_factory.mktemp("mace")
+
+
+def converted(name: str, workdir: Path) -> tuple[Any, Path]:
+    if name not in _CACHE:
+        model = build_mace(**ARCHS[name])
+        path = workdir / f"{name}.e3f"
+        mace_convert.convert(model, path)
+        _CACHE[name] = (model, path)
+    return _CACHE[name]
+
+
+def e3fuse_eval(path: Path, atoms: Any, dtype: str = "float64") -> dict[str, np.ndarray]:
+    a = atoms.copy()
+    a.calc = Calculator(str(path), device="cpu", dtype=dtype)
+    out = {"energy": a.get_potential_energy(), "energies": a.get_potential_energies(),
+           "forces": a.get_forces()}
+    if a.pbc.all():
+        out["stress"] = a.get_stress()
+    return out
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_matches_mace_torch_float64(name: str, workdir: Path) -> None:
+    model, path = converted(name, workdir)
+    atoms = structure(ARCHS[name].get("elements", (8, 28, 29)))
+    ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
+    ours = e3fuse_eval(path, atoms)
+    n = len(atoms)
+    assert abs(ours["energy"] - float(ref["energy"])) / n < 1e-10
+    assert np.abs(ours["energies"] - ref["energies"]).max() < 1e-10
+    assert np.abs(ours["forces"] - ref["forces"]).max() < 1e-9
+    assert np.abs(ours["stress"] - ref["stress"]).max() < 1e-11
+    assert np.abs(ref["forces"]).max() > 1e-3  # the comparison is not trivial
+
+
+def test_float32_close_to_float64(workdir: Path) -> None:
+    _, path = converted("mp0-medium", workdir)
+    atoms = structure((8, 28, 29), seed=3)
+    f64 = e3fuse_eval(path, atoms, "float64")
+    f32 = e3fuse_eval(path, atoms, "float32")
+    assert np.abs(f32["forces"] - f64["forces"]).max() < 3e-5
+    assert abs(f32["energy"] - f64["energy"]) / len(atoms) < 1e-5
+
+
+def test_open_structure_and_multihead(workdir: Path) -> None:
+    """A non-periodic molecule-like cluster, and head selection of a two-head model."""
+    model = build_mace("16x0e+16x1o", max_ell=2, correlation=2, heads=["pbe", "r2scan"], seed=5)
+    atoms = structure((8, 28, 29), seed=4)
+    atoms.pbc = False
+    for head in ("pbe", "r2scan"):
+        path = workdir / f"multihead-{head}.e3f"
+        mace_convert.convert(model, path, head=head)
+        ref = reference.evaluate_mace(reference.mace_calculator(model, "float64", head), atoms)
+        ours = e3fuse_eval(path, atoms)
+        assert abs(ours["energy"] - float(ref["energy"])) / len(atoms) < 1e-10
+        assert np.abs(ours["forces"] - ref["forces"]).max() < 1e-9
+    with pytest.raises(mace_convert.UnsupportedModel, match="--head"):
+        mace_convert.convert(model, workdir / "nohead.e3f")
+
+
+def test_symmetric_contraction_op(workdir: Path) -> None:
+    """The core's symmetric contraction and its transpose vs mace-torch's
+    SymmetricContraction (and torch autograd) on random inputs."""
+    for name in ("mp0-large", "three-interactions"):
+        model, path = converted(name, workdir)
+        probe = _core.OpsProbe(_core.Model.load(str(path)))
+        rng = np.random.default_rng(7)
+        num_elements = len(model.atomic_numbers)
+        for layer, prod in enumerate(model.products):
+            sc = prod.symmetric_contractions
+            c = sc.irreps_in[0].mul
+            num_ell = sum(ir.dim for _, ir in sc.irreps_in)
+            n = 11
+            species = rng.integers(0, num_elements, size=n).astype(np.int32)
+            x = rng.normal(size=(n, sc.irreps_in.dim))
+            xt = torch.from_numpy(x).requires_grad_(True)
+            # mace's reshape_irreps: [n, mul, sum of irrep dims]
+            fields, ix = [], 0
+            for mul, ir in sc.irreps_in:
+                fields.append(xt[:, ix:ix + mul * ir.dim].reshape(n, mul, ir.dim))
+                ix += mul * ir.dim
+            attrs = torch.nn.functional.one_hot(torch.from_numpy(species).long(),
+                                                num_elements).to(torch.float64)
+            expected = sc(torch.cat(fields, dim=-1), attrs)
+            assert expected.shape[1] == c * sum(ir.dim for _, ir in sc.irreps_out)
+            ours = probe.symmetric_contraction(layer, x, species)
+            scale = max(1.0, float(expected.detach().abs().max()))
+            assert np.abs(ours - expected.detach().numpy()).max() < 1e-12 * scale
+            g = rng.normal(size=expected.shape)
+            (expected * torch.from_numpy(g)).sum().backward()
+            grad = probe.symmetric_contraction_transpose(layer, x, species, g)
+            scale = max(1.0, float(xt.grad.abs().max()))
+            assert np.abs(grad - xt.grad.numpy()).max() < 1e-12 * scale
+            assert num_ell == sc.irreps_in.dim // c
+
+
+def test_finite_differences(workdir: Path) -> None:
+    """Forces = -dE/dr and stress = dE/d(strain)/V, central differences in float64."""
+    _, path = converted("three-interactions", workdir)
+    atoms = structure((8, 28, 29), seed=6)
+    calc = Calculator(str(path), device="cpu", dtype="float64")
+    atoms.calc = calc
+    forces, stress = atoms.get_forces(), atoms.get_stress(voigt=False)
+    h = 1e-5
+    for i, a in [(0, 0), (3, 1), (5, 2)]:
+        plus, minus = atoms.copy(), atoms.copy()
+        plus.positions[i, a] += h
+        minus.positions[i, a] -= h
+        plus.calc = minus.calc = Calculator(str(path), device="cpu", dtype="float64")
+        fd = -(plus.get_potential_energy() - minus.get_potential_energy()) / (2 * h)
+        assert abs(fd - forces[i, a]) < 1e-7
+    volume = atoms.get_volume()
+    for a, b in [(0, 0), (1, 2), (0, 1)]:
+        energies = []
+        for sign in (1, -1):
+            strain = np.eye(3)
+            strain[a, b] += sign * h / 2
+            strain[b, a] += sign * h / 2
+            s = atoms.copy()
+            s.set_cell(atoms.cell.array @ strain, scale_atoms=True)
+            s.calc = Calculator(str(path), device="cpu", dtype="float64")
+            energies.append(s.get_potential_energy())
+        fd = (energies[0] - energies[1]) / (2 * h) / volume
+        assert abs(fd - stress[a, b]) < 1e-8
+
+
+def test_invariances(workdir: Path) -> None:
+    from scipy.spatial.transform import Rotation
+
+    _, path = converted("L2-lmax2", workdir)
+    atoms = structure((8, 28, 29), seed=8)
+    base = e3fuse_eval(path, atoms)
+    rot = Rotation.random(random_state=3).as_matrix()
+    moved = atoms.copy()
+    moved.set_cell(atoms.cell.array @ rot.T, scale_atoms=False)
+    moved.positions = atoms.positions @ rot.T + np.array([0.3, -1.2, 2.0])
+    perm = np.random.default_rng(0).permutation(len(atoms))
+    moved = moved[perm]
+    out = e3fuse_eval(path, moved)
+    assert abs(out["energy"] - base["energy"]) < 1e-10
+    assert np.abs(out["forces"] - (base["forces"] @ rot.T)[perm]).max() < 1e-10
+
+
+def test_cli_convert_verifies_and_refuses(workdir: Path, tmp_path: Path) -> None:
+    model = build_mace("8x0e+8x1o", max_ell=1, correlation=2, seed=2)
+    source = tmp_path / "small.model"
+    torch.save(model, source)
+    out = tmp_path / "small.e3f"
+    assert cli.main(["convert", "mace", str(source), "-o", str(out)]) == 0
+    assert _core.Model.load(str(out)).family == "mace"
+    assert _core.Model.load(str(out)).num_layers == 2
+    zbl = build_mace("8x0e", max_ell=1, correlation=1, seed=2, pair_repulsion=True)
+    with pytest.raises(mace_convert.UnsupportedModel, match="pair_repulsion"):
+        mace_convert.convert(zbl, tmp_path / "zbl.e3f")
+    assert cli.main(["convert", "mace", str(tmp_path / "missing.model"), "-o", str(out)]) == 1
