@@ -84,6 +84,7 @@ struct Tile {
   int n = 0;
   std::vector<int32_t> sender;
   std::vector<T> vec, r, u, Y, dP, emb, demb;
+  std::vector<double> r_f64;
   std::vector<std::vector<T>> pre, hidden;  // radial MLP, per hidden layer [n][h]
   std::vector<T> weights, grad_w, grad_h, grad_h2;
   std::vector<T> M, A1, A2, dY1, dY2;
@@ -93,6 +94,7 @@ struct Tile {
     sender.resize(c);
     vec.resize(3 * c);
     r.resize(c);
+    r_f64.resize(c);
     u.resize(3 * c);
     Y.resize(c * sh_dim);
     dP.resize(3 * c * sh_dim);
@@ -131,14 +133,21 @@ bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool w
       t.u[3 * n + a] = static_cast<T>(v[a] / r);
     }
     t.r[n] = static_cast<T>(r);
+    t.r_f64[n] = r;
     ++n;
   }
   t.n = n;
   for (int e = 0; e < n; ++e) {
     ops::spherical_harmonics(plan.sh, &t.u[3 * e], &t.Y[static_cast<size_t>(e) * sh_dim],
                              with_grad ? &t.dP[3 * static_cast<size_t>(e) * sh_dim] : nullptr);
-    ops::edge_embedding(nb, plan.radial_coeffs.data(), plan.radial_prefactor, plan.envelope, t.r[e],
-                        &t.emb[static_cast<size_t>(e) * nb], with_grad ? &t.demb[static_cast<size_t>(e) * nb] : nullptr);
+    // In double whatever T is: cheap per edge, and it keeps float32 accurate near the cutoff.
+    double emb[64], demb[64];
+    ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope, t.r_f64[e], emb,
+                        with_grad ? demb : nullptr);
+    for (int b = 0; b < nb; ++b) {
+      t.emb[static_cast<size_t>(e) * nb + b] = static_cast<T>(emb[b]);
+      if (with_grad) t.demb[static_cast<size_t>(e) * nb + b] = static_cast<T>(demb[b]);
+    }
   }
   return true;
 }

@@ -80,6 +80,8 @@ struct TypedPlan {
   int num_basis = 0;
   std::vector<T> radial_coeffs;
   T radial_prefactor = T(0);
+  std::vector<double> radial_coeffs_f64;  // the edge embedding is evaluated in double
+  double radial_prefactor_f64 = 0.0;
   ops::EnvelopeParams envelope{};
   ops::ShTable<T> sh;
   int embedding_dim = 0;
@@ -205,6 +207,8 @@ TypedPlan<T> make_typed_plan(const ModelPlan& p) {
   t.num_basis = p.radial.num_basis;
   t.radial_coeffs = std::vector<T>(p.radial.coeffs.begin(), p.radial.coeffs.end());
   t.radial_prefactor = static_cast<T>(p.radial.prefactor);
+  t.radial_coeffs_f64 = p.radial.coeffs;
+  t.radial_prefactor_f64 = p.radial.prefactor;
   t.envelope = {p.radial.envelope, p.radial.r_cut, p.radial.r_on, p.radial.p};
   t.sh = ops::make_sh_table<T>(p.sh);
   t.embedding_dim = p.embedding_dim;

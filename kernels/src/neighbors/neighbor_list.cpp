@@ -11,19 +11,23 @@
 //      the fractional coordinate of a neighbor of a wrapped atom lies within
 //      R / d_a of [0, 1), d_a being the spacing of the lattice planes.
 //   3. All points (atoms and images) are binned on a Cartesian grid of bins at
-//      least R wide; each wrapped atom scans its 27 surrounding bins.
+//      least R / 2 wide; each wrapped atom scans the 5 x 5 x 5 bins around it.
 //   4. A candidate j (image m) of receiver i has the cell shift n = m - w_j + w_i
-//      relative to the positions as given. The final test |v| < R uses the edge
-//      vector exactly as the engine computes it, v = (x_j - x_i) + shift(n), so
-//      that the decision for i <- j (n) and j <- i (-n) is bitwise symmetric.
+//      relative to the positions as given. Whether |v| < R is decided on the
+//      edge vector exactly as the engine computes it, v = (x_j - x_i) + shift(n)
+//      (directly, or through a margin that rounding cannot cross), so that the
+//      decisions for i <- j (n) and j <- i (-n) agree.
 //   5. Distinct shifts are numbered ((0,0,0) first, the rest in lexicographic
 //      order) and rows are written in CSR form sorted by (j, n).
+//
+// The O(N) steps run serially; the scan, the CSR copy and the minimum-distance
+// check run on OpenMP threads, and the list is the same for any number of them.
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -31,13 +35,12 @@
 #include <unordered_set>
 #include <vector>
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
 #include "e3fuse/error.h"
 #include "e3fuse/neighbors.h"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -113,6 +116,22 @@ int TeamSize() {
 #endif
 }
 
+// Exceptions (running out of memory) must not leave an OpenMP region: the first
+// one is kept and rethrown after the region.
+class ParallelErrors {
+ public:
+  void Capture() {
+#pragma omp critical(e3fuse_neighbor_list_errors)
+    if (!error_) error_ = std::current_exception();
+  }
+  void Rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::exception_ptr error_;
+};
+
 // The lattice: the periodic cell vectors completed into a full-rank basis.
 struct Lattice {
   double cell[9] = {};     // rows of periodic directions as given, other rows zero
@@ -166,14 +185,13 @@ Lattice MakeLattice(const double* cell, const bool pbc[3]) {
     double* e = basis + 3 * free_axes[0];
     Cross(v1, v2, e);
     const double area = Norm(e);
-    if (!(area > kDegenerateCell * Norm(v1) * Norm(v2)) || !(area > 0.0)) throw Error(degenerate);
+    if (!(area > kDegenerateCell * Norm(v1) * Norm(v2))) throw Error(degenerate);
     for (int k = 0; k < 3; ++k) e[k] /= area;
   } else {
     double c12[3];
     Cross(basis + 3, basis + 6, c12);
     const double volume = std::abs(Dot(basis, c12));
-    if (!(volume > kDegenerateCell * Norm(basis) * Norm(basis + 3) * Norm(basis + 6)) ||
-        !(volume > 0.0)) {
+    if (!(volume > kDegenerateCell * Norm(basis) * Norm(basis + 3) * Norm(basis + 6))) {
       throw Error(degenerate);
     }
   }
@@ -193,12 +211,10 @@ Lattice MakeLattice(const double* cell, const bool pbc[3]) {
 // A point of the cell list: a wrapped atom or one of its periodic images.
 struct Point {
   double x, y, z;
-  uint64_t key;  // (atom << 32) | image code
+  uint64_t key;  // (atom << 32) | code
 };
 
-// Numbers integer shifts n: a dense table over the box of possible shifts when
-// that box is small (always, unless positions are spread over many cells), a
-// hash map otherwise.
+// An integer cell shift n.
 struct ShiftKey {
   int32_t n[3];
   bool operator==(const ShiftKey& o) const {
@@ -218,6 +234,10 @@ struct ShiftKeyHash {
   }
 };
 
+// Numbers the integer shifts n of a box [lo, hi] in lexicographic order, when
+// the box is small enough for dense tables (always, unless positions are spread
+// over very many cells); otherwise dense() is false and shifts go through hash
+// maps of ShiftKey.
 class ShiftNumbering {
  public:
   ShiftNumbering(const int64_t lo[3], const int64_t hi[3]) {
@@ -233,6 +253,7 @@ class ShiftNumbering {
 
   bool dense() const { return dense_; }
   int64_t dense_size() const { return total_; }
+  int64_t stride(int a) const { return a == 0 ? size_[1] * size_[2] : (a == 1 ? size_[2] : 1); }
 
   int64_t Code(const int64_t n[3]) const {
     return ((n[0] - lo_[0]) * size_[1] + (n[1] - lo_[1])) * size_[2] + (n[2] - lo_[2]);
@@ -357,20 +378,22 @@ constexpr int64_t kPointPadding = 4;
 struct BinnedPoints {
   std::vector<double> x, y, z;
   std::vector<uint64_t> key;
+  std::vector<uint8_t> original;  // the atom itself, not an image
 
   explicit BinnedPoints(int64_t count)
       : x(count + kPointPadding, 0.0),
         y(count + kPointPadding, 0.0),
         z(count + kPointPadding, 0.0),
-        key(count + kPointPadding, 0) {}
+        key(count + kPointPadding, 0),
+        original(count, 0) {}
 };
 
 #ifdef __AVX2__
 // For each 4-bit lane mask, the 32-bit lane indices that move the selected
 // 64-bit lanes to the front (compress-store emulation).
 struct CompressTable {
-  alignas(32) int32_t lanes[16][8];
-  CompressTable() {
+  alignas(32) int32_t lanes[16][8] = {};
+  constexpr CompressTable() {
     for (int mask = 0; mask < 16; ++mask) {
       int out = 0;
       for (int l = 0; l < 4; ++l) {
@@ -380,11 +403,10 @@ struct CompressTable {
           ++out;
         }
       }
-      for (; out < 4; ++out) lanes[mask][2 * out] = lanes[mask][2 * out + 1] = 0;
     }
   }
 };
-const CompressTable kCompress;
+constexpr CompressTable kCompress;
 #endif
 
 // Appends to out[count...] the keys of points [first, last) closer than
@@ -423,7 +445,7 @@ inline int64_t CollectCandidates(const BinnedPoints& p, int64_t first, int64_t l
     const double dy = p.y[q] - y;
     const double dz = p.z[q] - z;
     const double d2 = dx * dx + dy * dy + dz * dz;
-    out[count] = p.key[q] | (static_cast<uint64_t>(d2 >= inner2) << 31);
+    out[count] = p.key[q] | (d2 >= inner2 ? kNeedsExactTest : 0);
     count += d2 < search2;
   }
 #endif
@@ -432,32 +454,35 @@ inline int64_t CollectCandidates(const BinnedPoints& p, int64_t first, int64_t l
 
 // Sorts a row of distinct keys (j << 32) | code. Rows are short (tens of keys),
 // where placing each key at its rank is branch-free and several times faster
-// than std::sort. The rank by j (the number of keys with a smaller j) is counted
-// on 32-bit j over a padded length, eight per AVX2 instruction; keys of equal j
-// (several images of one atom) share a rank and are placed one after the other,
-// and a final insertion sort orders them by code, in one pass when there are none.
+// than std::sort. The ranks by j (the number of keys with a smaller j) are
+// counted on 32-bit j for kRankBlock keys at a time, which compilers turn into a
+// few vector compares per key of the row; keys of equal j (several images of
+// one atom) share a rank and are placed one after the other, and a final
+// insertion sort orders them by code, in one pass when there are none.
+// js needs count + kRankBlock entries.
 constexpr int64_t kMaxRankSort = 256;
+constexpr int kRankBlock = 32;
 
 void SortRow(uint64_t* keys, int64_t count, uint64_t* scratch, int32_t* js, int32_t* taken) {
   if (count > kMaxRankSort) {
     std::sort(keys, keys + count);
     return;
   }
-  const int64_t padded = (count + 7) & ~int64_t{7};
+  const int64_t padded = (count + kRankBlock - 1) / kRankBlock * kRankBlock;
   for (int64_t a = 0; a < count; ++a) {
     js[a] = static_cast<int32_t>(keys[a] >> 32);
     taken[a] = 0;
   }
   for (int64_t a = count; a < padded; ++a) js[a] = std::numeric_limits<int32_t>::max();
-  for (int64_t a0 = 0; a0 < count; a0 += 8) {  // eight ranks at a time
-    int32_t rank[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int32_t ja[8];
-    for (int l = 0; l < 8; ++l) ja[l] = js[a0 + l];
+  for (int64_t a0 = 0; a0 < count; a0 += kRankBlock) {
+    int32_t rank[kRankBlock] = {};
+    int32_t ja[kRankBlock];
+    for (int l = 0; l < kRankBlock; ++l) ja[l] = js[a0 + l];
     for (int64_t b = 0; b < count; ++b) {
       const int32_t j = js[b];
-      for (int l = 0; l < 8; ++l) rank[l] += static_cast<int32_t>(j < ja[l]);
+      for (int l = 0; l < kRankBlock; ++l) rank[l] += static_cast<int32_t>(j < ja[l]);
     }
-    for (int64_t a = a0; a < std::min(count, a0 + 8); ++a) {
+    for (int64_t a = a0; a < std::min(count, a0 + kRankBlock); ++a) {
       const int32_t r = rank[a - a0];
       scratch[r + taken[r]++] = keys[a];
     }
@@ -602,8 +627,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
   const double search = radius + 1e-9 * (radius + max_abs_position + cell_length_sum);
   const double search2 = search * search;
 
-  // 2. Image offsets m lie in the box [-reach_a, reach_a]; image codes number
-  // the box in lexicographic order.
+  // 2. Image offsets m lie in the box [-reach_a, reach_a].
   int64_t reach[3] = {0, 0, 0};
   int64_t box[3];
   int64_t box_size = 1;
@@ -622,14 +646,6 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
       throw Error("cell is too small for the cutoff: over " + std::to_string(kMaxImageBox) +
                   " periodic images per atom would be needed");
     }
-  }
-  const uint32_t zero_image =
-      static_cast<uint32_t>((reach[0] * box[1] + reach[1]) * box[2] + reach[2]);
-  std::vector<int32_t> image_offsets(3 * box_size);  // image code -> m
-  for (int64_t code = 0; code < box_size; ++code) {
-    image_offsets[3 * code] = static_cast<int32_t>(code / (box[1] * box[2]) - reach[0]);
-    image_offsets[3 * code + 1] = static_cast<int32_t>((code / box[2]) % box[1] - reach[1]);
-    image_offsets[3 * code + 2] = static_cast<int32_t>(code % box[2] - reach[2]);
   }
 
   // Per atom, the image range along each axis: a neighbor of a wrapped atom
@@ -657,9 +673,34 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
   }
   const int64_t num_points = point_begin[n];
 
+  // Shifts n = m - w_j + w_i lie in a box known in advance. When the box is
+  // small, n is numbered by its position in the box (dense numbering), and
+  // code(n) splits into a part of the point (j, m) and a part of the receiver i:
+  //   code(n) = sum_a (n_a - lo_a) stride_a
+  //           = sum_a (m_a - w_ja + reach_a + max_wrap_a) stride_a     [point]
+  //           + sum_a (w_ia - min_wrap_a) stride_a                      [receiver]
+  // with both parts non-negative. Points then carry their part in their key,
+  // and a receiver adds its own. Otherwise points carry their image code and
+  // shifts go through hash maps.
+  int64_t shift_lo[3];
+  int64_t shift_hi[3];
+  for (int a = 0; a < 3; ++a) {
+    shift_lo[a] = -reach[a] + min_wrap[a] - max_wrap[a];
+    shift_hi[a] = reach[a] + max_wrap[a] - min_wrap[a];
+  }
+  const ShiftNumbering numbering(shift_lo, shift_hi);
+  const bool dense = numbering.dense();
+  std::vector<int64_t> receiver_code(dense ? n : 0);
+  for (int64_t i = 0; i < static_cast<int64_t>(receiver_code.size()); ++i) {
+    for (int a = 0; a < 3; ++a) {
+      receiver_code[i] += (wrap[3 * i + a] - min_wrap[a]) * numbering.stride(a);
+    }
+  }
+
   // Points: the wrapped atom x_i - w_i . cell plus m . cell, images in
   // lexicographic order of m.
   std::vector<Point> points(num_points);
+  std::vector<uint8_t> point_original(num_points, 0);  // m == 0
   double lo_corner[3] = {0.0, 0.0, 0.0};
   double hi_corner[3] = {0.0, 0.0, 0.0};
   if (num_points > 0) {
@@ -675,30 +716,35 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
     ShiftVector(w[0], w[1], w[2], lat.cell, unwrap);
     const double base[3] = {positions[3 * i] - unwrap[0], positions[3 * i + 1] - unwrap[1],
                             positions[3 * i + 2] - unwrap[2]};
-    Point* p = points.data() + point_begin[i];
+    int64_t k = point_begin[i];
     for (int64_t m0 = r[0]; m0 <= r[1]; ++m0) {
       for (int64_t m1 = r[2]; m1 <= r[3]; ++m1) {
-        for (int64_t m2 = r[4]; m2 <= r[5]; ++m2) {
+        for (int64_t m2 = r[4]; m2 <= r[5]; ++m2, ++k) {
+          Point& p = points[k];
           double s[3];
           ShiftVector(m0, m1, m2, lat.cell, s);
-          p->x = base[0] + s[0];
-          p->y = base[1] + s[1];
-          p->z = base[2] + s[2];
-          const int64_t code =
-              ((m0 + reach[0]) * box[1] + (m1 + reach[1])) * box[2] + m2 + reach[2];
-          p->key = (static_cast<uint64_t>(i) << 32) | static_cast<uint64_t>(code);
-          const double c[3] = {p->x, p->y, p->z};
+          p.x = base[0] + s[0];
+          p.y = base[1] + s[1];
+          p.z = base[2] + s[2];
+          const int64_t m[3] = {m0, m1, m2};
+          int64_t code = 0;
+          for (int a = 0; a < 3; ++a) {
+            code = dense ? code + (m[a] - w[a] + reach[a] + max_wrap[a]) * numbering.stride(a)
+                         : code * box[a] + m[a] + reach[a];
+          }
+          p.key = (static_cast<uint64_t>(i) << 32) | static_cast<uint64_t>(code);
+          point_original[k] = m0 == 0 && m1 == 0 && m2 == 0;
+          const double c[3] = {p.x, p.y, p.z};
           for (int a = 0; a < 3; ++a) {
             lo_corner[a] = std::min(lo_corner[a], c[a]);
             hi_corner[a] = std::max(hi_corner[a], c[a]);
           }
-          ++p;
         }
       }
     }
   }
 
-  // 3. Bin the points (counting sort, stable: a bin keeps its points in key order).
+  // 3. Bin the points (counting sort).
   const Grid grid = MakeGrid(lo_corner, hi_corner, search / kBinsPerRadius,
                              std::max<int64_t>(4096, 2 * num_points));
   const int64_t num_bins = grid.dims[0] * grid.dims[1] * grid.dims[2];
@@ -719,42 +765,27 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
       sorted.y[to] = points[k].y;
       sorted.z[to] = points[k].z;
       sorted.key[to] = points[k].key;
+      sorted.original[to] = point_original[k];
     }
   }
   std::vector<Point>().swap(points);
+  std::vector<uint8_t>().swap(point_original);
   std::vector<int64_t>().swap(point_bin);
 
-  // Shifts n = m - w_j + w_i lie in a box known in advance. When it is small,
-  // n is numbered by its position in the box, a linear function of m, w_j and
-  // w_i: code(n) = base + offset(m) - offset(w_j) + offset(w_i).
-  int64_t shift_lo[3];
-  int64_t shift_hi[3];
-  for (int a = 0; a < 3; ++a) {
-    shift_lo[a] = -reach[a] + min_wrap[a] - max_wrap[a];
-    shift_hi[a] = reach[a] + max_wrap[a] - min_wrap[a];
-  }
-  const ShiftNumbering numbering(shift_lo, shift_hi);
-  const bool dense = numbering.dense();
-  std::vector<int64_t> image_linear;
-  std::vector<int64_t> wrap_linear;
-  int64_t code_base = 0;
-  if (dense) {
-    const int64_t zero[3] = {0, 0, 0};
-    code_base = numbering.Code(zero);
-    const int64_t unit[3][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
-    int64_t stride[3];
-    for (int a = 0; a < 3; ++a) stride[a] = numbering.Code(unit[a]) - code_base;
-    image_linear.resize(box_size);
-    for (int64_t c = 0; c < box_size; ++c) {
-      const int32_t* m = image_offsets.data() + 3 * c;
-      image_linear[c] = m[0] * stride[0] + m[1] * stride[1] + m[2] * stride[2];
+  // The shift n of receiver i and a key's low 32 bits (without flags).
+  auto key_shift = [&](int64_t i, uint64_t key, int64_t shift[3]) {
+    const uint64_t low = key & 0xffffffffu;
+    if (dense) {
+      numbering.Decode(static_cast<int64_t>(low) + receiver_code[i], shift);
+    } else {  // the image code numbers the box of m in lexicographic order
+      const int64_t code = static_cast<int64_t>(low);
+      const int64_t m[3] = {code / (box[1] * box[2]) - reach[0],
+                            (code / box[2]) % box[1] - reach[1], code % box[2] - reach[2]};
+      const int32_t* wj = wrap.data() + 3 * (key >> 32);
+      const int32_t* wi = wrap.data() + 3 * i;
+      for (int a = 0; a < 3; ++a) shift[a] = m[a] - wj[a] + wi[a];
     }
-    wrap_linear.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t* w = wrap.data() + 3 * i;
-      wrap_linear[i] = w[0] * stride[0] + w[1] * stride[1] + w[2] * stride[2];
-    }
-  }
+  };
 
   // 4. Scan. Threads take contiguous ranges of binned points, so that a
   // thread's receivers are close in space; rows are written in atom order later.
@@ -774,126 +805,134 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
   std::vector<int32_t> row_thread(n);
   std::vector<int64_t> row_start(n);
   std::vector<int64_t> row_count(n);
+  ParallelErrors errors;
+  // A rebuild sizes the row buffers from the last list.
+  const double edges_per_point =
+      num_atoms_ == n && num_points > 0 ? static_cast<double>(neighbors_.size()) / num_points : 0.0;
 
 #pragma omp parallel num_threads(num_threads)
   {
-    const int t = ThreadId();
-    const int team = TeamSize();  // may be smaller than num_threads
-    ScanOutput& mine = out[t];
-    if (dense) mine.used_dense.assign(numbering.dense_size(), 0);
-    std::vector<uint64_t> candidate_buffer;
-    std::vector<uint64_t> scratch;
-    std::vector<int32_t> scratch_j;
-    std::vector<int32_t> scratch_taken;
-    const int64_t begin = num_points * t / team;
-    const int64_t end = num_points * (t + 1) / team;
-    for (int64_t k = begin; k < end; ++k) {
-      const uint64_t self_key = sorted.key[k];
-      if ((self_key & 0xffffffffu) != zero_image) continue;
-      const int64_t i = static_cast<int64_t>(self_key >> 32);
-      const double self_x = sorted.x[k];
-      const double self_y = sorted.y[k];
-      const double self_z = sorted.z[k];
+    try {
+      const int t = ThreadId();
+      const int team = TeamSize();  // may be smaller than num_threads
+      ScanOutput& mine = out[t];
+      if (dense) mine.used_dense.assign(numbering.dense_size(), 0);
+      std::vector<uint64_t> candidate_buffer;
+      std::vector<uint64_t> scratch;
+      std::vector<int32_t> scratch_j;
+      std::vector<int32_t> scratch_taken;
+      const int64_t begin = num_points * t / team;
+      const int64_t end = num_points * (t + 1) / team;
+      mine.keys.reserve(static_cast<size_t>(1.05 * edges_per_point * (end - begin)));
+      for (int64_t k = begin; k < end; ++k) {
+        if (!sorted.original[k]) continue;
+        const uint64_t self_key = sorted.key[k];
+        const int64_t i = static_cast<int64_t>(self_key >> 32);
+        const double self_x = sorted.x[k];
+        const double self_y = sorted.y[k];
+        const double self_z = sorted.z[k];
 
-      // The surrounding bins as ranges of points: runs of consecutive bins
-      // along x, for each pair of bins along y and z.
-      int64_t near_y[kStencil];
-      int64_t near_z[kStencil];
-      int64_t runs[2][2];
-      const int num_y = grid.Near(1, grid.Coord(1, self_y), near_y);
-      const int num_z = grid.Near(2, grid.Coord(2, self_z), near_z);
-      const int num_runs = grid.NearRuns(grid.Coord(0, self_x), runs);
-      int64_t ranges[2 * kStencil * kStencil][2];
-      int num_ranges = 0;
-      int64_t total = 0;
-      for (int z = 0; z < num_z; ++z) {
-        for (int y = 0; y < num_y; ++y) {
-          for (int r = 0; r < num_runs; ++r) {
-            const int64_t first = bin_begin[grid.Index(runs[r][0], near_y[y], near_z[z])];
-            const int64_t last = bin_begin[grid.Index(runs[r][1], near_y[y], near_z[z]) + 1];
-            ranges[num_ranges][0] = first;
-            ranges[num_ranges++][1] = last;
-            total += last - first;
+        // The surrounding bins as ranges of points: runs of consecutive bins
+        // along x, for each pair of bins along y and z.
+        int64_t near_y[kStencil];
+        int64_t near_z[kStencil];
+        int64_t runs[2][2];
+        const int num_y = grid.Near(1, grid.Coord(1, self_y), near_y);
+        const int num_z = grid.Near(2, grid.Coord(2, self_z), near_z);
+        const int num_runs = grid.NearRuns(grid.Coord(0, self_x), runs);
+        int64_t ranges[2 * kStencil * kStencil][2];
+        int num_ranges = 0;
+        int64_t total = 0;
+        for (int z = 0; z < num_z; ++z) {
+          for (int y = 0; y < num_y; ++y) {
+            for (int r = 0; r < num_runs; ++r) {
+              const int64_t first = bin_begin[grid.Index(runs[r][0], near_y[y], near_z[z])];
+              const int64_t last = bin_begin[grid.Index(runs[r][1], near_y[y], near_z[z]) + 1];
+              ranges[num_ranges][0] = first;
+              ranges[num_ranges++][1] = last;
+              total += last - first;
+            }
           }
         }
-      }
 
-      // Test on the wrapped coordinates. Bit 31 of a key (free: image codes are
-      // below 2^24) marks the candidates between R - margin and R + margin,
-      // which need the exact test.
-      if (static_cast<int64_t>(candidate_buffer.size()) < total + 4) {
-        candidate_buffer.resize(total + 4);
-        scratch.resize(total);
-        scratch_j.resize(total + 8);
-        scratch_taken.resize(total);
-      }
-      uint64_t* candidates = candidate_buffer.data();
-      int64_t count = 0;
-      for (int r = 0; r < num_ranges; ++r) {
-        count = CollectCandidates(sorted, ranges[r][0], ranges[r][1], self_x, self_y, self_z,
-                                  inner2, search2, candidates, count);
-      }
+        // Test on the wrapped coordinates. Bit 31 of a key (free: codes are below
+        // 2^24) marks the candidates between R - margin and R + margin, which
+        // need the exact test.
+        if (static_cast<int64_t>(candidate_buffer.size()) < total + 4) {
+          candidate_buffer.resize(total + 4);
+          scratch.resize(total);
+          scratch_j.resize(total + kRankBlock);
+          scratch_taken.resize(total);
+        }
+        uint64_t* candidates = candidate_buffer.data();
+        int64_t count = 0;
+        for (int r = 0; r < num_ranges; ++r) {
+          count = CollectCandidates(sorted, ranges[r][0], ranges[r][1], self_x, self_y, self_z,
+                                    inner2, search2, candidates, count);
+        }
 
-      // Drop the atom itself, decide the marked candidates on the edge vector
-      // as the engine computes it, and turn image codes into shift codes.
-      const double* xi = positions + 3 * i;
-      const int32_t* wi = wrap.data() + 3 * i;
-      const int64_t row_base = dense ? code_base + wrap_linear[i] : 0;
-      int64_t kept = 0;
-      for (int64_t c = 0; c < count; ++c) {
-        uint64_t key = candidates[c];
-        const uint64_t j = key >> 32;
-        if (key & kNeedsExactTest) {
-          key &= ~kNeedsExactTest;
-          if (key == self_key) continue;
-          const int32_t* m = image_offsets.data() + 3 * (key & 0xffffffffu);
-          const int32_t* wj = wrap.data() + 3 * j;
-          double s[3];
-          ShiftVector(int64_t{m[0]} - wj[0] + wi[0], int64_t{m[1]} - wj[1] + wi[1],
-                      int64_t{m[2]} - wj[2] + wi[2], lat.cell, s);
-          const double* xj = positions + 3 * j;
-          const double vx = (xj[0] - xi[0]) + s[0];
-          const double vy = (xj[1] - xi[1]) + s[1];
-          const double vz = (xj[2] - xi[2]) + s[2];
-          if (!(vx * vx + vy * vy + vz * vz < radius2)) continue;
-        } else if (key == self_key) {
-          continue;
+        // Drop the atom itself, decide the marked candidates on the edge vector
+        // as the engine computes it, and complete the shift codes.
+        const double* xi = positions + 3 * i;
+        const int64_t row_code = dense ? receiver_code[i] : 0;
+        int64_t kept = 0;
+        for (int64_t c = 0; c < count; ++c) {
+          uint64_t key = candidates[c];
+          if (key & kNeedsExactTest) {
+            key &= ~kNeedsExactTest;
+            if (key == self_key) continue;
+            int64_t shift[3];
+            key_shift(i, key, shift);
+            double s[3];
+            ShiftVector(shift[0], shift[1], shift[2], lat.cell, s);
+            const double* xj = positions + 3 * (key >> 32);
+            const double vx = (xj[0] - xi[0]) + s[0];
+            const double vy = (xj[1] - xi[1]) + s[1];
+            const double vz = (xj[2] - xi[2]) + s[2];
+            if (!(vx * vx + vy * vy + vz * vz < radius2)) continue;
+          } else if (key == self_key) {
+            continue;
+          }
+          if (dense) {
+            key += static_cast<uint64_t>(row_code);
+            mine.used_dense[key & 0xffffffffu] = 1;
+          }
+          candidates[kept++] = key;
         }
-        if (dense) {
-          const int64_t code = row_base + image_linear[key & 0xffffffffu] - wrap_linear[j];
-          mine.used_dense[code] = 1;
-          key = (j << 32) | static_cast<uint64_t>(code);
-        }
-        candidates[kept++] = key;
+        SortRow(candidates, kept, scratch.data(), scratch_j.data(), scratch_taken.data());
+        row_thread[i] = t;
+        row_start[i] = static_cast<int64_t>(mine.keys.size());
+        row_count[i] = kept;
+        mine.keys.insert(mine.keys.end(), candidates, candidates + kept);
       }
-      SortRow(candidates, kept, scratch.data(), scratch_j.data(), scratch_taken.data());
-      row_thread[i] = t;
-      row_start[i] = static_cast<int64_t>(mine.keys.size());
-      row_count[i] = kept;
-      mine.keys.insert(mine.keys.end(), candidates, candidates + kept);
+    } catch (...) {
+      errors.Capture();
     }
   }
+  errors.Rethrow();
   sorted = BinnedPoints(0);
 
-  // The shift n of an edge from its row and key (hash numbering).
-  auto edge_shift = [&](int64_t i, uint64_t key) {
-    const int32_t* m = image_offsets.data() + 3 * (key & 0xffffffffu);
-    const int32_t* wj = wrap.data() + 3 * (key >> 32);
-    const int32_t* wi = wrap.data() + 3 * i;
-    ShiftKey s;
-    for (int a = 0; a < 3; ++a) s.n[a] = m[a] - wj[a] + wi[a];
-    return s;
-  };
-  if (!dense) {
+  if (!dense) {  // collect the shifts in use
 #pragma omp parallel num_threads(num_threads)
     {
       ScanOutput& mine = out[ThreadId()];
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         const uint64_t* keys = out[row_thread[i]].keys.data() + row_start[i];
-        for (int64_t c = 0; c < row_count[i]; ++c) mine.used_sparse.insert(edge_shift(i, keys[c]));
+        try {
+          for (int64_t c = 0; c < row_count[i]; ++c) {
+            int64_t shift[3];
+            key_shift(i, keys[c], shift);
+            mine.used_sparse.insert(
+                ShiftKey{{static_cast<int32_t>(shift[0]), static_cast<int32_t>(shift[1]),
+                          static_cast<int32_t>(shift[2])}});
+          }
+        } catch (...) {
+          errors.Capture();
+        }
       }
     }
+    errors.Rethrow();
   }
 
   // 5. Number the shifts: (0, 0, 0) first, then lexicographic order.
@@ -957,7 +996,13 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
     } else {
       for (int64_t c = 0; c < row_count[i]; ++c) {
         neighbors[c] = static_cast<int32_t>(keys[c] >> 32);
-        shift_index[c] = sparse_index.find(edge_shift(i, keys[c]))->second;
+        int64_t shift[3];
+        key_shift(i, keys[c], shift);
+        shift_index[c] =
+            sparse_index
+                .find(ShiftKey{{static_cast<int32_t>(shift[0]), static_cast<int32_t>(shift[1]),
+                                static_cast<int32_t>(shift[2])}})
+                ->second;
       }
     }
   }
@@ -975,10 +1020,16 @@ void NeighborList::check_min_distance(const double* positions) const {
   const double min2 = min_distance_ * min_distance_;
   const int64_t n = num_atoms_;
   int64_t first_bad = std::numeric_limits<int64_t>::max();  // smallest offending edge
+  // The edge j <- i (-n) has exactly the negated vector of i <- j (n), so edges
+  // with j >= i suffice; rows are sorted by j.
 #pragma omp parallel for num_threads(NumThreads(n)) schedule(static) reduction(min : first_bad)
   for (int64_t i = 0; i < n; ++i) {
     const double* xi = positions + 3 * i;
-    for (int64_t e = row_offsets_[i]; e < row_offsets_[i + 1]; ++e) {
+    const int64_t row_end = row_offsets_[i + 1];
+    const int64_t row_half =
+        std::lower_bound(neighbors_.begin() + row_offsets_[i], neighbors_.begin() + row_end, i) -
+        neighbors_.begin();
+    for (int64_t e = row_half; e < row_end; ++e) {
       const double* xj = positions + 3 * static_cast<int64_t>(neighbors_[e]);
       const double* s = shifts_.data() + 3 * static_cast<int64_t>(shift_index_[e]);
       const double vx = (xj[0] - xi[0]) + s[0];

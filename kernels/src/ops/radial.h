@@ -32,9 +32,24 @@ E3F_HD void envelope(const EnvelopeParams& e, T r, T& value, T& grad) {
     grad = (T(-4) * r * a * b + T(4) * r * a * a) / denom;
     return;
   }
+  const T x = r / T(e.r_cut);
+  const int ip = static_cast<int>(e.p);
+  if (static_cast<double>(ip) == e.p && ip >= 1 && ip <= 32) {
+    // 1 - c0 x^p + c1 x^(p+1) - c2 x^(p+2) has a triple root at x = 1:
+    // f = (1 - x)^3 Q(x), Q = sum_{k<p} C(k+2, 2) x^k. The expanded form loses
+    // all digits to cancellation near the cutoff in float32; this one does not.
+    T q = T(0), dq = T(0);
+    for (int k = ip - 1; k >= 0; --k) {  // Horner for Q and Q'
+      dq = dq * x + q;
+      q = q * x + T((k + 1) * (k + 2) / 2);
+    }
+    const T om = T(1) - x;
+    value = om * om * om * q;
+    grad = (om * om * om * dq - T(3) * om * om * q) / T(e.r_cut);
+    return;
+  }
   const T p = T(e.p);
   const T c0 = (p + T(1)) * (p + T(2)) / T(2), c1 = p * (p + T(2)), c2 = p * (p + T(1)) / T(2);
-  const T x = r / T(e.r_cut);
   const T xp = std::pow(x, p);
   value = T(1) - c0 * xp + c1 * xp * x - c2 * xp * x * x;
   const T dxp = (x > T(0)) ? p * xp / x : T(0);
