@@ -314,7 +314,7 @@ def test_corrupt_metadata(sevennet0_path: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("edit, message", [
     ({"format_version": 99}, "format version 99, newer than this e3fuse"),
-    ({"family": "mace"}, "family 'mace' is not supported"),
+    ({"family": "allegro"}, "family 'allegro' is not supported"),
     ({"cutoff": -1.0}, "cutoff"),
     ({"cutoff": None}, "missing key 'cutoff'"),
 ])
