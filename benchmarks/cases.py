@@ -113,8 +113,8 @@ def count_edges(atoms: Any, cutoff: float) -> int:
     return int(len(i))
 
 
-def _dim(l: int) -> int:
-    return 2 * l + 1
+def _dim(degree: int) -> int:
+    return 2 * degree + 1
 
 
 def _linear_macs(linear: dict[str, Any]) -> int:
@@ -144,8 +144,12 @@ def model_work(architecture: dict[str, Any]) -> dict[str, int]:
             lin += _linear_macs(layer[key])
     for linear in architecture.get("readout", []):
         lin += _linear_macs(linear)
-    return {"mlp_per_edge": mlp, "tp_per_edge": tp, "tp_dense_per_edge": tp_dense,
-            "linear_per_node": lin}
+    return {
+        "mlp_per_edge": mlp,
+        "tp_per_edge": tp,
+        "tp_dense_per_edge": tp_dense,
+        "linear_per_node": lin,
+    }
 
 
 def case_work(architecture: dict[str, Any], num_atoms: int, num_edges: int) -> dict[str, Any]:
@@ -155,9 +159,16 @@ def case_work(architecture: dict[str, Any], num_atoms: int, num_edges: int) -> d
     forward = e * (w["mlp_per_edge"] + w["tp_per_edge"]) + n * w["linear_per_node"]
     model = e * (2 * w["mlp_per_edge"] + 3 * w["tp_per_edge"]) + n * 2 * w["linear_per_node"]
     executed = e * (3 * w["mlp_per_edge"] + 6 * w["tp_per_edge"]) + n * 2 * w["linear_per_node"]
-    return {**w, "num_atoms": n, "num_edges": e, "forward_macs": forward, "model_macs": model,
-            "model_flops": 2 * model, "e3fuse_executed_macs": executed,
-            "e3fuse_executed_flops": 2 * executed}
+    return {
+        **w,
+        "num_atoms": n,
+        "num_edges": e,
+        "forward_macs": forward,
+        "model_macs": model,
+        "model_flops": 2 * model,
+        "e3fuse_executed_macs": executed,
+        "e3fuse_executed_flops": 2 * executed,
+    }
 
 
 def describe(model_path: str | Path, case_id: str) -> dict[str, Any]:
