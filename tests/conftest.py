@@ -68,16 +68,27 @@ class Tolerance:
 
 
 TOLERANCES: dict[str, Tolerance] = {
-    "float64": Tolerance(energy_per_atom=1e-10, forces=1e-9, stress=1e-11, rel=1e-12,
-                         grad_rel=1e-11, equivariance=1e-7),
-    "float32": Tolerance(energy_per_atom=1e-5, forces=3e-5, stress=1e-6, rel=1e-5,
-                         grad_rel=1e-4, equivariance=1e-4),
+    "float64": Tolerance(
+        energy_per_atom=1e-10,
+        forces=1e-9,
+        stress=1e-11,
+        rel=1e-12,
+        grad_rel=1e-11,
+        equivariance=1e-7,
+    ),
+    "float32": Tolerance(
+        energy_per_atom=1e-5, forces=3e-5, stress=1e-6, rel=1e-5, grad_rel=1e-4, equivariance=1e-4
+    ),
 }
 
 DEVICES = (
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not _core.cuda_available(),
-                                                  reason="e3fuse built without CUDA or no GPU")),
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU"
+        ),
+    ),
 )
 
 
@@ -164,8 +175,9 @@ def _cunio_alloy() -> Atoms:
     rng = np.random.default_rng(3)
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
     atoms.set_atomic_numbers(rng.choice([29, 28, 8], size=len(atoms)))
-    atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.04 * rng.standard_normal((3, 3))),
-                   scale_atoms=True)
+    atoms.set_cell(
+        atoms.cell.array @ (np.eye(3) + 0.04 * rng.standard_normal((3, 3))), scale_atoms=True
+    )
     return _rattled(atoms, 0.1, 4)
 
 
@@ -185,8 +197,9 @@ def _triclinic() -> Atoms:
     atoms = bulk("Cu", "fcc", a=3.6).repeat((3, 3, 3))
     skew = np.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=float)
     atoms.set_cell(skew @ atoms.cell.array, scale_atoms=False)
-    atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))),
-                   scale_atoms=True)
+    atoms.set_cell(
+        atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))), scale_atoms=True
+    )
     return _rattled(atoms, 0.07, 7)
 
 
@@ -196,8 +209,10 @@ def _fcc_primitive() -> Atoms:
     from ase.build import bulk
 
     atoms = bulk("Cu", "fcc", a=3.58)
-    atoms.set_cell(atoms.cell.array @ np.array([[1.0, 0.02, 0.0], [0.0, 0.99, 0.01],
-                                                [0.0, 0.0, 1.03]]), scale_atoms=True)
+    atoms.set_cell(
+        atoms.cell.array @ np.array([[1.0, 0.02, 0.0], [0.0, 0.99, 0.01], [0.0, 0.0, 1.03]]),
+        scale_atoms=True,
+    )
     return atoms
 
 
@@ -332,8 +347,9 @@ class ModelCache:
         if key not in self._results:
             from e3fuse import reference
 
-            self._results[key] = reference.evaluate(self.reference(name),
-                                                    make_structure(structure_name))
+            self._results[key] = reference.evaluate(
+                self.reference(name), make_structure(structure_name)
+            )
         return self._results[key]
 
 
@@ -358,8 +374,9 @@ def sevennet0_path(models: ModelCache) -> Path:
     return models.path("7net-0")
 
 
-def calculator(path: Path | str, dtype: str = "float64", device: str = "cpu",
-               **kwargs: Any) -> e3fuse.Calculator:
+def calculator(
+    path: Path | str, dtype: str = "float64", device: str = "cpu", **kwargs: Any
+) -> e3fuse.Calculator:
     return e3fuse.Calculator(path, device=device, dtype=dtype, **kwargs)
 
 
@@ -367,8 +384,11 @@ def evaluate(calc: Any, atoms: Atoms, stress: bool | None = None) -> dict[str, n
     """energy, energies, forces (and stress for fully periodic systems) of `atoms`."""
     atoms = atoms.copy()
     atoms.calc = calc
-    out = {"energy": np.array(atoms.get_potential_energy()),
-           "energies": atoms.get_potential_energies(), "forces": atoms.get_forces()}
+    out = {
+        "energy": np.array(atoms.get_potential_energy()),
+        "energies": atoms.get_potential_energies(),
+        "forces": atoms.get_forces(),
+    }
     if atoms.pbc.all() if stress is None else stress:
         out["stress"] = atoms.get_stress()
     return out
@@ -377,8 +397,10 @@ def evaluate(calc: Any, atoms: Atoms, stress: bool | None = None) -> dict[str, n
 def pytest_configure(config: pytest.Config) -> None:
     # sevenn warns at every calculator construction that no cuEquivariance/
     # flashTP accelerator is enabled: expected here, the reference runs plain e3nn.
-    for line in ("ignore:No tensor product accelerator:UserWarning",
-                 # e3nn compiles its modules with TorchScript, which torch 2.x deprecates
-                 "ignore:`torch.jit.script` is deprecated:DeprecationWarning",
-                 "ignore:The TorchScript type system:UserWarning"):
+    for line in (
+        "ignore:No tensor product accelerator:UserWarning",
+        # e3nn compiles its modules with TorchScript, which torch 2.x deprecates
+        "ignore:`torch.jit.script` is deprecated:DeprecationWarning",
+        "ignore:The TorchScript type system:UserWarning",
+    ):
         config.addinivalue_line("filterwarnings", line)

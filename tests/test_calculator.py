@@ -29,8 +29,9 @@ from e3fuse import _core, cli, modelfile
 TOL = TOLERANCES["float64"]
 
 
-def _assert_same_results(ours: dict[str, np.ndarray], fresh: dict[str, np.ndarray],
-                         what: str) -> None:
+def _assert_same_results(
+    ours: dict[str, np.ndarray], fresh: dict[str, np.ndarray], what: str
+) -> None:
     """Same structure through a reused and a freshly built neighbor list: only the
     order of the sums over edges may differ."""
     assert_rel(ours["energy"], fresh["energy"], TOL.rel, f"{what}: energy")
@@ -61,8 +62,9 @@ def test_neighbor_list_reuse(sevennet0_path: Path, cu32: Atoms) -> None:
             atoms.positions[5] += [0.12, 0.0, 0.0]
         ours = evaluate(calc, atoms)
         assert calc.neighbors.num_builds == 1, f"rebuilt after a small move (step {step})"
-        _assert_same_results(ours, evaluate(calculator(sevennet0_path), atoms),
-                             f"reused list, step {step}")
+        _assert_same_results(
+            ours, evaluate(calculator(sevennet0_path), atoms), f"reused list, step {step}"
+        )
     assert abs(ours["energy"] - first["energy"]) > 1e-4
     assert np.abs(ours["forces"] - first["forces"]).max() > 1e-3
 
@@ -106,8 +108,9 @@ def test_edges_inside_the_skin_do_not_count(sevennet0_path: Path) -> None:
     inside = evaluate(calc, atoms)
     assert calc.neighbors.num_builds == 1
     assert np.abs(inside["forces"]).max() > 1e-3
-    _assert_same_results(inside, evaluate(calculator(sevennet0_path, skin=0.0), atoms),
-                         "pair moved into the cutoff")
+    _assert_same_results(
+        inside, evaluate(calculator(sevennet0_path, skin=0.0), atoms), "pair moved into the cutoff"
+    )
 
 
 def test_changing_atoms(sevennet0_path: Path, cu32: Atoms) -> None:
@@ -116,23 +119,29 @@ def test_changing_atoms(sevennet0_path: Path, cu32: Atoms) -> None:
     evaluate(calc, atoms)
     # fewer atoms
     del atoms[[3, 17]]
-    _assert_same_results(evaluate(calc, atoms), evaluate(calculator(sevennet0_path), atoms),
-                         "after deleting atoms")
+    _assert_same_results(
+        evaluate(calc, atoms), evaluate(calculator(sevennet0_path), atoms), "after deleting atoms"
+    )
     # more atoms
     atoms += Atoms("Ni", positions=[[1.0, 1.1, 0.9]])
-    _assert_same_results(evaluate(calc, atoms), evaluate(calculator(sevennet0_path), atoms),
-                         "after adding an atom")
+    _assert_same_results(
+        evaluate(calc, atoms), evaluate(calculator(sevennet0_path), atoms), "after adding an atom"
+    )
     # same positions, other elements
     before = evaluate(calc, atoms)
     atoms.numbers[:4] = 28
     after = evaluate(calc, atoms)
     assert abs(after["energy"] - before["energy"]) > 1e-3
-    _assert_same_results(after, evaluate(calculator(sevennet0_path), atoms),
-                         "after changing elements")
+    _assert_same_results(
+        after, evaluate(calculator(sevennet0_path), atoms), "after changing elements"
+    )
     # a different structure altogether
     other = STRUCTURES["ethanol"]()
-    _assert_same_results(evaluate(calc, other), evaluate(calculator(sevennet0_path), other),
-                         "a molecule after a crystal")
+    _assert_same_results(
+        evaluate(calc, other),
+        evaluate(calculator(sevennet0_path), other),
+        "a molecule after a crystal",
+    )
 
 
 def test_results_and_properties(sevennet0_path: Path, cu32: Atoms) -> None:
@@ -180,7 +189,8 @@ def test_md_conserves_energy(sevennet0_path: Path, cu32: Atoms) -> None:
     atoms.calc = calc
     masses = atoms.get_masses()[:, None]
     momenta = np.sqrt(masses * units.kB * 300.0) * np.random.default_rng(4).standard_normal(
-        (len(atoms), 3))
+        (len(atoms), 3)
+    )
     momenta -= masses * momenta.sum(axis=0) / masses.sum()  # no net momentum
     atoms.set_momenta(momenta)
     totals = []
@@ -249,9 +259,15 @@ def test_model_file_is_safetensors(model_name: str, model_path: Path) -> None:
 
 def _tensor_names(node: Any) -> list[str]:
     if isinstance(node, dict):
-        return [name for key, value in node.items()
-                for name in ([value] if key in ("weight", "coeffs", "exponents", "cg")
-                             and isinstance(value, str) else _tensor_names(value))]
+        return [
+            name
+            for key, value in node.items()
+            for name in (
+                [value]
+                if key in ("weight", "coeffs", "exponents", "cg") and isinstance(value, str)
+                else _tensor_names(value)
+            )
+        ]
     if isinstance(node, list):
         return [name for value in node for name in _tensor_names(value)]
     return []
@@ -260,8 +276,11 @@ def _tensor_names(node: Any) -> list[str]:
 def test_cli_info(sevennet0_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["info", str(sevennet0_path)]) == 0
     out = capsys.readouterr().out
-    lines = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
-             for line in out.splitlines() if ":" in line}
+    lines = {
+        line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
+        for line in out.splitlines()
+        if ":" in line
+    }
     assert lines["family"] == "sevennet"
     assert lines["layers"] == "5"
     assert lines["cutoff"].split()[0] in ("5", "5.0")
@@ -284,8 +303,9 @@ def test_model_loaded_once_shared(sevennet0_path: Path) -> None:
     assert_abs(a["energies"].sum(), a["energy"], 1e-12, "energy sum")
 
 
-def test_cli_convert(sevennet0_path: Path, tmp_path: Path,
-                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_convert(
+    sevennet0_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`e3fuse convert` writes the file only after re-evaluating a structure with
     sevenn and e3fuse; converting twice gives the same model (up to the last bit
     of the spherical-harmonic coefficients, which are fitted by least squares)."""
@@ -301,8 +321,7 @@ def test_cli_convert(sevennet0_path: Path, tmp_path: Path,
     assert ours.keys() == session.keys()
     for name in session:
         if name.startswith("sh."):
-            np.testing.assert_allclose(ours[name], session[name], rtol=0, atol=1e-14,
-                                       err_msg=name)
+            np.testing.assert_allclose(ours[name], session[name], rtol=0, atol=1e-14, err_msg=name)
         else:
             np.testing.assert_array_equal(ours[name], session[name], err_msg=name)
     assert [p.name for p in output.parent.iterdir()] == ["7net-0.e3f"]  # no temporary left

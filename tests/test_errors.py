@@ -99,10 +99,13 @@ def test_empty_atoms(sevennet0_path: Path, pbc: bool) -> None:
         _energy(calculator(sevennet0_path), atoms)
 
 
-@pytest.mark.parametrize("cell", [
-    [[3.0, 0, 0], [0, 3.0, 0], [0, 0, 0]],  # a zero vector
-    [[3.0, 0, 0], [0, 3.0, 0], [3.0, 3.0, 0]],  # coplanar vectors
-])
+@pytest.mark.parametrize(
+    "cell",
+    [
+        [[3.0, 0, 0], [0, 3.0, 0], [0, 0, 0]],  # a zero vector
+        [[3.0, 0, 0], [0, 3.0, 0], [3.0, 3.0, 0]],  # coplanar vectors
+    ],
+)
 def test_zero_volume_periodic_cell(sevennet0_path: Path, cell: list[list[float]]) -> None:
     atoms = Atoms("Cu", positions=[[0, 0, 0]], cell=cell, pbc=True)
     with pytest.raises(E3fuseError, match="zero volume"):
@@ -111,12 +114,17 @@ def test_zero_volume_periodic_cell(sevennet0_path: Path, cell: list[list[float]]
 
 def test_zero_cell_vector_along_open_direction_is_fine(sevennet0_path: Path) -> None:
     """Only the periodic directions' vectors matter: a slab with c = 0 is valid."""
-    atoms = Atoms("Cu2", positions=[[0, 0, 0], [1.8, 1.8, 0.5]],
-                  cell=[[3.6, 0, 0], [0, 3.6, 0], [0, 0, 0]], pbc=[True, True, False])
+    atoms = Atoms(
+        "Cu2",
+        positions=[[0, 0, 0], [1.8, 1.8, 0.5]],
+        cell=[[3.6, 0, 0], [0, 3.6, 0], [0, 0, 0]],
+        pbc=[True, True, False],
+    )
     reference = atoms.copy()
     reference.cell[2] = [0, 0, 30.0]
     assert _energy(calculator(sevennet0_path), atoms) == pytest.approx(
-        _energy(calculator(sevennet0_path), reference), rel=1e-13)
+        _energy(calculator(sevennet0_path), reference), rel=1e-13
+    )
 
 
 @pytest.mark.parametrize("pbc", [False, (True, True, False)])
@@ -218,13 +226,16 @@ def _write_with_header(path: Path, header: dict[str, Any], body: bytes) -> Path:
     return path
 
 
-def _rewrite(source: Path, target: Path, architecture: dict[str, Any] | None = None,
-             tensors: dict[str, np.ndarray] | None = None) -> Path:
+def _rewrite(
+    source: Path,
+    target: Path,
+    architecture: dict[str, Any] | None = None,
+    tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
     """Write a model file through e3fuse.modelfile from (possibly edited) parts."""
     from safetensors.numpy import load_file
 
-    architecture = architecture if architecture is not None else \
-        modelfile.read_architecture(source)
+    architecture = architecture if architecture is not None else modelfile.read_architecture(source)
     tensors = tensors if tensors is not None else load_file(str(source))
     store = modelfile.TensorStore()
     for name, array in tensors.items():
@@ -271,8 +282,9 @@ def test_header_with_wrong_shape(sevennet0_path: Path, tmp_path: Path) -> None:
     header, body = _header(sevennet0_path)
     name = "layers.1.linear_1.path.0"
     header[name]["shape"] = [3, 5]
-    _expect_refused(_write_with_header(tmp_path / "shape.e3f", header, body),
-                    f"{name}.*shape \\[3, 5\\]")
+    _expect_refused(
+        _write_with_header(tmp_path / "shape.e3f", header, body), f"{name}.*shape \\[3, 5\\]"
+    )
 
 
 def test_tensor_with_wrong_shape(sevennet0_path: Path, tmp_path: Path) -> None:
@@ -281,8 +293,10 @@ def test_tensor_with_wrong_shape(sevennet0_path: Path, tmp_path: Path) -> None:
     tensors = load_file(str(sevennet0_path))
     name = "layers.1.linear_1.path.0"
     tensors[name] = tensors[name][:-1]
-    _expect_refused(_rewrite(sevennet0_path, tmp_path / "short.e3f", tensors=tensors),
-                    f"{name}' has shape \\[127, 128\\], expected \\[128, 128\\]")
+    _expect_refused(
+        _rewrite(sevennet0_path, tmp_path / "short.e3f", tensors=tensors),
+        f"{name}' has shape \\[127, 128\\], expected \\[128, 128\\]",
+    )
 
 
 def test_missing_tensor(sevennet0_path: Path, tmp_path: Path) -> None:
@@ -290,8 +304,10 @@ def test_missing_tensor(sevennet0_path: Path, tmp_path: Path) -> None:
 
     tensors = load_file(str(sevennet0_path))
     del tensors["layers.2.conv.mlp.w1"]
-    _expect_refused(_rewrite(sevennet0_path, tmp_path / "missing.e3f", tensors=tensors),
-                    "layers.2.conv.mlp.w1.*missing")
+    _expect_refused(
+        _rewrite(sevennet0_path, tmp_path / "missing.e3f", tensors=tensors),
+        "layers.2.conv.mlp.w1.*missing",
+    )
 
 
 def test_header_entry_without_dtype(sevennet0_path: Path, tmp_path: Path) -> None:
@@ -304,22 +320,26 @@ def test_corrupt_metadata(sevennet0_path: Path, tmp_path: Path) -> None:
     header, body = _header(sevennet0_path)
     broken = json.loads(json.dumps(header))
     broken["__metadata__"]["e3fuse"] = broken["__metadata__"]["e3fuse"][:40]
-    _expect_refused(_write_with_header(tmp_path / "json.e3f", broken, body),
-                    "metadata: invalid JSON")
+    _expect_refused(
+        _write_with_header(tmp_path / "json.e3f", broken, body), "metadata: invalid JSON"
+    )
     plain = json.loads(json.dumps(header))
     del plain["__metadata__"]
-    _expect_refused(_write_with_header(tmp_path / "plain.e3f", plain, body),
-                    "not an e3fuse model")
+    _expect_refused(_write_with_header(tmp_path / "plain.e3f", plain, body), "not an e3fuse model")
 
 
-@pytest.mark.parametrize("edit, message", [
-    ({"format_version": 99}, "format version 99, newer than this e3fuse"),
-    ({"family": "allegro"}, "family 'allegro' is not supported"),
-    ({"cutoff": -1.0}, "cutoff"),
-    ({"cutoff": None}, "missing key 'cutoff'"),
-])
-def test_bad_architecture(sevennet0_path: Path, tmp_path: Path, edit: dict[str, Any],
-                          message: str) -> None:
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"format_version": 99}, "format version 99, newer than this e3fuse"),
+        ({"family": "allegro"}, "family 'allegro' is not supported"),
+        ({"cutoff": -1.0}, "cutoff"),
+        ({"cutoff": None}, "missing key 'cutoff'"),
+    ],
+)
+def test_bad_architecture(
+    sevennet0_path: Path, tmp_path: Path, edit: dict[str, Any], message: str
+) -> None:
     architecture = modelfile.read_architecture(sevennet0_path)
     for key, value in edit.items():
         if value is None:
@@ -342,8 +362,9 @@ def test_cli_info_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert captured.out == ""
 
 
-def test_cli_info_corrupt_file(sevennet0_path: Path, tmp_path: Path,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_info_corrupt_file(
+    sevennet0_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "corrupt.e3f"
     shutil.copyfile(sevennet0_path, path)
     with open(path, "r+b") as f:
@@ -355,8 +376,9 @@ def test_cli_info_corrupt_file(sevennet0_path: Path, tmp_path: Path,
 
 def test_cli_convert_unknown_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "out.e3f"
-    rc = cli.main(["convert", "sevennet", str(tmp_path / "no-such-checkpoint.pth"),
-                   "-o", str(output)])
+    rc = cli.main(
+        ["convert", "sevennet", str(tmp_path / "no-such-checkpoint.pth"), "-o", str(output)]
+    )
     assert rc != 0
     assert "neither a sevenn checkpoint" in capsys.readouterr().err
     assert not output.exists()

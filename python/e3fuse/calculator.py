@@ -35,9 +35,16 @@ class Calculator(AseCalculator):
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress", "stresses"]
 
-    def __init__(self, model: str | Path, device: str = "cpu", dtype: str = "float64",
-                 skin: float = 0.5, num_threads: int = 0, min_distance: float = 0.1,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        device: str = "cpu",
+        dtype: str = "float64",
+        skin: float = 0.5,
+        num_threads: int = 0,
+        min_distance: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.model_path = str(model)
         if not Path(self.model_path).is_file():
@@ -59,15 +66,24 @@ class Calculator(AseCalculator):
             if (species < 0).any():
                 from ase.data import chemical_symbols
 
-                missing = sorted({chemical_symbols[z] if 0 <= z < len(chemical_symbols) else str(z)
-                                  for z in numbers[species < 0]})
-                raise E3fuseError(f"element(s) {', '.join(missing)} not in the model "
-                                  f"{self.model_path!r}")
+                missing = sorted(
+                    {
+                        chemical_symbols[z] if 0 <= z < len(chemical_symbols) else str(z)
+                        for z in numbers[species < 0]
+                    }
+                )
+                raise E3fuseError(
+                    f"element(s) {', '.join(missing)} not in the model {self.model_path!r}"
+                )
             self._species, self._species_key = species, key
         return self._species
 
-    def calculate(self, atoms: Any = None, properties: list[str] | None = None,
-                  system_changes: list[str] = all_changes) -> None:
+    def calculate(
+        self,
+        atoms: Any = None,
+        properties: list[str] | None = None,
+        system_changes: list[str] = all_changes,
+    ) -> None:
         properties = properties or ["energy"]
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms
@@ -81,8 +97,14 @@ class Calculator(AseCalculator):
         cell = np.ascontiguousarray(atoms.cell.array, dtype=np.float64)
         self.neighbors.update(positions, cell, [bool(p) for p in atoms.pbc])
         want_grad = any(p in properties for p in ("forces", "stress", "stresses"))
-        out = self.engine.compute_neighbors(self.neighbors, positions, species, forces=want_grad,
-                                            virial=want_grad, atom_virials="stresses" in properties)
+        out = self.engine.compute_neighbors(
+            self.neighbors,
+            positions,
+            species,
+            forces=want_grad,
+            virial=want_grad,
+            atom_virials="stresses" in properties,
+        )
         energy = float(out["energy"])
         self.results = {"energy": energy, "free_energy": energy, "energies": out["energies"]}
         if want_grad:
@@ -93,4 +115,6 @@ class Calculator(AseCalculator):
             self.results["stress"] = np.array([-virial[a, b] / volume for a, b in VOIGT])
             if "atom_virials" in out:
                 av = out["atom_virials"].reshape(-1, 3, 3)
-                self.results["stresses"] = np.stack([-av[:, a, b] / volume for a, b in VOIGT], axis=1)
+                self.results["stresses"] = np.stack(
+                    [-av[:, a, b] / volume for a, b in VOIGT], axis=1
+                )

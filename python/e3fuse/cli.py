@@ -20,14 +20,16 @@ def verification_structure(atomic_numbers: list[int], seed: int = 0):  # -> ase.
     rng = np.random.default_rng(seed)
     atoms = bulk("Cu", "fcc", a=3.6).repeat((2, 2, 2))
     atoms.set_atomic_numbers(rng.choice(preferred, size=len(atoms)))
-    atoms.set_cell(atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))),
-                   scale_atoms=True)
+    atoms.set_cell(
+        atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))), scale_atoms=True
+    )
     atoms.positions += 0.1 * rng.standard_normal(atoms.positions.shape)
     return atoms
 
 
-def verify(family: str, source, model_path: str, quiet: bool = False,
-           head: str | None = None) -> dict[str, float]:
+def verify(
+    family: str, source, model_path: str, quiet: bool = False, head: str | None = None
+) -> dict[str, float]:
     """Evaluate a random structure with the source package and with e3fuse in
     float64; raise if they differ beyond rounding."""
     from . import reference
@@ -56,12 +58,15 @@ def verify(family: str, source, model_path: str, quiet: bool = False,
     limits = {"energy_per_atom": 1e-9, "forces": 1e-8, "stress": 1e-9}
     bad = [k for k in diff if not diff[k] <= limits[k]]
     if not quiet:
-        print(f"verification on {len(atoms)} atoms ({atoms.get_chemical_formula()}), float64: "
-              + ", ".join(f"max |d {k}| = {v:.2e}" for k, v in diff.items()))
+        print(
+            f"verification on {len(atoms)} atoms ({atoms.get_chemical_formula()}), float64: "
+            + ", ".join(f"max |d {k}| = {v:.2e}" for k, v in diff.items())
+        )
     if bad:
-        raise RuntimeError("conversion does NOT reproduce the source model: "
-                           + ", ".join(f"{k} differs by {diff[k]:.3e} (limit {limits[k]:.0e})"
-                                       for k in bad))
+        raise RuntimeError(
+            "conversion does NOT reproduce the source model: "
+            + ", ".join(f"{k} differs by {diff[k]:.3e} (limit {limits[k]:.0e})" for k in bad)
+        )
     return diff
 
 
@@ -101,11 +106,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e3fuse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("convert", help="convert a sevenn checkpoint or a mace-torch model to an "
-                       ".e3f model file")
+    p = sub.add_parser(
+        "convert", help="convert a sevenn checkpoint or a mace-torch model to an .e3f model file"
+    )
     p.add_argument("family", choices=["sevennet", "mace"])
-    p.add_argument("source", help="sevennet: pretrained name (7net-0, 7net-l3i5, ...) or "
-                   "checkpoint path; mace: model file saved with torch.save(model)")
+    p.add_argument(
+        "source",
+        help="sevennet: pretrained name (7net-0, 7net-l3i5, ...) or "
+        "checkpoint path; mace: model file saved with torch.save(model)",
+    )
     p.add_argument("--head", default=None, help="mace multi-head models: the head to convert")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--no-verify", action="store_true", help="skip the comparison with the source")

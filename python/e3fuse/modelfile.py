@@ -14,8 +14,12 @@ import numpy as np
 FORMAT_VERSION = 1
 METADATA_KEY = "e3fuse"
 
-_DTYPES = {np.dtype("float64"): "F64", np.dtype("float32"): "F32", np.dtype("int64"): "I64",
-           np.dtype("int32"): "I32"}
+_DTYPES = {
+    np.dtype("float64"): "F64",
+    np.dtype("float32"): "F32",
+    np.dtype("int64"): "I64",
+    np.dtype("int32"): "I32",
+}
 
 
 def sha256_of_file(path: str | Path) -> str:
@@ -53,8 +57,11 @@ def write_model_file(path: str | Path, architecture: dict[str, Any], tensors: Te
         if dtype is None:
             raise ValueError(f"tensor {name!r}: unsupported dtype {array.dtype}")
         data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     header_bytes = json.dumps(header, separators=(",", ":")).encode()

@@ -54,7 +54,9 @@ def _sevenn_results(calc: Any, atoms: Any) -> dict[str, Any]:
 
     original = sevenn.util.dtype_correct
 
-    def dtype_correct(v: Any, float_dtype: Any = torch.float64, int_dtype: Any = torch.int64) -> Any:
+    def dtype_correct(
+        v: Any, float_dtype: Any = torch.float64, int_dtype: Any = torch.int64
+    ) -> Any:
         return original(v, torch.float64, int_dtype)
 
     previous = torch.get_default_dtype()
@@ -79,8 +81,11 @@ def evaluate(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
         atoms.calc = calc
         calc.calculate(atoms, ["energy", "forces", "stress"])
         results = calc.results
-    out = {"energy": np.array(results["energy"]), "energies": np.asarray(results["energies"]),
-           "forces": np.asarray(results["forces"])}
+    out = {
+        "energy": np.array(results["energy"]),
+        "energies": np.asarray(results["energies"]),
+        "forces": np.asarray(results["forces"]),
+    }
     if atoms.pbc.all():
         out["stress"] = np.asarray(results["stress"])
     return out
@@ -113,8 +118,11 @@ def evaluate_mace(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
     atoms.calc = calc
     calc.calculate(atoms, ["energy", "forces", "stress"])
     results = calc.results
-    out = {"energy": np.array(results["energy"]), "energies": np.asarray(results["energies"]),
-           "forces": np.asarray(results["forces"])}
+    out = {
+        "energy": np.array(results["energy"]),
+        "energies": np.asarray(results["energies"]),
+        "forces": np.asarray(results["forces"]),
+    }
     if atoms.pbc.all():
         out["stress"] = np.asarray(results["stress"])
     return out

@@ -87,10 +87,15 @@ def linear(lin: Any, name: str, store: TensorStore) -> dict[str, Any]:
         if mul_in == 0 or mul_out == 0:
             continue
         w = w * ins.path_weight
-        paths.append({"in": ins.i_in, "out": ins.i_out,
-                      "weight": store.add(f"{name}.path.{k}", w.numpy())})
-    return {"irreps_in": irreps_list(lin.irreps_in), "irreps_out": irreps_list(lin.irreps_out),
-            "paths": paths, "biases": biases}
+        paths.append(
+            {"in": ins.i_in, "out": ins.i_out, "weight": store.add(f"{name}.path.{k}", w.numpy())}
+        )
+    return {
+        "irreps_in": irreps_list(lin.irreps_in),
+        "irreps_out": irreps_list(lin.irreps_out),
+        "paths": paths,
+        "biases": biases,
+    }
 
 
 def tensor_product_uvu(tp: Any, name: str, store: TensorStore) -> dict[str, Any]:
@@ -107,7 +112,8 @@ def tensor_product_uvu(tp: Any, name: str, store: TensorStore) -> dict[str, Any]
     for k, ins in enumerate(tp.instructions):
         if ins.connection_mode != "uvu" or not ins.has_weight:
             raise UnsupportedModel(
-                f"{name}: tensor product instruction mode {ins.connection_mode!r} is not supported")
+                f"{name}: tensor product instruction mode {ins.connection_mode!r} is not supported"
+            )
         mul1, ir1 = tp.irreps_in1[ins.i_in1]
         mul2, ir2 = tp.irreps_in2[ins.i_in2]
         mul_out, ir_out = tp.irreps_out[ins.i_out]
@@ -128,15 +134,24 @@ def tensor_product_uvu(tp: Any, name: str, store: TensorStore) -> dict[str, Any]
             out = tp(x1, x2, w)
         start3 = tp.irreps_out.slices()[ins.i_out].start
         cg = out[:, start3 : start3 + d3].reshape(d1, d2, d3)
-        instructions.append({
-            "in": ins.i_in1, "sh": ins.i_in2, "out": ins.i_out, "weight_offset": weight_offset,
-            "cg": store.add(f"{name}.cg.{k}", cg.numpy()),
-        })
+        instructions.append(
+            {
+                "in": ins.i_in1,
+                "sh": ins.i_in2,
+                "out": ins.i_out,
+                "weight_offset": weight_offset,
+                "cg": store.add(f"{name}.cg.{k}", cg.numpy()),
+            }
+        )
         weight_offset += mul1
     assert weight_offset == tp.weight_numel
-    return {"irreps_in": irreps_list(tp.irreps_in1), "irreps_sh": irreps_list(tp.irreps_in2),
-            "irreps_out": irreps_list(tp.irreps_out), "weight_numel": int(tp.weight_numel),
-            "instructions": instructions}
+    return {
+        "irreps_in": irreps_list(tp.irreps_in1),
+        "irreps_sh": irreps_list(tp.irreps_in2),
+        "irreps_out": irreps_list(tp.irreps_out),
+        "weight_numel": int(tp.weight_numel),
+        "instructions": instructions,
+    }
 
 
 def fully_connected_net(fc: Any, name: str, store: TensorStore) -> dict[str, Any]:
@@ -159,8 +174,11 @@ def fully_connected_net(fc: Any, name: str, store: TensorStore) -> dict[str, Any
                 raise UnsupportedModel(f"{name}: radial MLP with a linear hidden layer")
             w = w / (layer.h_in * layer.var_in / layer.var_out) ** 0.5
         weights.append(store.add(f"{name}.w{i}", w.numpy()))
-    return {"dims": [int(h) for h in fc.hs], "weights": weights,
-            **(act or {"act": "identity", "scale": 1.0})}
+    return {
+        "dims": [int(h) for h in fc.hs],
+        "weights": weights,
+        **(act or {"act": "identity", "scale": 1.0}),
+    }
 
 
 def gate(g: Any, name: str) -> dict[str, Any]:
@@ -181,23 +199,34 @@ def gate(g: Any, name: str) -> dict[str, Any]:
         offset += mul * ir.dim
     if irreps_gated.dim:
         with torch.no_grad():
-            ones = g.mul(torch.ones(1, irreps_gated.dim, dtype=torch.float64),
-                         torch.ones(1, irreps_gates.dim, dtype=torch.float64))
+            ones = g.mul(
+                torch.ones(1, irreps_gated.dim, dtype=torch.float64),
+                torch.ones(1, irreps_gates.dim, dtype=torch.float64),
+            )
         factor = float(ones.abs().max())
         if not torch.allclose(ones, torch.full_like(ones, factor), rtol=1e-14, atol=0):
             raise UnsupportedModel(f"{name}: gate product with non-uniform normalization")
     else:
         factor = 1.0
-    return {"irreps_in": irreps_list(g.irreps_in), "irreps_out": irreps_list(g.irreps_out),
-            "scalars": scalars, "gates": gates, "gated": gated, "gated_factor": factor}
+    return {
+        "irreps_in": irreps_list(g.irreps_in),
+        "irreps_out": irreps_list(g.irreps_out),
+        "scalars": scalars,
+        "gates": gates,
+        "gated": gated,
+        "gated_factor": factor,
+    }
 
 
 def monomial_exponents(degree: int) -> list[tuple[int, int, int]]:
-    return [(a, b, degree - a - b) for a in range(degree, -1, -1) for b in range(degree - a, -1, -1)]
+    return [
+        (a, b, degree - a - b) for a in range(degree, -1, -1) for b in range(degree - a, -1, -1)
+    ]
 
 
-def spherical_harmonics(lmax: int, normalization: str, name: str,
-                        store: TensorStore) -> dict[str, Any]:
+def spherical_harmonics(
+    lmax: int, normalization: str, name: str, store: TensorStore
+) -> dict[str, Any]:
     """e3nn's real spherical harmonics (normalize=False) of degree l are homogeneous
     polynomials of (x, y, z); we store their monomial coefficients, fitted in
     float64 on random points (exact to rounding), so the core needs no
@@ -209,18 +238,25 @@ def spherical_harmonics(lmax: int, normalization: str, name: str,
     polynomials = []
     for l in range(lmax + 1):
         exps = monomial_exponents(l)
-        basis = torch.stack([points[:, 0] ** a * points[:, 1] ** b * points[:, 2] ** c
-                             for a, b, c in exps], dim=1)
+        basis = torch.stack(
+            [points[:, 0] ** a * points[:, 1] ** b * points[:, 2] ** c for a, b, c in exps], dim=1
+        )
         values = o3.spherical_harmonics(l, points, normalize=False, normalization=normalization)
         coeffs = torch.linalg.lstsq(basis, values).solution  # [monomials, 2l+1]
         coeffs[coeffs.abs() < 1e-13] = 0.0
         residual = (basis @ coeffs - values).abs().max().item()
         if residual > 1e-10 * max(1.0, values.abs().max().item()):
             raise RuntimeError(f"spherical harmonics l={l}: polynomial fit residual {residual}")
-        polynomials.append({
-            "l": l,
-            "exponents": store.add(f"{name}.l{l}.exponents", np.array(exps), dtype="int64"),
-            "coeffs": store.add(f"{name}.l{l}.coeffs", coeffs.T.numpy()),  # [2l+1, monomials]
-        })
-    return {"lmax": lmax, "normalize": True, "normalization": normalization,
-            "polynomials": polynomials}
+        polynomials.append(
+            {
+                "l": l,
+                "exponents": store.add(f"{name}.l{l}.exponents", np.array(exps), dtype="int64"),
+                "coeffs": store.add(f"{name}.l{l}.coeffs", coeffs.T.numpy()),  # [2l+1, monomials]
+            }
+        )
+    return {
+        "lmax": lmax,
+        "normalize": True,
+        "normalization": normalization,
+        "polynomials": polynomials,
+    }

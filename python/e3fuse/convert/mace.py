@@ -46,7 +46,8 @@ def load_mace_model(source: str | Path | torch.nn.Module) -> torch.nn.Module:
         if not isinstance(model, torch.nn.Module):
             raise UnsupportedModel(
                 f"{source!r} does not hold a whole model (torch.save(model)); got "
-                f"{type(model).__name__}")
+                f"{type(model).__name__}"
+            )
     return model.to(torch.float64).eval()
 
 
@@ -76,21 +77,35 @@ def _element_linear(tp: Any, name: str, store: TensorStore, num_elements: int) -
             for bo, (mul_out, ir_out) in enumerate(irreps_out):
                 if ir_out != ir_in or mul_out == 0:
                     continue
-                w = out[:, starts_out[bo]: starts_out[bo] + mul_out * ir_out.dim: ir_out.dim]
+                w = out[:, starts_out[bo] : starts_out[bo] + mul_out * ir_out.dim : ir_out.dim]
                 if not torch.any(w != 0):
                     continue
-                paths.append({"in": bi, "out": bo,
-                              "weight": store.add(f"{name}.e{s}.path.{bi}.{bo}", w.numpy())})
-        elements.append({"irreps_in": parts.irreps_list(irreps_in),
-                         "irreps_out": parts.irreps_list(irreps_out), "paths": paths,
-                         "biases": []})
+                paths.append(
+                    {
+                        "in": bi,
+                        "out": bo,
+                        "weight": store.add(f"{name}.e{s}.path.{bi}.{bo}", w.numpy()),
+                    }
+                )
+        elements.append(
+            {
+                "irreps_in": parts.irreps_list(irreps_in),
+                "irreps_out": parts.irreps_list(irreps_out),
+                "paths": paths,
+                "biases": [],
+            }
+        )
     _check_element_linear(tp, elements, store, num_elements, name)
-    return {"irreps_in": parts.irreps_list(irreps_in), "irreps_out": parts.irreps_list(irreps_out),
-            "elements": elements}
+    return {
+        "irreps_in": parts.irreps_list(irreps_in),
+        "irreps_out": parts.irreps_list(irreps_out),
+        "elements": elements,
+    }
 
 
-def _check_element_linear(tp: Any, elements: list[dict[str, Any]], store: TensorStore,
-                          num_elements: int, name: str) -> None:
+def _check_element_linear(
+    tp: Any, elements: list[dict[str, Any]], store: TensorStore, num_elements: int, name: str
+) -> None:
     """Rebuild the probed maps and compare with the module on random inputs."""
     irreps_in, irreps_out = tp.irreps_in1, tp.irreps_out
     gen = torch.Generator().manual_seed(0)
@@ -151,21 +166,35 @@ def _product(prod: Any, name: str, store: TensorStore, num_elements: int) -> dic
                 continue
             index = np.array(keys, dtype=np.int64).reshape(len(keys), nu + 2)
             values = np.array([acc[key] for key in keys])
-            terms.append({
-                "nu": nu, "num_params": int(k_params),
-                "index": store.add(f"{name}.c{c}.nu{nu}.index", index, dtype="int64"),
-                "values": store.add(f"{name}.c{c}.nu{nu}.values", values),
-                "weights": store.add(f"{name}.c{c}.nu{nu}.weights", w.numpy()),
-            })
+            terms.append(
+                {
+                    "nu": nu,
+                    "num_params": int(k_params),
+                    "index": store.add(f"{name}.c{c}.nu{nu}.index", index, dtype="int64"),
+                    "values": store.add(f"{name}.c{c}.nu{nu}.values", values),
+                    "weights": store.add(f"{name}.c{c}.nu{nu}.weights", w.numpy()),
+                }
+            )
         contractions.append({"out": c, "terms": terms})
     _check_product(sc, contractions, store, num_elements, num_features, num_ell, name)
-    return {"irreps_in": parts.irreps_list(irreps_in), "irreps_out": parts.irreps_list(irreps_out),
-            "num_features": int(num_features), "num_ell": int(num_ell),
-            "contractions": contractions}
+    return {
+        "irreps_in": parts.irreps_list(irreps_in),
+        "irreps_out": parts.irreps_list(irreps_out),
+        "num_features": int(num_features),
+        "num_ell": int(num_ell),
+        "contractions": contractions,
+    }
 
 
-def _check_product(sc: Any, contractions: list[dict[str, Any]], store: TensorStore,
-                   num_elements: int, num_features: int, num_ell: int, name: str) -> None:
+def _check_product(
+    sc: Any,
+    contractions: list[dict[str, Any]],
+    store: TensorStore,
+    num_elements: int,
+    num_features: int,
+    num_ell: int,
+    name: str,
+) -> None:
     """Evaluate the sparse form in numpy against the module on random inputs."""
     gen = torch.Generator().manual_seed(1)
     n = max(num_elements, 2)
@@ -201,8 +230,9 @@ def _flip_edge_direction(conv: dict[str, Any], store: TensorStore) -> None:
             store.arrays[ins["cg"]] = -store.arrays[ins["cg"]]
 
 
-def _readout(readout: Any, name: str, store: TensorStore, head: int, num_heads: int
-             ) -> dict[str, Any]:
+def _readout(
+    readout: Any, name: str, store: TensorStore, head: int, num_heads: int
+) -> dict[str, Any]:
     kind = type(readout).__name__
     if kind == "LinearReadoutBlock":
         lin = parts.linear(readout.linear, f"{name}.linear", store)
@@ -219,12 +249,12 @@ def _readout(readout: Any, name: str, store: TensorStore, head: int, num_heads: 
         if num_heads > 1:  # mask_head: keep the hidden units of this head only
             per = hidden // num_heads
             keep = np.zeros(hidden, dtype=bool)
-            keep[head * per:(head + 1) * per] = True
+            keep[head * per : (head + 1) * per] = True
             for p in lin2["paths"]:
                 start = sum(m * (2 * deg + 1) for m, deg, _ in lin2["irreps_in"][: p["in"]])
                 mul = lin2["irreps_in"][p["in"]][0]
                 w = store.arrays[p["weight"]]
-                store.arrays[p["weight"]] = w * keep[start:start + mul, None]
+                store.arrays[p["weight"]] = w * keep[start : start + mul, None]
         _select_output(lin2, head, store)
         return {"kind": "nonlinear", "linear_1": lin1, "linear_2": lin2, **act}
     raise UnsupportedModel(f"{name}: {kind} is not supported")
@@ -239,23 +269,27 @@ def _select_output(lin: dict[str, Any], head: int, store: TensorStore) -> None:
         return
     for p in lin["paths"]:
         w = store.arrays[p["weight"]]
-        store.arrays[p["weight"]] = np.ascontiguousarray(w[:, head:head + 1])
+        store.arrays[p["weight"]] = np.ascontiguousarray(w[:, head : head + 1])
     for b in lin["biases"]:
-        store.arrays[b["weight"]] = np.ascontiguousarray(store.arrays[b["weight"]][head:head + 1])
+        store.arrays[b["weight"]] = np.ascontiguousarray(store.arrays[b["weight"]][head : head + 1])
     lin["irreps_out"] = [[1, 0, 1]]
 
 
-def extract(model: torch.nn.Module, source: dict[str, Any], head: str | None = None
-            ) -> tuple[dict[str, Any], TensorStore]:
+def extract(
+    model: torch.nn.Module, source: dict[str, Any], head: str | None = None
+) -> tuple[dict[str, Any], TensorStore]:
     """mace-torch MACE / ScaleShiftMACE -> (architecture JSON, tensors)."""
     store = TensorStore()
     kind = type(model).__name__
     if kind not in SUPPORTED_MODELS:
-        raise UnsupportedModel(f"model class {kind} is not supported (supported: "
-                               f"{', '.join(SUPPORTED_MODELS)})")
-    for attr, what in (("pair_repulsion", "ZBL pair repulsion"),
-                       ("joint_embedding", "joint embedding"),
-                       ("embedding_readout", "embedding readout")):
+        raise UnsupportedModel(
+            f"model class {kind} is not supported (supported: {', '.join(SUPPORTED_MODELS)})"
+        )
+    for attr, what in (
+        ("pair_repulsion", "ZBL pair repulsion"),
+        ("joint_embedding", "joint embedding"),
+        ("embedding_readout", "embedding readout"),
+    ):
         if hasattr(model, attr):
             raise UnsupportedModel(f"{attr}: {what} is not supported")
     if getattr(model, "use_agnostic_product", False):
@@ -265,8 +299,9 @@ def extract(model: torch.nn.Module, source: dict[str, Any], head: str | None = N
         if len(heads) > 1:
             default = [h for h in heads if h.lower() == "default"]
             if not default:
-                raise UnsupportedModel(f"the model has several heads ({', '.join(heads)}); "
-                                       "choose one with --head")
+                raise UnsupportedModel(
+                    f"the model has several heads ({', '.join(heads)}); choose one with --head"
+                )
             head = default[0]
         else:
             head = heads[0]
@@ -286,10 +321,14 @@ def extract(model: torch.nn.Module, source: dict[str, Any], head: str | None = N
     if not getattr(radial, "apply_cutoff", True):
         raise UnsupportedModel("radial_embedding with apply_cutoff=False is not supported")
     bessel = radial.bessel_fn
-    radial_desc = {"kind": "bessel", "num_basis": int(bessel.bessel_weights.numel()),
-                   "prefactor": float(bessel.prefactor),
-                   "coeffs": store.add("radial.coeffs",
-                                       bessel.bessel_weights.detach().to(torch.float64).numpy())}
+    radial_desc = {
+        "kind": "bessel",
+        "num_basis": int(bessel.bessel_weights.numel()),
+        "prefactor": float(bessel.prefactor),
+        "coeffs": store.add(
+            "radial.coeffs", bessel.bessel_weights.detach().to(torch.float64).numpy()
+        ),
+    }
     cutoff_fn = radial.cutoff_fn
     if type(cutoff_fn).__name__ != "PolynomialCutoff":
         raise UnsupportedModel(f"radial_embedding.cutoff_fn: {type(cutoff_fn).__name__}")
@@ -312,8 +351,10 @@ def extract(model: torch.nn.Module, source: dict[str, Any], head: str | None = N
         name = f"layers.{t}"
         ikind = type(inter).__name__
         if ikind not in SUPPORTED_INTERACTIONS:
-            raise UnsupportedModel(f"interactions.{t}: {ikind} is not supported (supported: "
-                                   f"{', '.join(SUPPORTED_INTERACTIONS)})")
+            raise UnsupportedModel(
+                f"interactions.{t}: {ikind} is not supported (supported: "
+                f"{', '.join(SUPPORTED_INTERACTIONS)})"
+            )
         if hasattr(inter, "conv_fusion"):
             raise UnsupportedModel(f"interactions.{t}: fused convolution backends")
         if type(prod).__name__ != "EquivariantProductBasisBlock":
@@ -336,16 +377,19 @@ def extract(model: torch.nn.Module, source: dict[str, Any], head: str | None = N
         layers.append(layer)
     readouts = list(model.readouts)
     if len(readouts) != len(layers):
-        raise UnsupportedModel("readouts: one readout per interaction is required "
-                               "(use_last_readout_only is not supported)")
+        raise UnsupportedModel(
+            "readouts: one readout per interaction is required "
+            "(use_last_readout_only is not supported)"
+        )
     for t, r in enumerate(readouts):
         layers[t]["readout"] = _readout(r, f"layers.{t}.readout", store, h, len(heads))
 
     # AtomicEnergiesBlock: energies = atleast_2d(buffer).T, [n_elements, n_heads]
     e0 = torch.atleast_2d(model.atomic_energies_fn.atomic_energies.detach().to(torch.float64)).T
     if e0.shape[0] != num_elements:
-        raise UnsupportedModel(f"atomic_energies_fn: shape {tuple(e0.shape)} does not match "
-                               f"{num_elements} elements")
+        raise UnsupportedModel(
+            f"atomic_energies_fn: shape {tuple(e0.shape)} does not match {num_elements} elements"
+        )
     e0 = e0[:, h] if e0.shape[1] > 1 else e0[:, 0]
     if kind == "ScaleShiftMACE":
         scale = float(torch.atleast_1d(model.scale_shift.scale)[h])
@@ -373,14 +417,18 @@ def extract(model: torch.nn.Module, source: dict[str, Any], head: str | None = N
     return architecture, store
 
 
-def convert(source: str | Path | torch.nn.Module, output: str | Path, head: str | None = None
-            ) -> dict[str, Any]:
+def convert(
+    source: str | Path | torch.nn.Module, output: str | Path, head: str | None = None
+) -> dict[str, Any]:
     """Write the .e3f file; returns the architecture dictionary."""
     import mace
 
     model = load_mace_model(source)
-    info: dict[str, Any] = {"kind": "mace", "model_class": type(model).__name__,
-                            "mace_version": getattr(mace, "__version__", "unknown")}
+    info: dict[str, Any] = {
+        "kind": "mace",
+        "model_class": type(model).__name__,
+        "mace_version": getattr(mace, "__version__", "unknown"),
+    }
     if not isinstance(source, torch.nn.Module):
         info["file"] = Path(source).name
         info["sha256"] = sha256_of_file(source)

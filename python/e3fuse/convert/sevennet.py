@@ -29,7 +29,8 @@ def resolve_checkpoint(source: str) -> Path:
     except Exception as err:  # sevenn raises plain exceptions for unknown names
         raise FileNotFoundError(
             f"{source!r} is neither a sevenn checkpoint file nor a pretrained model name "
-            f"shipped with sevenn (e.g. {', '.join(PRETRAINED)})") from err
+            f"shipped with sevenn (e.g. {', '.join(PRETRAINED)})"
+        ) from err
 
 
 def load_sevenn_model(source: str) -> tuple[torch.nn.Module, dict[str, Any], Path]:
@@ -49,7 +50,8 @@ def _interaction_layer(modules: dict[str, Any], t: int, store: TensorStore) -> d
     if type(intro).__name__ != "SelfConnectionLinearIntro":
         raise UnsupportedModel(
             f"{t}_self_connection_intro: {type(intro).__name__} (self_connection_type other than "
-            "'linear') is not supported yet")
+            "'linear') is not supported yet"
+        )
     linear_1 = modules.pop(f"{t}_self_interaction_1")
     conv = modules.pop(f"{t}_convolution")
     if type(conv).__name__ != "IrrepsConvolution":
@@ -76,8 +78,9 @@ def _interaction_layer(modules: dict[str, Any], t: int, store: TensorStore) -> d
     }
 
 
-def extract(model: torch.nn.Module, config: dict[str, Any], source: dict[str, Any]
-            ) -> tuple[dict[str, Any], TensorStore]:
+def extract(
+    model: torch.nn.Module, config: dict[str, Any], source: dict[str, Any]
+) -> tuple[dict[str, Any], TensorStore]:
     """sevenn AtomGraphSequential -> (architecture JSON, tensors)."""
     store = TensorStore()
     modules = dict(model._modules)
@@ -89,16 +92,25 @@ def extract(model: torch.nn.Module, config: dict[str, Any], source: dict[str, An
     if type(basis).__name__ != "BesselBasis":
         raise UnsupportedModel(f"edge_embedding: radial basis {type(basis).__name__}")
     cutoff = float(config["cutoff"])
-    radial = {"kind": "bessel", "num_basis": int(basis.num_basis),
-              "prefactor": float(basis.prefactor),
-              "coeffs": store.add("radial.coeffs", basis.coeffs.detach().to(torch.float64).numpy())}
+    radial = {
+        "kind": "bessel",
+        "num_basis": int(basis.num_basis),
+        "prefactor": float(basis.prefactor),
+        "coeffs": store.add("radial.coeffs", basis.coeffs.detach().to(torch.float64).numpy()),
+    }
     kind = type(envelope_module).__name__
     if kind == "XPLORCutoff":
-        envelope = {"kind": "xplor", "r_on": float(envelope_module.r_on),
-                    "r_cut": float(envelope_module.r_cut)}
+        envelope = {
+            "kind": "xplor",
+            "r_on": float(envelope_module.r_on),
+            "r_cut": float(envelope_module.r_cut),
+        }
     elif kind == "PolynomialCutoff":
-        envelope = {"kind": "polynomial", "p": float(envelope_module.p),
-                    "r_cut": float(envelope_module.cutoff_length)}
+        envelope = {
+            "kind": "polynomial",
+            "p": float(envelope_module.p),
+            "r_cut": float(envelope_module.cutoff_length),
+        }
     else:
         raise UnsupportedModel(f"edge_embedding: cutoff function {kind}")
     sh_module = sph.sph
@@ -120,8 +132,10 @@ def extract(model: torch.nn.Module, config: dict[str, Any], source: dict[str, An
 
     if "reduce_input_to_hidden" not in modules:
         raise UnsupportedModel("readout_as_fcn readouts are not supported yet")
-    readout = [parts.linear(modules.pop("reduce_input_to_hidden").linear, "readout.0", store),
-               parts.linear(modules.pop("reduce_hidden_to_energy").linear, "readout.1", store)]
+    readout = [
+        parts.linear(modules.pop("reduce_input_to_hidden").linear, "readout.0", store),
+        parts.linear(modules.pop("reduce_hidden_to_energy").linear, "readout.1", store),
+    ]
 
     rescale = modules.pop("rescale_atomic_energy")
     kind = type(rescale).__name__
@@ -176,8 +190,14 @@ def convert(source: str, output: str | Path) -> dict[str, Any]:
     import sevenn
 
     model, config, path = load_sevenn_model(source)
-    info = {"kind": "sevenn", "name": source, "file": path.name, "sha256": sha256_of_file(path),
-            "sevenn_version": sevenn.__version__, "sevenn_model_version": config.get("version")}
+    info = {
+        "kind": "sevenn",
+        "name": source,
+        "file": path.name,
+        "sha256": sha256_of_file(path),
+        "sevenn_version": sevenn.__version__,
+        "sevenn_model_version": config.get("version"),
+    }
     architecture, store = extract(model, config, info)
     write_model_file(output, architecture, store)
     return architecture
