@@ -6,20 +6,21 @@
 // atomic energy e_i = shift[s_i] + scale[s_i] * Readout(x_i).
 // The backward pass keeps x1 and p of every layer (node-level) and applies the
 // transposes in reverse order; Conv's adjoint also yields the forces.
+#include "e3fuse/engine.h"
+
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <sstream>
 #include <vector>
 
-#include <omp.h>
-
 #include "cpu/mace.h"
 #include "cpu/ops.h"
-#include "ops/activation.h"
 #include "cpu/typed_plan.h"
-#include "e3fuse/engine.h"
 #include "e3fuse/error.h"
 #include "model/plan.h"
+#include "ops/activation.h"
 
 #ifndef E3FUSE_VERSION
 #define E3FUSE_VERSION "0.0.0"
@@ -76,7 +77,8 @@ class CpuRunner {
     pre_gate_.resize(num_layers);
     std::vector<T> x(static_cast<size_t>(n) * plan_.embedding_dim);
     for (int64_t i = 0; i < n; ++i) {
-      const T* row = plan_.embedding.data() + static_cast<size_t>(g.species[i]) * plan_.embedding_dim;
+      const T* row =
+          plan_.embedding.data() + static_cast<size_t>(g.species[i]) * plan_.embedding_dim;
       std::copy(row, row + plan_.embedding_dim, x.begin() + i * plan_.embedding_dim);
     }
     std::vector<T> sc, y;
@@ -105,9 +107,9 @@ class CpuRunner {
     double energy = 0.0;
     for (int64_t i = 0; i < n; ++i) {
       const int s = g.species[i];
-      const double e = i < g.num_energy_nodes
-                           ? static_cast<double>(plan_.shift[s]) + static_cast<double>(plan_.scale[s]) * h[i]
-                           : 0.0;
+      const double e = i < g.num_energy_nodes ? static_cast<double>(plan_.shift[s]) +
+                                                    static_cast<double>(plan_.scale[s]) * h[i]
+                                              : 0.0;
       if (out.atom_energies) out.atom_energies[i] = e;
       energy += e;
     }
@@ -136,12 +138,13 @@ class CpuRunner {
       grad_y.resize(static_cast<size_t>(n) * L.linear_2.dim_in);
       cpu::linear_backward(L.linear_2, n, grad_p.data(), grad_y.data(), false);
       grad_x1.resize(static_cast<size_t>(n) * L.conv.dim_in);
-      cpu::conv_backward(plan_, L.conv, g, x1_[t].data(), grad_y.data(), grad_x1.data(), forces.data(),
-                         want_virial ? atom_virials.data() : nullptr);
+      cpu::conv_backward(plan_, L.conv, g, x1_[t].data(), grad_y.data(), grad_x1.data(),
+                         forces.data(), want_virial ? atom_virials.data() : nullptr);
       if (t > 0) cpu::linear_backward(L.linear_1, n, grad_x1.data(), grad.data(), true);
     }
     if (out.forces) std::memcpy(out.forces, forces.data(), forces.size() * sizeof(double));
-    if (out.atom_virials) std::memcpy(out.atom_virials, atom_virials.data(), atom_virials.size() * sizeof(double));
+    if (out.atom_virials)
+      std::memcpy(out.atom_virials, atom_virials.data(), atom_virials.size() * sizeof(double));
     if (out.virial) {
       for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
       for (int64_t i = 0; i < n; ++i)
@@ -331,15 +334,20 @@ struct Engine::Impl {
   int num_threads = 0;
 };
 
-Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision precision, int num_threads)
-    : model_(std::move(model)), device_(device), precision_(precision), impl_(std::make_unique<Impl>()) {
+Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision precision,
+               int num_threads)
+    : model_(std::move(model)),
+      device_(device),
+      precision_(precision),
+      impl_(std::make_unique<Impl>()) {
   if (!model_) throw Error("Engine: no model");
   if (device == Device::cuda) {
     throw Error(cuda_available() ? "the CUDA backend does not run this model yet"
                                  : "this e3fuse was built without CUDA; use device 'cpu'");
   }
   const std::string& family = model_->family();
-  if (family != "sevennet" && family != "mace") throw Error("model family '" + family + "' is not supported");
+  if (family != "sevennet" && family != "mace")
+    throw Error("model family '" + family + "' is not supported");
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   if (family == "mace") {
     if (precision == Precision::float64)
@@ -361,8 +369,9 @@ void Engine::compute(const GraphView& g, ComputeOutput& out) {
   const int num_species = static_cast<int>(model_->atomic_numbers().size());
   for (int64_t i = 0; i < g.num_nodes; ++i) {
     if (g.species[i] < 0 || g.species[i] >= num_species) {
-      throw Error("atom " + std::to_string(i) + " has species index " + std::to_string(g.species[i]) +
-                  ", outside the model's " + std::to_string(num_species) + " species");
+      throw Error("atom " + std::to_string(i) + " has species index " +
+                  std::to_string(g.species[i]) + ", outside the model's " +
+                  std::to_string(num_species) + " species");
     }
     for (int a = 0; a < 3; ++a) {
       if (!std::isfinite(g.positions[3 * i + a])) {
@@ -372,7 +381,8 @@ void Engine::compute(const GraphView& g, ComputeOutput& out) {
   }
   const int64_t num_edges = g.num_nodes > 0 ? g.row_offsets[g.num_nodes] : 0;
   for (int64_t e = 0; e < num_edges; ++e) {
-    if (g.neighbors[e] < 0 || g.neighbors[e] >= g.num_nodes) throw Error("invalid graph: neighbor index out of range");
+    if (g.neighbors[e] < 0 || g.neighbors[e] >= g.num_nodes)
+      throw Error("invalid graph: neighbor index out of range");
   }
   const int saved = omp_get_max_threads();
   omp_set_num_threads(impl_->num_threads);
@@ -394,9 +404,10 @@ void Engine::compute(const GraphView& g, ComputeOutput& out) {
 
 std::string Engine::describe() const {
   std::ostringstream s;
-  s << "e3fuse " << version() << ": " << model_->family() << " model (" << model_->num_layers() << " layers, cutoff "
-    << model_->cutoff() << " A, " << model_->atomic_numbers().size() << " elements), device " << to_string(device_)
-    << ", precision " << to_string(precision_) << ", " << impl_->num_threads << " CPU threads";
+  s << "e3fuse " << version() << ": " << model_->family() << " model (" << model_->num_layers()
+    << " layers, cutoff " << model_->cutoff() << " A, " << model_->atomic_numbers().size()
+    << " elements), device " << to_string(device_) << ", precision " << to_string(precision_)
+    << ", " << impl_->num_threads << " CPU threads";
   return s.str();
 }
 

@@ -36,7 +36,8 @@ void check_shape(const py::array& a, std::vector<py::ssize_t> shape, const char*
 
 py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, bool atom_virials) {
   const int64_t n = g.num_nodes;
-  Array<double> atom_energies(n), f({n, int64_t(3)}), v({int64_t(3), int64_t(3)}), av({n, int64_t(9)});
+  Array<double> atom_energies(n), f({n, int64_t(3)}), v({int64_t(3), int64_t(3)}),
+      av({n, int64_t(9)});
   ComputeOutput out;
   out.atom_energies = atom_energies.mutable_data();
   if (forces) out.forces = f.mutable_data();
@@ -59,7 +60,8 @@ py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, b
 struct OpsProbe {
   std::shared_ptr<const Model> model;
   cpu::TypedPlan<double> plan;
-  explicit OpsProbe(std::shared_ptr<const Model> m) : model(std::move(m)), plan(cpu::make_typed_plan<double>(model->plan())) {}
+  explicit OpsProbe(std::shared_ptr<const Model> m)
+      : model(std::move(m)), plan(cpu::make_typed_plan<double>(model->plan())) {}
 
   const cpu::Linear<double>& linear(const std::string& name) const {
     if (name.rfind("readout.", 0) == 0) return plan.readout.at(std::stoi(name.substr(8)));
@@ -75,7 +77,8 @@ struct OpsProbe {
 
 void check_species(const Array<int32_t>& species, int num_species) {
   for (int64_t i = 0; i < species.shape(0); ++i)
-    if (species.data()[i] < 0 || species.data()[i] >= num_species) throw Error("species index out of range");
+    if (species.data()[i] < 0 || species.data()[i] >= num_species)
+      throw Error("species index out of range");
 }
 
 // e3nn's mul_ir layout <-> the convolution's ir_mul layout, row by row.
@@ -89,7 +92,8 @@ Array<double> relayout(const Blocks& blocks, const Array<double>& in, bool to_ir
     for (const auto& b : blocks)
       for (int u = 0; u < b.mul; ++u)
         for (int m = 0; m < b.d; ++m) {
-          const int64_t mul_ir = i * dim + b.offset + u * b.d + m, ir_mul = i * dim + b.offset + m * b.mul + u;
+          const int64_t mul_ir = i * dim + b.offset + u * b.d + m,
+                        ir_mul = i * dim + b.offset + m * b.mul + u;
           if (to_ir_mul)
             dst[ir_mul] = src[mul_ir];
           else
@@ -125,7 +129,9 @@ PYBIND11_MODULE(_core, m) {
   });
 
   py::class_<Model, std::shared_ptr<Model>>(m, "Model")
-      .def_static("load", [](const std::string& path) { return std::const_pointer_cast<Model>(Model::load(path)); })
+      .def_static(
+          "load",
+          [](const std::string& path) { return std::const_pointer_cast<Model>(Model::load(path)); })
       .def_property_readonly("family", &Model::family)
       .def_property_readonly("cutoff", &Model::cutoff)
       .def_property_readonly("num_layers", &Model::num_layers)
@@ -144,17 +150,19 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_edges", &NeighborList::num_edges)
       .def_property_readonly("cutoff", &NeighborList::cutoff)
       .def_property_readonly("skin", &NeighborList::skin)
-      .def("update",
-           [](NeighborList& nl, Array<double> positions, Array<double> cell, std::vector<bool> pbc) {
-             check_shape(positions, {-1, 3}, "positions");
-             check_shape(cell, {3, 3}, "cell");
-             if (pbc.size() != 3) throw Error("pbc must have 3 entries");
-             bool p[3] = {pbc[0], pbc[1], pbc[2]};
-             py::gil_scoped_release release;
-             return nl.update(positions.shape(0), positions.data(), cell.data(), p);
-           })
+      .def(
+          "update",
+          [](NeighborList& nl, Array<double> positions, Array<double> cell, std::vector<bool> pbc) {
+            check_shape(positions, {-1, 3}, "positions");
+            check_shape(cell, {3, 3}, "cell");
+            if (pbc.size() != 3) throw Error("pbc must have 3 entries");
+            bool p[3] = {pbc[0], pbc[1], pbc[2]};
+            py::gil_scoped_release release;
+            return nl.update(positions.shape(0), positions.data(), cell.data(), p);
+          })
       .def("edges", [](const NeighborList& nl, Array<double> positions) {
-        const int64_t n = static_cast<int64_t>(nl.row_offsets().empty() ? 0 : nl.row_offsets().size() - 1);
+        const int64_t n =
+            static_cast<int64_t>(nl.row_offsets().empty() ? 0 : nl.row_offsets().size() - 1);
         check_shape(positions, {n, 3}, "positions");
         const int64_t E = nl.num_edges();
         Array<int64_t> recv(E), send(E), shifts({E, int64_t(3)});
@@ -190,19 +198,21 @@ PYBIND11_MODULE(_core, m) {
       });
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init([](std::shared_ptr<Model> model, const std::string& device, const std::string& precision,
-                       int num_threads) {
-             return std::make_unique<Engine>(model, parse_device(device), parse_precision(precision), num_threads);
+      .def(py::init([](std::shared_ptr<Model> model, const std::string& device,
+                       const std::string& precision, int num_threads) {
+             return std::make_unique<Engine>(model, parse_device(device),
+                                             parse_precision(precision), num_threads);
            }),
-           py::arg("model"), py::arg("device") = "cpu", py::arg("precision") = "float64", py::arg("num_threads") = 0)
+           py::arg("model"), py::arg("device") = "cpu", py::arg("precision") = "float64",
+           py::arg("num_threads") = 0)
       .def("describe", &Engine::describe)
       .def_property_readonly("device", [](const Engine& e) { return to_string(e.device()); })
       .def_property_readonly("precision", [](const Engine& e) { return to_string(e.precision()); })
       // Evaluate on the neighbor list's current graph (after NeighborList.update).
       .def(
           "compute_neighbors",
-          [](Engine& engine, const NeighborList& nl, Array<double> positions, Array<int32_t> species, bool forces,
-             bool virial, bool atom_virials) {
+          [](Engine& engine, const NeighborList& nl, Array<double> positions,
+             Array<int32_t> species, bool forces, bool virial, bool atom_virials) {
             const int64_t n = species.shape(0);
             check_shape(positions, {n, 3}, "positions");
             if (static_cast<int64_t>(nl.row_offsets().size()) != n + 1) {
@@ -216,12 +226,14 @@ PYBIND11_MODULE(_core, m) {
       // Evaluate on an explicit CSR graph (no shifts): LAMMPS-like local + ghost input.
       .def(
           "compute_graph",
-          [](Engine& engine, Array<double> positions, Array<int32_t> species, Array<int64_t> row_offsets,
-             Array<int32_t> neighbors, int64_t num_energy_nodes, bool forces, bool virial, bool atom_virials) {
+          [](Engine& engine, Array<double> positions, Array<int32_t> species,
+             Array<int64_t> row_offsets, Array<int32_t> neighbors, int64_t num_energy_nodes,
+             bool forces, bool virial, bool atom_virials) {
             const int64_t n = species.shape(0);
             check_shape(positions, {n, 3}, "positions");
             check_shape(row_offsets, {n + 1}, "row_offsets");
-            if (n > 0 && row_offsets.at(n) != neighbors.shape(0)) throw Error("row_offsets do not match neighbors");
+            if (n > 0 && row_offsets.at(n) != neighbors.shape(0))
+              throw Error("row_offsets do not match neighbors");
             GraphView g;
             g.num_nodes = n;
             g.num_energy_nodes = num_energy_nodes < 0 ? n : num_energy_nodes;
@@ -250,10 +262,12 @@ PYBIND11_MODULE(_core, m) {
                const double r = std::sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
                const double u[3] = {v[0] / r, v[1] / r, v[2] / r};
                ops::spherical_harmonics(p.plan.sh, u, Y.mutable_data() + e * dim, dP.data());
-               for (int m = 0; m < dim; ++m) {  // full Jacobian via one-hot vector-Jacobian products
+               for (int m = 0; m < dim;
+                    ++m) {  // full Jacobian via one-hot vector-Jacobian products
                  std::fill(g.begin(), g.end(), 0.0);
                  g[m] = 1.0;
-                 ops::spherical_harmonics_vjp(dim, g.data(), dP.data(), u, r, J.mutable_data() + (e * dim + m) * 3);
+                 ops::spherical_harmonics_vjp(dim, g.data(), dP.data(), u, r,
+                                              J.mutable_data() + (e * dim + m) * 3);
                }
              }
              return py::make_tuple(Y, J);
@@ -264,8 +278,9 @@ PYBIND11_MODULE(_core, m) {
              const int nb = p.plan.num_basis;
              Array<double> emb({n, int64_t(nb)}), demb({n, int64_t(nb)});
              for (int64_t e = 0; e < n; ++e)
-               ops::edge_embedding(nb, p.plan.radial_coeffs.data(), p.plan.radial_prefactor, p.plan.envelope,
-                                   r.at(e), emb.mutable_data() + e * nb, demb.mutable_data() + e * nb);
+               ops::edge_embedding(nb, p.plan.radial_coeffs.data(), p.plan.radial_prefactor,
+                                   p.plan.envelope, r.at(e), emb.mutable_data() + e * nb,
+                                   demb.mutable_data() + e * nb);
              return py::make_tuple(emb, demb);
            })
       .def("linear",
@@ -382,8 +397,8 @@ PYBIND11_MODULE(_core, m) {
              std::fill_n(forces.mutable_data(), 3 * n, 0.0);
              Array<double> xt = relayout(conv.in_blocks, x, true);
              Array<double> gyt = relayout(conv.out_blocks, grad_y, true);
-             cpu::conv_backward(p.plan, conv, g, xt.data(), gyt.data(), gx.mutable_data(), forces.mutable_data(),
-                                nullptr);
+             cpu::conv_backward(p.plan, conv, g, xt.data(), gyt.data(), gx.mutable_data(),
+                                forces.mutable_data(), nullptr);
              return py::make_tuple(relayout(conv.in_blocks, gx, false), forces);
            });
 }

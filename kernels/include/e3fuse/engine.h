@@ -26,11 +26,11 @@ const char* version();
 // row-major tensor; for a periodic system ASE's stress is -virial / volume.
 // Per-atom virials split each edge's term equally between its two atoms.
 struct ComputeOutput {
-  double energy = 0.0;               // sum over nodes [0, num_energy_nodes)
-  double* atom_energies = nullptr;   // num_nodes (zero for nodes past num_energy_nodes)
-  double* forces = nullptr;          // num_nodes x 3
-  double* virial = nullptr;          // 9
-  double* atom_virials = nullptr;    // num_nodes x 9
+  double energy = 0.0;              // sum over nodes [0, num_energy_nodes)
+  double* atom_energies = nullptr;  // num_nodes (zero for nodes past num_energy_nodes)
+  double* forces = nullptr;         // num_nodes x 3
+  double* virial = nullptr;         // 9
+  double* atom_virials = nullptr;   // num_nodes x 9
 };
 
 class Engine {

@@ -23,8 +23,8 @@ class Model {
                                                  const std::string& origin);
   ~Model();
 
-  const std::string& family() const;       // "sevennet" | "mace"
-  double cutoff() const;                    // Angstrom
+  const std::string& family() const;  // "sevennet" | "mace"
+  double cutoff() const;              // Angstrom
   int num_layers() const;
   int format_version() const;
   // atomic_numbers()[s] is the element of model species index s.

@@ -26,8 +26,7 @@ class NeighborList {
   // directions are used. Returns true when the list was rebuilt.
   // Throws Error on NaN/inf positions, a degenerate cell along periodic
   // directions, or two atoms closer than min_distance (checked on every call).
-  bool update(int64_t num_atoms, const double* positions, const double* cell,
-              const bool pbc[3]);
+  bool update(int64_t num_atoms, const double* positions, const double* cell, const bool pbc[3]);
 
   // Forces the next update() to rebuild.
   void invalidate() { valid_ = false; }
@@ -45,7 +44,7 @@ class NeighborList {
   const std::vector<int32_t>& neighbors() const { return neighbors_; }
   const std::vector<int32_t>& shift_index() const { return shift_index_; }
   const std::vector<int32_t>& shift_cells() const { return shift_cells_; }  // 3 ints per shift
-  const std::vector<double>& shifts() const { return shifts_; }            // 3 doubles per shift
+  const std::vector<double>& shifts() const { return shifts_; }             // 3 doubles per shift
 
  private:
   void build(int64_t num_atoms, const double* positions, const double* cell, const bool pbc[3]);

@@ -21,10 +21,10 @@ namespace e3fuse {
 struct GraphView {
   int64_t num_nodes = 0;
   int64_t num_energy_nodes = 0;
-  const double* positions = nullptr;    // num_nodes x 3
-  const int32_t* species = nullptr;     // model species index per node
+  const double* positions = nullptr;     // num_nodes x 3
+  const int32_t* species = nullptr;      // model species index per node
   const int64_t* row_offsets = nullptr;  // num_nodes + 1
-  const int32_t* neighbors = nullptr;   // row_offsets[num_nodes]
+  const int32_t* neighbors = nullptr;    // row_offsets[num_nodes]
   const int32_t* shift_index = nullptr;  // per edge; nullptr means all shifts are zero
   const double* shifts = nullptr;        // Cartesian shift vectors, 3 per entry
 };

@@ -61,7 +61,8 @@ void gemm(int n, int K, int N, const T* A, const T* B, T* C) {
       for (int r = 0; r < 4; ++r)
         for (int cc = col; cc < N; ++cc) {
           T s = T(0);
-          for (int k = 0; k < K; ++k) s += a[static_cast<size_t>(r) * K + k] * B[static_cast<size_t>(k) * N + cc];
+          for (int k = 0; k < K; ++k)
+            s += a[static_cast<size_t>(r) * K + k] * B[static_cast<size_t>(k) * N + cc];
           c[static_cast<size_t>(r) * N + cc] = s;
         }
     }
@@ -106,7 +107,8 @@ struct Tile {
 // Collects node i's edges inside the cutoff with their geometry and embedding.
 // Returns false if two atoms coincide (r == 0).
 template <class T>
-bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool with_grad, Tile<T>& t) {
+bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool with_grad,
+                 Tile<T>& t) {
   const int64_t begin = g.row_offsets[i], end = g.row_offsets[i + 1];
   const int sh_dim = plan.sh.dim, nb = plan.num_basis;
   t.reserve_edges(end - begin, sh_dim, nb);
@@ -142,8 +144,8 @@ bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool w
                              with_grad ? &t.dP[3 * static_cast<size_t>(e) * sh_dim] : nullptr);
     // In double whatever T is: cheap per edge, and it keeps float32 accurate near the cutoff.
     double emb[64], demb[64];
-    ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope, t.r_f64[e], emb,
-                        with_grad ? demb : nullptr);
+    ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope,
+                        t.r_f64[e], emb, with_grad ? demb : nullptr);
     for (int b = 0; b < nb; ++b) {
       t.emb[static_cast<size_t>(e) * nb + b] = static_cast<T>(emb[b]);
       if (with_grad) t.demb[static_cast<size_t>(e) * nb + b] = static_cast<T>(demb[b]);
@@ -168,7 +170,8 @@ void mlp_forward(const Mlp<T>& mlp, Tile<T>& t) {
     if (li + 1 < layers) {
       std::vector<T>& act = t.hidden[li];
       act.resize(out.size());
-      for (size_t q = 0; q < out.size(); ++q) act[q] = ops::activation(mlp.act, out[q]) * mlp.act_scale;
+      for (size_t q = 0; q < out.size(); ++q)
+        act[q] = ops::activation(mlp.act, out[q]) * mlp.act_scale;
       h = act.data();
     }
   }
@@ -186,7 +189,8 @@ void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
     gemm(t.n, N, K, g->data(), mlp.weight_t[li].data(), dh.data());
     if (li > 0) {
       const std::vector<T>& pre = t.pre[li - 1];
-      for (size_t q = 0; q < dh.size(); ++q) dh[q] *= ops::activation_grad(mlp.act, pre[q]) * mlp.act_scale;
+      for (size_t q = 0; q < dh.size(); ++q)
+        dh[q] *= ops::activation_grad(mlp.act, pre[q]) * mlp.act_scale;
     }
     g = &dh;
   }
@@ -194,7 +198,9 @@ void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
   std::vector<T> dr(t.n);
   for (int e = 0; e < t.n; ++e) {
     T s = T(0);
-    for (int b = 0; b < num_basis; ++b) s += (*g)[static_cast<size_t>(e) * num_basis + b] * t.demb[static_cast<size_t>(e) * num_basis + b];
+    for (int b = 0; b < num_basis; ++b)
+      s += (*g)[static_cast<size_t>(e) * num_basis + b] *
+           t.demb[static_cast<size_t>(e) * num_basis + b];
     dr[e] = s;
   }
   t.grad_h2.assign(dr.begin(), dr.end());
@@ -203,7 +209,8 @@ void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
 template <class T>
 void coincident_error(const GraphView& g, int64_t i) {
   (void)g;
-  throw Error("two atoms are at the same position (atom " + std::to_string(i) + " and a neighbor at distance 0)");
+  throw Error("two atoms are at the same position (atom " + std::to_string(i) +
+              " and a neighbor at distance 0)");
 }
 
 // Path kernels: compile-time specialized for l <= 3 (ops/tp.h), generic otherwise.
@@ -240,8 +247,8 @@ struct PathBackward {
   T *gw, *gxk, *dY1, *dY2;
   template <int L1, int L2, int L3>
   void run() {
-    ops::tp_path_backward<T, 2 * L1 + 1, 2 * L2 + 1, 2 * L3 + 1>(p.mul, s, p.cg.data(), Y, xj, xk, gk, gj, w, gw,
-                                                                 gxk, dY1, dY2);
+    ops::tp_path_backward<T, 2 * L1 + 1, 2 * L2 + 1, 2 * L3 + 1>(p.mul, s, p.cg.data(), Y, xj, xk,
+                                                                 gk, gj, w, gw, gxk, dY1, dY2);
   }
   void generic(std::vector<T>& M, std::vector<T>& A1, std::vector<T>& A2) {
     const int d1 = p.d1, d2 = p.d2, d3 = p.d3;
@@ -282,7 +289,8 @@ struct PathBackward {
 }  // namespace
 
 template <class T>
-void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& g, const T* x, T* y) {
+void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& g, const T* x,
+                  T* y) {
   std::atomic<int64_t> bad_node{-1};
 #pragma omp parallel
   {
@@ -304,7 +312,8 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
         const T* w = t.weights.data() + static_cast<size_t>(e) * conv.weight_numel;
         const T* Y = t.Y.data() + static_cast<size_t>(e) * sh_dim;
         for (const auto& p : conv.paths) {
-          PathForward<T> f{p, Y + p.sh_offset, xj + p.in_offset, w + p.weight_offset, yi + p.out_offset};
+          PathForward<T> f{p, Y + p.sh_offset, xj + p.in_offset, w + p.weight_offset,
+                           yi + p.out_offset};
           if (!ops::dispatch_l123(p.d1 / 2, p.l2, p.d3 / 2, f)) f.generic(M);
         }
       }
@@ -315,8 +324,8 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
 }
 
 template <class T>
-void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& g, const T* x, const T* grad_y,
-                   T* grad_x, double* forces, double* atom_virials) {
+void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& g, const T* x,
+                   const T* grad_y, T* grad_x, double* forces, double* atom_virials) {
   std::atomic<int64_t> bad_node{-1};
   const int sh_dim = plan.sh.dim;
   std::vector<T> parity(sh_dim);
@@ -367,7 +376,8 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
         for (int64_t q = 0; q < conv.weight_numel; ++q) gw[q] *= conv.inv_denominator;
         // Combined angular adjoint (see header): dY1 + (-1)^l dY2.
         T* dyc = dYc.data() + static_cast<size_t>(e) * sh_dim;
-        for (int m = 0; m < sh_dim; ++m) dyc[m] = (dY1[m] + parity[m] * dY2[m]) * conv.inv_denominator;
+        for (int m = 0; m < sh_dim; ++m)
+          dyc[m] = (dY1[m] + parity[m] * dY2[m]) * conv.inv_denominator;
       }
       for (int64_t q = 0; q < conv.dim_in; ++q) gxk[q] *= conv.inv_denominator;
       mlp_backward_to_r(conv.mlp, plan.num_basis, t);  // dE/dr per edge in t.grad_h2
@@ -385,7 +395,8 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
         }
         if (atom_virials) {
           for (int a = 0; a < 3; ++a)
-            for (int b = 0; b < 3; ++b) wk[3 * a + b] -= 0.5 * static_cast<double>(t.vec[3 * e + a]) * f[b];
+            for (int b = 0; b < 3; ++b)
+              wk[3 * a + b] -= 0.5 * static_cast<double>(t.vec[3 * e + a]) * f[b];
         }
       }
       for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
@@ -396,12 +407,13 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
   if (bad_node >= 0) coincident_error<T>(g, bad_node);
 }
 
-template void conv_forward<float>(const TypedPlan<float>&, const Conv<float>&, const GraphView&, const float*, float*);
-template void conv_forward<double>(const TypedPlan<double>&, const Conv<double>&, const GraphView&, const double*,
-                                   double*);
-template void conv_backward<float>(const TypedPlan<float>&, const Conv<float>&, const GraphView&, const float*,
-                                   const float*, float*, double*, double*);
-template void conv_backward<double>(const TypedPlan<double>&, const Conv<double>&, const GraphView&, const double*,
-                                    const double*, double*, double*, double*);
+template void conv_forward<float>(const TypedPlan<float>&, const Conv<float>&, const GraphView&,
+                                  const float*, float*);
+template void conv_forward<double>(const TypedPlan<double>&, const Conv<double>&, const GraphView&,
+                                   const double*, double*);
+template void conv_backward<float>(const TypedPlan<float>&, const Conv<float>&, const GraphView&,
+                                   const float*, const float*, float*, double*, double*);
+template void conv_backward<double>(const TypedPlan<double>&, const Conv<double>&, const GraphView&,
+                                    const double*, const double*, double*, double*, double*);
 
 }  // namespace e3fuse::cpu

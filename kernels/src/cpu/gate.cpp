@@ -22,8 +22,12 @@ void gate_forward(const Gate<T>& gate, int64_t num_nodes, const T* x, T* out) {
       const int d = 2 * b.l + 1;
       for (int c = 0; c < b.mul; ++c) {
         const GateSegment& gs = g.gates[gate_seg];
-        const T gv = ops::activation(gs.act, xn[gs.start + gate_i]) * static_cast<T>(gs.scale) * gate.gated_factor;
-        if (++gate_i == gs.dim) { ++gate_seg; gate_i = 0; }
+        const T gv = ops::activation(gs.act, xn[gs.start + gate_i]) * static_cast<T>(gs.scale) *
+                     gate.gated_factor;
+        if (++gate_i == gs.dim) {
+          ++gate_seg;
+          gate_i = 0;
+        }
         for (int m = 0; m < d; ++m) on[o++] = gv * xn[b.start + c * d + m];
       }
     }
@@ -31,7 +35,8 @@ void gate_forward(const Gate<T>& gate, int64_t num_nodes, const T* x, T* out) {
 }
 
 template <class T>
-void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* grad_out, T* grad_x) {
+void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* grad_out,
+                   T* grad_x) {
   const GatePlan& g = gate.plan;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < num_nodes; ++n) {
@@ -42,7 +47,8 @@ void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* 
     int o = 0;
     for (const auto& s : g.scalars) {
       const T c = static_cast<T>(s.scale);
-      for (int i = 0; i < s.dim; ++i) dn[s.start + i] = gn[o++] * c * ops::activation_grad(s.act, xn[s.start + i]);
+      for (int i = 0; i < s.dim; ++i)
+        dn[s.start + i] = gn[o++] * c * ops::activation_grad(s.act, xn[s.start + i]);
     }
     int gate_seg = 0, gate_i = 0;
     for (const auto& b : g.gated) {
@@ -59,7 +65,10 @@ void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* 
           ++o;
         }
         dn[gs.start + gate_i] += dot * c_g * ops::activation_grad(gs.act, xg);
-        if (++gate_i == gs.dim) { ++gate_seg; gate_i = 0; }
+        if (++gate_i == gs.dim) {
+          ++gate_seg;
+          gate_i = 0;
+        }
       }
     }
   }
@@ -68,6 +77,7 @@ void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* 
 template void gate_forward<float>(const Gate<float>&, int64_t, const float*, float*);
 template void gate_forward<double>(const Gate<double>&, int64_t, const double*, double*);
 template void gate_backward<float>(const Gate<float>&, int64_t, const float*, const float*, float*);
-template void gate_backward<double>(const Gate<double>&, int64_t, const double*, const double*, double*);
+template void gate_backward<double>(const Gate<double>&, int64_t, const double*, const double*,
+                                    double*);
 
 }  // namespace e3fuse::cpu

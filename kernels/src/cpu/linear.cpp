@@ -44,7 +44,8 @@ void linear_forward(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out)
 }
 
 template <class T>
-void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out, T* grad_x, bool accumulate) {
+void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out, T* grad_x,
+                     bool accumulate) {
 #pragma omp parallel
   {
     std::vector<T> gm(lin.max_mul);

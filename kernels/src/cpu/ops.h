@@ -14,13 +14,15 @@ template <class T>
 void linear_forward(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out);
 // grad_x (+)= linear^T(grad_out); accumulate when `accumulate` is set.
 template <class T>
-void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out, T* grad_x, bool accumulate);
+void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out, T* grad_x,
+                     bool accumulate);
 
 template <class T>
 void gate_forward(const Gate<T>& gate, int64_t num_nodes, const T* x, T* out);
 // grad_x = d gate / dx ^T grad_out (overwritten).
 template <class T>
-void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* grad_out, T* grad_x);
+void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* grad_out,
+                   T* grad_x);
 
 // Edge geometry the convolution needs, shared by its forward and backward.
 template <class T>
@@ -31,7 +33,8 @@ struct EdgeGeometry {
 
 // y_i = (1/D) sum_{j in N(i), r_ij < cutoff} TP(x_j, Y(v_ij), MLP(emb(r_ij))) for all nodes.
 template <class T>
-void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& graph, const T* x, T* y);
+void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& graph, const T* x,
+                  T* y);
 
 // Adjoint of conv_forward given grad_y = dE/dy for all nodes: writes grad_x
 // (overwritten) and adds the edge-geometry part to forces (num_nodes x 3,
@@ -39,7 +42,7 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
 // Gathers only: each node handles its own edges in both directions, which needs
 // the symmetric graph described in system.h.
 template <class T>
-void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& graph, const T* x,
-                   const T* grad_y, T* grad_x, double* forces, double* atom_virials);
+void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& graph,
+                   const T* x, const T* grad_y, T* grad_x, double* forces, double* atom_virials);
 
 }  // namespace e3fuse::cpu

@@ -36,8 +36,8 @@ struct Linear {
 template <class T>
 struct Mlp {
   std::vector<int> dims;
-  std::vector<std::vector<T>> weight;     // [dims[i]][dims[i+1]]
-  std::vector<std::vector<T>> weight_t;   // transposed, for the backward pass
+  std::vector<std::vector<T>> weight;    // [dims[i]][dims[i+1]]
+  std::vector<std::vector<T>> weight_t;  // transposed, for the backward pass
   Activation act = Activation::identity;
   T act_scale = T(1);
 };
@@ -129,7 +129,8 @@ Mlp<T> make_mlp(const MlpPlan& p) {
     std::vector<T> w(p.weights[i].begin(), p.weights[i].end());
     std::vector<T> wt(w.size());
     for (int a = 0; a < rows; ++a)
-      for (int b = 0; b < cols; ++b) wt[static_cast<size_t>(b) * rows + a] = w[static_cast<size_t>(a) * cols + b];
+      for (int b = 0; b < cols; ++b)
+        wt[static_cast<size_t>(b) * rows + a] = w[static_cast<size_t>(a) * cols + b];
     m.weight.push_back(std::move(w));
     m.weight_t.push_back(std::move(wt));
   }
@@ -191,7 +192,8 @@ void split_linear_side(Linear<T>& lin, const std::vector<Block>& blocks, bool in
         q.mul_out = b.mul;
         q.weight.clear();
         for (int u = 0; u < p.mul_in; ++u)
-          for (int w = 0; w < b.mul; ++w) q.weight.push_back(p.weight[static_cast<size_t>(u) * p.mul_out + u0 + w]);
+          for (int w = 0; w < b.mul; ++w)
+            q.weight.push_back(p.weight[static_cast<size_t>(u) * p.mul_out + u0 + w]);
       }
       out.push_back(std::move(q));
     }

@@ -1,11 +1,12 @@
 // model/model.cpp: reads an .e3f file (safetensors + architecture JSON in the
 // metadata key "e3fuse") into a ModelPlan, validating every size on the way.
+#include "e3fuse/model.h"
+
 #include <cmath>
 #include <sstream>
 
-#include "e3fuse/error.h"
 #include "e3fuse/engine.h"
-#include "e3fuse/model.h"
+#include "e3fuse/error.h"
 #include "model/json.h"
 #include "model/plan.h"
 #include "model/safetensors.h"
@@ -21,7 +22,8 @@ class PlanBuilder {
 
   std::vector<double> tensor(const json::Value& name_value, std::vector<int64_t> expected_shape) {
     const std::string name = name_value.as_string();
-    if (!file_.has(name)) fail("tensor '" + name + "' named at " + name_value.path() + " is missing");
+    if (!file_.has(name))
+      fail("tensor '" + name + "' named at " + name_value.path() + " is missing");
     std::vector<int64_t> shape = file_.shape(name);
     if (shape != expected_shape) {
       fail("tensor '" + name + "' has shape " + shape_string(shape) + ", expected " +
@@ -95,7 +97,8 @@ class PlanBuilder {
     plan.sh = irreps(v["irreps_sh"]);
     plan.out = irreps(v["irreps_out"]);
     plan.weight_numel = v["weight_numel"].as_int();
-    if (plan.sh.dim != sh.dim) fail("convolution at " + v.path() + ": spherical harmonics mismatch");
+    if (plan.sh.dim != sh.dim)
+      fail("convolution at " + v.path() + ": spherical harmonics mismatch");
     std::vector<int> out_used(plan.out.blocks.size(), 0);
     for (const json::Value& p : v["instructions"].array()) {
       TensorProductPath path;
@@ -119,7 +122,8 @@ class PlanBuilder {
       plan.paths.push_back(std::move(path));
     }
     plan.mlp = mlp(v["mlp"]);
-    if (plan.mlp.dims.back() != plan.weight_numel) fail("radial MLP output size mismatch at " + v.path());
+    if (plan.mlp.dims.back() != plan.weight_numel)
+      fail("radial MLP output size mismatch at " + v.path());
     if (plan.mlp.dims.front() == 0) fail("radial MLP without inputs at " + v.path());
     plan.denominator = v["denominator"].as_double();
     if (!(plan.denominator > 0)) fail("convolution denominator must be positive at " + v.path());
@@ -153,14 +157,16 @@ class PlanBuilder {
       b.start = static_cast<int>(g["start"].as_int());
       b.mul = static_cast<int>(g["mul"].as_int());
       b.l = static_cast<int>(g["l"].as_int());
-      if (b.start < 0 || b.start + b.mul * (2 * b.l + 1) > plan.dim_in) fail("gated block out of range");
+      if (b.start < 0 || b.start + b.mul * (2 * b.l + 1) > plan.dim_in)
+        fail("gated block out of range");
       num_gated += b.mul;
       plan.gated.push_back(b);
     }
     if (num_gates != num_gated) fail("gate at " + v.path() + ": gates and gated do not match");
     int64_t gated_dim = 0;
     for (const auto& b : plan.gated) gated_dim += b.mul * (2 * b.l + 1);
-    if (scalar_dim + gated_dim != plan.dim_out) fail("gate at " + v.path() + ": output size mismatch");
+    if (scalar_dim + gated_dim != plan.dim_out)
+      fail("gate at " + v.path() + ": output size mismatch");
     plan.gated_factor = v["gated_factor"].as_double();
     return plan;
   }
@@ -172,7 +178,8 @@ class PlanBuilder {
     plan.dim = (plan.lmax + 1) * (plan.lmax + 1);
     if (!v["normalize"].as_bool()) fail("unnormalized spherical harmonics are not supported");
     const json::Value& polys = v["polynomials"];
-    if (polys.size() != static_cast<size_t>(plan.lmax + 1)) fail("spherical harmonics: missing degrees");
+    if (polys.size() != static_cast<size_t>(plan.lmax + 1))
+      fail("spherical harmonics: missing degrees");
     for (int l = 0; l <= plan.lmax; ++l) {
       ShDegree d;
       d.l = l;
@@ -180,11 +187,13 @@ class PlanBuilder {
       const json::Value& name = polys[l]["exponents"];
       if (!file_.has(name.as_string())) fail("tensor '" + name.as_string() + "' is missing");
       std::vector<int64_t> exps = file_.to_int(name.as_string());
-      if (static_cast<int>(exps.size()) != 3 * num_monomials) fail("bad exponents for l=" + std::to_string(l));
+      if (static_cast<int>(exps.size()) != 3 * num_monomials)
+        fail("bad exponents for l=" + std::to_string(l));
       for (int k = 0; k < num_monomials; ++k) {
         std::array<int, 3> e = {static_cast<int>(exps[3 * k]), static_cast<int>(exps[3 * k + 1]),
                                 static_cast<int>(exps[3 * k + 2])};
-        if (e[0] < 0 || e[1] < 0 || e[2] < 0 || e[0] + e[1] + e[2] != l) fail("bad exponents for l=" + std::to_string(l));
+        if (e[0] < 0 || e[1] < 0 || e[2] < 0 || e[0] + e[1] + e[2] != l)
+          fail("bad exponents for l=" + std::to_string(l));
         d.exponents.push_back(e);
       }
       d.coeffs = tensor(polys[l]["coeffs"], {2 * l + 1, num_monomials});
@@ -196,7 +205,8 @@ class PlanBuilder {
 
   std::vector<int64_t> int_tensor(const json::Value& name_value) {
     const std::string name = name_value.as_string();
-    if (!file_.has(name)) fail("tensor '" + name + "' named at " + name_value.path() + " is missing");
+    if (!file_.has(name))
+      fail("tensor '" + name + "' named at " + name_value.path() + " is missing");
     return file_.to_int(name);
   }
   void uncount(int64_t n) { num_parameters_ -= n; }  // constants, not parameters
@@ -210,7 +220,8 @@ class PlanBuilder {
  private:
   int block_index(const json::Value& v, const Irreps& irreps) {
     int64_t i = v.as_int();
-    if (i < 0 || i >= static_cast<int64_t>(irreps.blocks.size())) fail("block index out of range at " + v.path());
+    if (i < 0 || i >= static_cast<int64_t>(irreps.blocks.size()))
+      fail("block index out of range at " + v.path());
     return static_cast<int>(i);
   }
   static std::string shape_string(const std::vector<int64_t>& shape) {
@@ -230,9 +241,11 @@ class PlanBuilder {
 // (shared by all families).
 void build_common(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   const json::Value& radial = arch["radial"];
-  if (radial["kind"].as_string() != "bessel") b.fail("radial basis '" + radial["kind"].as_string() + "'");
+  if (radial["kind"].as_string() != "bessel")
+    b.fail("radial basis '" + radial["kind"].as_string() + "'");
   plan.radial.num_basis = static_cast<int>(radial["num_basis"].as_int());
-  if (plan.radial.num_basis < 1 || plan.radial.num_basis > 64) b.fail("number of radial basis functions must be 1..64");
+  if (plan.radial.num_basis < 1 || plan.radial.num_basis > 64)
+    b.fail("number of radial basis functions must be 1..64");
   plan.radial.prefactor = radial["prefactor"].as_double();
   plan.radial.coeffs = b.tensor(radial["coeffs"], {plan.radial.num_basis});
   const json::Value& env = arch["envelope"];
@@ -252,7 +265,8 @@ void build_common(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
 
   const int num_species = static_cast<int>(plan.atomic_numbers.size());
   LinearPlan embed = b.linear(arch["embedding"]);
-  if (embed.in.blocks.size() != 1 || embed.in.blocks[0].mul != num_species || embed.in.blocks[0].l != 0) {
+  if (embed.in.blocks.size() != 1 || embed.in.blocks[0].mul != num_species ||
+      embed.in.blocks[0].l != 0) {
     b.fail("embedding input must be one-hot over the model's species");
   }
   plan.embedding_dim = static_cast<int>(embed.out.dim);
@@ -261,14 +275,15 @@ void build_common(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
     const IrrepBlock& bo = embed.out.blocks[p.out_block];
     if (bo.l != 0) b.fail("embedding outputs must be scalars");
     for (int s = 0; s < num_species; ++s)
-      for (int w = 0; w < bo.mul; ++w) plan.embedding[s * plan.embedding_dim + bo.offset + w] += p.weight[s * bo.mul + w];
+      for (int w = 0; w < bo.mul; ++w)
+        plan.embedding[s * plan.embedding_dim + bo.offset + w] += p.weight[s * bo.mul + w];
   }
   for (const LinearBias& bias : embed.biases) {
     const IrrepBlock& bo = embed.out.blocks[bias.out_block];
     for (int s = 0; s < num_species; ++s)
-      for (int w = 0; w < bo.mul; ++w) plan.embedding[s * plan.embedding_dim + bo.offset + w] += bias.bias[w];
+      for (int w = 0; w < bo.mul; ++w)
+        plan.embedding[s * plan.embedding_dim + bo.offset + w] += bias.bias[w];
   }
-
 }
 
 void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
@@ -283,11 +298,14 @@ void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
     layer.linear_2 = b.linear(lv["linear_2"]);
     layer.gate = b.gate(lv["gate"]);
     if (layer.self_connection.in.dim != dim || layer.linear_1.in.dim != dim ||
-        layer.linear_1.out.dim != layer.conv.in.dim || layer.conv.out.dim != layer.linear_2.in.dim ||
-        layer.linear_2.out.dim != layer.gate.dim_in || layer.self_connection.out.dim != layer.gate.dim_in) {
+        layer.linear_1.out.dim != layer.conv.in.dim ||
+        layer.conv.out.dim != layer.linear_2.in.dim ||
+        layer.linear_2.out.dim != layer.gate.dim_in ||
+        layer.self_connection.out.dim != layer.gate.dim_in) {
       b.fail("layer " + lv.path() + ": feature sizes do not chain");
     }
-    if (layer.conv.mlp.dims.front() != plan.radial.num_basis) b.fail("radial MLP input != number of basis functions");
+    if (layer.conv.mlp.dims.front() != plan.radial.num_basis)
+      b.fail("radial MLP input != number of basis functions");
     dim = layer.gate.dim_out;
     plan.layers.push_back(std::move(layer));
   }
@@ -446,42 +464,51 @@ std::shared_ptr<const Model> Model::load(const std::string& path) {
   return from_bytes_or_file(path, nullptr);
 }
 
-std::shared_ptr<const Model> Model::from_bytes(const std::string& bytes, const std::string& origin) {
+std::shared_ptr<const Model> Model::from_bytes(const std::string& bytes,
+                                               const std::string& origin) {
   return from_bytes_or_file(origin, &bytes);
 }
 
-std::shared_ptr<const Model> Model::from_bytes_or_file(const std::string& origin, const std::string* bytes) {
-  SafetensorsFile file = bytes ? SafetensorsFile::parse(*bytes, origin) : SafetensorsFile::read(origin);
+std::shared_ptr<const Model> Model::from_bytes_or_file(const std::string& origin,
+                                                       const std::string* bytes) {
+  SafetensorsFile file =
+      bytes ? SafetensorsFile::parse(*bytes, origin) : SafetensorsFile::read(origin);
   auto it = file.metadata().find("e3fuse");
   if (it == file.metadata().end()) {
-    throw Error("model file '" + origin + "': not an e3fuse model (no 'e3fuse' metadata); convert it with `e3fuse convert`");
+    throw Error("model file '" + origin +
+                "': not an e3fuse model (no 'e3fuse' metadata); convert it with `e3fuse convert`");
   }
   json::Value arch = json::parse(it->second, "model file '" + origin + "' metadata");
   auto plan = std::make_unique<ModelPlan>();
   plan->json = it->second;
   plan->format_version = static_cast<int>(arch["format_version"].as_int());
   if (plan->format_version > kModelFormatVersion) {
-    throw Error("model file '" + origin + "' has format version " + std::to_string(plan->format_version) +
-                ", newer than this e3fuse (" + version() + ") reads (" + std::to_string(kModelFormatVersion) +
-                "); upgrade e3fuse");
+    throw Error("model file '" + origin + "' has format version " +
+                std::to_string(plan->format_version) + ", newer than this e3fuse (" + version() +
+                ") reads (" + std::to_string(kModelFormatVersion) + "); upgrade e3fuse");
   }
   if (plan->format_version < 1) throw Error("model file '" + origin + "': invalid format version");
   plan->family = arch["family"].as_string();
   plan->cutoff = arch["cutoff"].as_double();
-  if (!(plan->cutoff > 0) || !std::isfinite(plan->cutoff)) throw Error("model file '" + origin + "': bad cutoff");
-  for (int64_t z : arch["atomic_numbers"].as_int_vector()) plan->atomic_numbers.push_back(static_cast<int>(z));
+  if (!(plan->cutoff > 0) || !std::isfinite(plan->cutoff))
+    throw Error("model file '" + origin + "': bad cutoff");
+  for (int64_t z : arch["atomic_numbers"].as_int_vector())
+    plan->atomic_numbers.push_back(static_cast<int>(z));
   plan->species_of_z.assign(119, -1);
   for (size_t s = 0; s < plan->atomic_numbers.size(); ++s) {
     int z = plan->atomic_numbers[s];
-    if (z < 1 || z > 118) throw Error("model file '" + origin + "': bad atomic number " + std::to_string(z));
-    if (plan->species_of_z[z] != -1) throw Error("model file '" + origin + "': element listed twice");
+    if (z < 1 || z > 118)
+      throw Error("model file '" + origin + "': bad atomic number " + std::to_string(z));
+    if (plan->species_of_z[z] != -1)
+      throw Error("model file '" + origin + "': element listed twice");
     plan->species_of_z[z] = static_cast<int>(s);
   }
   if (arch.contains("source")) {
     const json::Value& src = arch["source"];
     std::string desc;
     for (const auto& kv : src.object()) {
-      if (kv.second.is_string()) desc += (desc.empty() ? "" : ", ") + kv.first + "=" + kv.second.as_string();
+      if (kv.second.is_string())
+        desc += (desc.empty() ? "" : ", ") + kv.first + "=" + kv.second.as_string();
     }
     plan->source_description = desc;
   }
@@ -491,7 +518,8 @@ std::shared_ptr<const Model> Model::from_bytes_or_file(const std::string& origin
   } else if (plan->family == "mace") {
     build_mace(builder, arch, *plan);
   } else {
-    throw Error("model file '" + origin + "': model family '" + plan->family + "' is not supported by this build");
+    throw Error("model file '" + origin + "': model family '" + plan->family +
+                "' is not supported by this build");
   }
   plan->num_parameters = builder.num_parameters();
   std::shared_ptr<Model> model(new Model());
@@ -502,7 +530,8 @@ std::shared_ptr<const Model> Model::from_bytes_or_file(const std::string& origin
 const std::string& Model::family() const { return plan_->family; }
 double Model::cutoff() const { return plan_->cutoff; }
 int Model::num_layers() const {
-  return static_cast<int>(plan_->family == "mace" ? plan_->mace_layers.size() : plan_->layers.size());
+  return static_cast<int>(plan_->family == "mace" ? plan_->mace_layers.size()
+                                                  : plan_->layers.size());
 }
 int Model::format_version() const { return plan_->format_version; }
 const std::vector<int>& Model::atomic_numbers() const { return plan_->atomic_numbers; }
@@ -528,31 +557,37 @@ std::string Model::summary() const {
   s << "cutoff:        " << p.cutoff << " A\n";
   s << "layers:        " << (p.family == "mace" ? p.mace_layers.size() : p.layers.size()) << "\n";
   s << "radial basis:  bessel x" << p.radial.num_basis << ", envelope "
-    << (p.radial.envelope == EnvelopeKind::xplor ? "xplor (r_on " + std::to_string(p.radial.r_on) + ")"
-                                                   : "polynomial (p " + std::to_string(p.radial.p) + ")")
+    << (p.radial.envelope == EnvelopeKind::xplor
+            ? "xplor (r_on " + std::to_string(p.radial.r_on) + ")"
+            : "polynomial (p " + std::to_string(p.radial.p) + ")")
     << "\n";
   s << "sph. harmonics: lmax " << p.sh.lmax << "\n";
   for (size_t t = 0; t < p.layers.size(); ++t) {
     const SevennetLayer& l = p.layers[t];
-    s << "layer " << t << ":       " << irreps_string(l.linear_1.in) << " -> conv " << irreps_string(l.conv.out)
-      << " (" << l.conv.paths.size() << " paths, radial MLP";
+    s << "layer " << t << ":       " << irreps_string(l.linear_1.in) << " -> conv "
+      << irreps_string(l.conv.out) << " (" << l.conv.paths.size() << " paths, radial MLP";
     for (int d : l.conv.mlp.dims) s << " " << d;
-    s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear_2.out) << " -> gate " << l.gate.dim_out
-      << "\n";
+    s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear_2.out) << " -> gate "
+      << l.gate.dim_out << "\n";
   }
   for (size_t t = 0; t < p.mace_layers.size(); ++t) {
     const MaceLayer& l = p.mace_layers[t];
-    s << "layer " << t << ":       " << irreps_string(l.linear_up.in) << " -> conv " << irreps_string(l.conv.out) << " ("
-      << l.conv.paths.size() << " paths, radial MLP";
+    s << "layer " << t << ":       " << irreps_string(l.linear_up.in) << " -> conv "
+      << irreps_string(l.conv.out) << " (" << l.conv.paths.size() << " paths, radial MLP";
     for (int d : l.conv.mlp.dims) s << " " << d;
-    s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear.out) << " -> product (correlation";
-    for (const auto& c : l.product.contractions) s << " " << (c.terms.empty() ? 0 : c.terms.back().nu);
+    s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear.out)
+      << " -> product (correlation";
+    for (const auto& c : l.product.contractions)
+      s << " " << (c.terms.empty() ? 0 : c.terms.back().nu);
     s << ") -> " << irreps_string(l.product_linear.out) << (l.residual ? ", residual" : "")
       << (l.readout.nonlinear ? ", MLP readout" : ", linear readout") << "\n";
   }
   s << "elements:      " << p.atomic_numbers.size() << " (Z =";
   for (size_t i = 0; i < p.atomic_numbers.size(); ++i) {
-    if (i == 12) { s << " ..."; break; }
+    if (i == 12) {
+      s << " ...";
+      break;
+    }
     s << " " << p.atomic_numbers[i];
   }
   s << ")\n";

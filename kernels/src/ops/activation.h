@@ -23,14 +23,21 @@ E3F_HD T sigmoid(T x) {
 template <class T>
 E3F_HD T activation(Activation act, T x) {
   switch (act) {
-    case Activation::identity: return x;
-    case Activation::silu: return x * sigmoid(x);
-    case Activation::tanh: return std::tanh(x);
-    case Activation::sigmoid: return sigmoid(x);
-    case Activation::abs: return std::abs(x);
-    case Activation::relu: return x > T(0) ? x : T(0);
+    case Activation::identity:
+      return x;
+    case Activation::silu:
+      return x * sigmoid(x);
+    case Activation::tanh:
+      return std::tanh(x);
+    case Activation::sigmoid:
+      return sigmoid(x);
+    case Activation::abs:
+      return std::abs(x);
+    case Activation::relu:
+      return x > T(0) ? x : T(0);
     case Activation::ssp:  // shifted softplus: log(1 + e^x) - log 2, computed stably
-      return (x > T(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x))) - T(0.6931471805599453);
+      return (x > T(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x))) -
+             T(0.6931471805599453);
   }
   return x;
 }
@@ -39,7 +46,8 @@ E3F_HD T activation(Activation act, T x) {
 template <class T>
 E3F_HD T activation_grad(Activation act, T x) {
   switch (act) {
-    case Activation::identity: return T(1);
+    case Activation::identity:
+      return T(1);
     case Activation::silu: {
       const T s = sigmoid(x);
       return s * (T(1) + x * (T(1) - s));
@@ -52,9 +60,12 @@ E3F_HD T activation_grad(Activation act, T x) {
       const T s = sigmoid(x);
       return s * (T(1) - s);
     }
-    case Activation::abs: return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
-    case Activation::relu: return x > T(0) ? T(1) : T(0);
-    case Activation::ssp: return sigmoid(x);
+    case Activation::abs:
+      return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
+    case Activation::relu:
+      return x > T(0) ? T(1) : T(0);
+    case Activation::ssp:
+      return sigmoid(x);
   }
   return T(1);
 }

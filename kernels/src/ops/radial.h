@@ -59,8 +59,8 @@ E3F_HD void envelope(const EnvelopeParams& e, T r, T& value, T& grad) {
 
 // emb[n] and demb[n] = d emb[n] / dr for n < num_basis.
 template <class T>
-E3F_HD void edge_embedding(int num_basis, const T* coeffs, T prefactor, const EnvelopeParams& env, T r,
-                           T* emb, T* demb) {
+E3F_HD void edge_embedding(int num_basis, const T* coeffs, T prefactor, const EnvelopeParams& env,
+                           T r, T* emb, T* demb) {
   T f, df;
   envelope(env, r, f, df);
   const T inv_r = T(1) / r;

@@ -45,8 +45,9 @@ E3F_HD void tp_path_forward(int mul, const T* cg, const T* Y, const T* x, const 
 //   grad_xk[a, u] += dE/dx_k via e2
 //   dY1[j] += dE/dY(v) via e1, dY2[j] += dE/dY(-v) via e2.
 template <class T, int D1, int D2, int D3>
-E3F_HD void tp_path_backward(int mul, T s, const T* cg, const T* Y, const T* xj, const T* xk, const T* gk,
-                             const T* gj, const T* w, T* grad_w, T* grad_xk, T* dY1, T* dY2) {
+E3F_HD void tp_path_backward(int mul, T s, const T* cg, const T* Y, const T* xj, const T* xk,
+                             const T* gk, const T* gj, const T* w, T* grad_w, T* grad_xk, T* dY1,
+                             T* dY2) {
   T M[D1 * D3];
   tp_contract_sh<T, D1, D2, D3>(cg, Y, M);
 #pragma omp simd
@@ -142,24 +143,25 @@ E3F_HD void tp_path_backward(int mul, T s, const T* cg, const T* Y, const T* xj,
 // Calls F::template run<L1, L2, L3>() for l1, l2, l3 <= 3; returns false otherwise.
 template <class F>
 bool dispatch_l123(int l1, int l2, int l3, F&& f) {
-#define E3F_L3(A, B, C) \
-  if (l3 == C) {        \
+#define E3F_L3(A, B, C)        \
+  if (l3 == C) {               \
     f.template run<A, B, C>(); \
-    return true;        \
+    return true;               \
   }
-#define E3F_L2(A, B) \
-  if (l2 == B) {     \
+#define E3F_L2(A, B)                                                              \
+  if (l2 == B) {                                                                  \
     E3F_L3(A, B, 0) E3F_L3(A, B, 1) E3F_L3(A, B, 2) E3F_L3(A, B, 3) return false; \
   }
-#define E3F_L1(A) \
-  if (l1 == A) {  \
+#define E3F_L1(A)                                                     \
+  if (l1 == A) {                                                      \
     E3F_L2(A, 0) E3F_L2(A, 1) E3F_L2(A, 2) E3F_L2(A, 3) return false; \
   }
-  E3F_L1(0) E3F_L1(1) E3F_L1(2) E3F_L1(3)
+  E3F_L1(0)
+  E3F_L1(1) E3F_L1(2) E3F_L1(3)
 #undef E3F_L1
 #undef E3F_L2
 #undef E3F_L3
-  return false;
+      return false;
 }
 
 }  // namespace e3fuse::ops
