@@ -55,6 +55,20 @@ const char* to_string(Precision p) { return p == Precision::float64 ? "float64" 
 
 namespace {
 
+// Copies the node-level forces and per-atom virials into the caller's buffers
+// and sums the global virial (in double, in node order: deterministic).
+void write_gradients(const std::vector<double>& forces, const std::vector<double>& atom_virials,
+                     ComputeOutput& out) {
+  if (out.forces) std::memcpy(out.forces, forces.data(), forces.size() * sizeof(double));
+  if (out.atom_virials)
+    std::memcpy(out.atom_virials, atom_virials.data(), atom_virials.size() * sizeof(double));
+  if (out.virial) {
+    for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
+    for (size_t i = 0; i < atom_virials.size(); i += 9)
+      for (int q = 0; q < 9; ++q) out.virial[q] += atom_virials[i + q];
+  }
+}
+
 template <class T>
 class CpuRunner {
  public:
@@ -142,14 +156,7 @@ class CpuRunner {
                          forces.data(), want_virial ? atom_virials.data() : nullptr);
       if (t > 0) cpu::linear_backward(L.linear_1, n, grad_x1.data(), grad.data(), true);
     }
-    if (out.forces) std::memcpy(out.forces, forces.data(), forces.size() * sizeof(double));
-    if (out.atom_virials)
-      std::memcpy(out.atom_virials, atom_virials.data(), atom_virials.size() * sizeof(double));
-    if (out.virial) {
-      for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
-      for (int64_t i = 0; i < n; ++i)
-        for (int q = 0; q < 9; ++q) out.virial[q] += atom_virials[9 * i + q];
-    }
+    write_gradients(forces, atom_virials, out);
   }
 
  private:
@@ -306,14 +313,7 @@ class MaceRunner {
         cpu::element_linear_backward(L.skip, n, g.species, gx.data(), gprev.data(), true);
       gx.swap(gprev);
     }
-    if (out.forces) std::memcpy(out.forces, forces.data(), forces.size() * sizeof(double));
-    if (out.atom_virials)
-      std::memcpy(out.atom_virials, atom_virials.data(), atom_virials.size() * sizeof(double));
-    if (out.virial) {
-      for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
-      for (int64_t i = 0; i < n; ++i)
-        for (int q = 0; q < 9; ++q) out.virial[q] += atom_virials[9 * i + q];
-    }
+    write_gradients(forces, atom_virials, out);
   }
 
  private:

@@ -71,6 +71,13 @@ def _sevenn_results(calc: Any, atoms: Any) -> dict[str, Any]:
         torch.set_default_dtype(previous)
 
 
+def _as_arrays(results: dict[str, Any], periodic: bool) -> dict[str, np.ndarray]:
+    out = {key: np.asarray(results[key]) for key in ("energy", "energies", "forces")}
+    if periodic:
+        out["stress"] = np.asarray(results["stress"])
+    return out
+
+
 def evaluate(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
     """energy, energies, forces and (periodic systems) stress of `atoms` with a
     reference calculator (float64 sevenn models are evaluated in float64)."""
@@ -81,14 +88,7 @@ def evaluate(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
         atoms.calc = calc
         calc.calculate(atoms, ["energy", "forces", "stress"])
         results = calc.results
-    out = {
-        "energy": np.array(results["energy"]),
-        "energies": np.asarray(results["energies"]),
-        "forces": np.asarray(results["forces"]),
-    }
-    if atoms.pbc.all():
-        out["stress"] = np.asarray(results["stress"])
-    return out
+    return _as_arrays(results, bool(atoms.pbc.all()))
 
 
 def mace_calculator(source: Any, dtype: str = "float64", head: str | None = None) -> Any:
@@ -118,11 +118,4 @@ def evaluate_mace(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
     atoms.calc = calc
     calc.calculate(atoms, ["energy", "forces", "stress"])
     results = calc.results
-    out = {
-        "energy": np.array(results["energy"]),
-        "energies": np.asarray(results["energies"]),
-        "forces": np.asarray(results["forces"]),
-    }
-    if atoms.pbc.all():
-        out["stress"] = np.asarray(results["stress"])
-    return out
+    return _as_arrays(results, bool(atoms.pbc.all()))
