@@ -56,7 +56,7 @@ def make_dataset(num: int, seed: int) -> list[Atoms]:
     scaled lattice 0.96-1.05), ~10 % vacancies, ~10 % slabs with vacuum."""
     rng = np.random.default_rng(seed)
     out = []
-    for i in range(num):
+    for _ in range(num):
         kind = rng.random()
         if kind < 0.8:
             which = rng.integers(3)
@@ -70,7 +70,8 @@ def make_dataset(num: int, seed: int) -> list[Atoms]:
             atoms = _strained(atoms, rng, 0.02)
             rattle = rng.uniform(0.02, 0.15)
         elif kind < 0.9:
-            atoms = bulk("Cu", "fcc", a=A_CU * rng.uniform(0.98, 1.02), cubic=True).repeat((2, 2, 2))
+            a = A_CU * rng.uniform(0.98, 1.02)
+            atoms = bulk("Cu", "fcc", a=a, cubic=True).repeat((2, 2, 2))
             del atoms[int(rng.integers(len(atoms)))]
             atoms = _strained(atoms, rng, 0.01)
             rattle = rng.uniform(0.02, 0.12)
