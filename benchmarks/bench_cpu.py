@@ -1,4 +1,4 @@
-"""CPU benchmark: e3fuse vs sevenn's own ASE calculator on the copper cases (cases.py).
+"""CPU benchmark: e3fuse vs sevenn's (or mace-torch's) own ASE calculator on the copper cases.
 
 For each case and dtype, in a fresh subprocess per engine (so that peak memory is the
 engine's own, and e3fuse's and torch's OpenMP runtimes never share a process):
@@ -10,6 +10,8 @@ engine's own, and e3fuse's and torch's OpenMP runtimes never share a process):
 
   python benchmarks/bench_cpu.py --model 7net-0 --sizes 108 500 2048 \
       --dtypes float32 float64 --repeats 5 --out benchmarks/results/cpu_<machine>_<date>.json
+  python benchmarks/bench_cpu.py --family mace --model mp0-medium --sizes 108 500 2048 \
+      --reference-max-atoms 500 --out benchmarks/results/cpu_<machine>_<date>_mace-mp0-medium.json
 """
 
 from __future__ import annotations
@@ -202,6 +204,36 @@ def worker_sevenn(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def worker_mace(spec: dict[str, Any]) -> dict[str, Any]:
+    """mace-torch's MACECalculator (reference.mace_calculator: default_dtype = dtype)."""
+    import torch
+
+    torch.set_num_threads(spec["threads"][0])
+    from e3fuse import reference
+
+    atoms = cases.build_atoms(spec["case"])
+    calc = reference.mace_calculator(spec["source"], spec["dtype"])
+    result: dict[str, Any] = {
+        "engine": "mace-torch",
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+    }
+    rss0 = _status()["VmRSS"]
+    reset = _reset_peak()
+    t0 = time.perf_counter()
+    out = reference.evaluate_mace(calc, atoms)
+    warmup = time.perf_counter() - t0
+    result["warmup_s"] = warmup
+    repeats = max(1, min(spec["repeats"], int(spec["budget_s"] / max(warmup, 1e-9))))
+    result["timed"] = _summary(_time_calls(lambda: reference.evaluate_mace(calc, atoms), repeats))
+    st = _status()
+    result["rss_before_bytes"] = rss0
+    result["peak_rss_growth_bytes"] = st["VmHWM"] - rss0 if reset else None
+    result["peak_method"] = "VmHWM after clear_refs=5" if reset else "unavailable"
+    np.savez(spec["forces_out"], **{k: np.asarray(out[k]) for k in ("energy", "forces", "stress")})
+    return result
+
+
 def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; returns its JSON (or an error)."""
     env = dict(os.environ)
@@ -286,7 +318,7 @@ def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
-    for name in ("torch", "sevenn", "e3nn", "ase", "numpy"):
+    for name in ("torch", "sevenn", "mace-torch", "e3nn", "ase", "numpy"):
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
@@ -363,9 +395,9 @@ def _mb(b: int | None) -> str:
     return "-" if b is None else f"{b / 2**20:.0f}"
 
 
-def _fmt_row(r: dict[str, Any]) -> str:
+def _fmt_row(r: dict[str, Any], ref_key: str = "sevenn") -> str:
     e = r.get("e3fuse", {})
-    s = r.get("sevenn", {})
+    s = r.get(ref_key, {})
     e_ms = e.get("rebuild", {}).get("median_s")
     s_ms = s.get("timed", {}).get("median_s")
     cols = [
@@ -375,7 +407,7 @@ def _fmt_row(r: dict[str, Any]) -> str:
         f"{s_ms * 1e3:10.1f}" if s_ms else f"{'-':>10}",
         f"{r['speedup']:7.1f}" if r.get("speedup") else f"{'-':>7}",
         f"{r['e3fuse_gflops']:7.1f}" if r.get("e3fuse_gflops") else f"{'-':>7}",
-        f"{r['sevenn_gflops']:7.1f}" if r.get("sevenn_gflops") else f"{'-':>7}",
+        f"{r[ref_key + '_gflops']:7.1f}" if r.get(ref_key + "_gflops") else f"{'-':>7}",
         f"{_mb(e.get('peak_rss_growth_bytes')):>7}",
         f"{_mb(s.get('peak_rss_growth_bytes')):>7}",
         f"{r['max_abs_dF']:.1e}" if r.get("max_abs_dF") is not None else f"{'-':>7}",
@@ -406,7 +438,13 @@ HEADER = "  ".join(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--model", default="7net-0", help="sevenn pretrained name (or .e3f path)")
+    p.add_argument("--family", default="sevennet", choices=["sevennet", "mace"],
+                   help="sevennet: reference is sevenn's calculator; mace: mace-torch's "
+                   "MACECalculator")
+    p.add_argument("--model", default=None, help="sevennet: pretrained name (or .e3f path), "
+                   "default 7net-0; mace: mace-torch model file (torch.save(model)) or "
+                   "mp0-small/mp0-medium/mp0-large (MACE-MP-0 architecture, random weights; "
+                   "mace_models.py), default mp0-medium")
     p.add_argument("--sizes", type=int, nargs="+", default=[108, 500, 2048])
     p.add_argument(
         "--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"]
@@ -473,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker:
         spec = json.loads(args.worker)
-        fn = worker_e3fuse if spec["engine"] == "e3fuse" else worker_sevenn
+        fn = {"e3fuse": worker_e3fuse, "sevenn": worker_sevenn, "mace": worker_mace}[spec["engine"]]
         print(json.dumps(fn(spec)), flush=True)
         return 0
 
@@ -482,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         E3FUSE_PYTHON = args.e3fuse_python.resolve()
         os.environ["E3FUSE_BENCH_PYTHON"] = str(E3FUSE_PYTHON)
         sys.path.insert(0, str(E3FUSE_PYTHON))
+    if args.model is None:
+        args.model = "7net-0" if args.family == "sevennet" else "mp0-medium"
+    # The reference engine's key in each result row ("sevenn" kept for sevennet's files).
+    ref_key = "sevenn" if args.family == "sevennet" else "mace"
     nproc = len(os.sched_getaffinity(0))
     threads = args.threads or [nproc]
     ref_max = args.reference_max_atoms
@@ -493,11 +535,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from e3fuse.modelfile import read_architecture
 
-    path = model_file(args.model, args.models_dir)
+    source = None
+    if args.family == "mace":
+        import mace_models
+
+        source, path = mace_models.model_files(args.model, args.models_dir)
+    else:
+        path = model_file(args.model, args.models_dir)
     arch = read_architecture(path)
+    is_mace = arch.get("family") == "mace"
     doc: dict[str, Any] = {
         "benchmark": "cpu",
+        "family": args.family,
+        "reference_engine": ref_key,
         "model": args.model,
+        "reference_source": str(source) if source else None,
         "model_file": str(path),
         "model_source": arch.get("source"),
         "meta": metadata(),
@@ -510,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
             "threads": threads,
             "properties": PROPERTIES,
         },
-        "work": cases.model_work(arch),
+        # cases.py counts SevenNet's work only; MACE rows carry atom and edge counts.
+        "work": None if is_mace else cases.model_work(arch),
         "results": [],
     }
     meta = doc["meta"]
@@ -520,15 +573,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{meta['git']['commit'][:10]}{' (dirty)' if meta['git']['dirty'] else ''}",
         flush=True,
     )
-    print(HEADER, flush=True)
+    print(HEADER if ref_key == "sevenn" else HEADER.replace("sevenn", "mace  ").replace(
+        "7n", "mt"), flush=True)
 
-    # sevenn's peak memory per atom seen so far, per dtype, to skip cases that cannot fit.
+    # The reference's peak memory per atom seen so far, per dtype, to skip cases that cannot fit.
     sevenn_bytes_per_atom: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sorted(args.sizes):
             c = cases.case_for_size(size)
             atoms = cases.build_atoms(c)
-            work = cases.case_work(arch, len(atoms), cases.count_edges(atoms, arch["cutoff"]))
+            edges = cases.count_edges(atoms, arch["cutoff"])
+            work = (
+                {"num_atoms": len(atoms), "num_edges": edges}
+                if is_mace
+                else cases.case_work(arch, len(atoms), edges)
+            )
             for dtype in args.dtypes:
                 row: dict[str, Any] = {
                     "case": c.id,
@@ -562,43 +621,45 @@ def main(argv: list[str] | None = None) -> int:
                     # Leave room for the machine's other users: never risk the OOM killer.
                     if need > min(0.8 * avail, avail - 3 * 2**30):
                         want_ref = False
-                        row["sevenn"] = {
+                        row[ref_key] = {
                             "skipped": f"needs ~{need / 2**30:.1f} GiB (scaled from "
                             f"smaller cases), {avail / 2**30:.1f} GiB "
                             "available"
                         }
                 elif args.reference and size > ref_max:
-                    row["sevenn"] = {"skipped": f"above --reference-max-atoms {ref_max}"}
+                    row[ref_key] = {"skipped": f"above --reference-max-atoms {ref_max}"}
                 if want_ref:
                     spec = {
                         **base,
-                        "engine": "sevenn",
+                        "engine": ref_key,
+                        "source": str(source) if source else None,
                         "repeats": args.reference_repeats,
                         "budget_s": args.reference_budget_s,
                         "threads": [nproc],
-                        "forces_out": f"{tmp}/sevenn_{c.id}_{dtype}.npz",
+                        "forces_out": f"{tmp}/{ref_key}_{c.id}_{dtype}.npz",
                     }
                     quiet = wait_for_quiet(args.quiet_cores, args.max_wait_s)
-                    row["sevenn"] = {**run_worker(spec, args.timeout), **quiet}
-                    peak = row["sevenn"].get("peak_rss_growth_bytes")
+                    row[ref_key] = {**run_worker(spec, args.timeout), **quiet}
+                    peak = row[ref_key].get("peak_rss_growth_bytes")
                     if peak:
                         sevenn_bytes_per_atom[dtype] = max(
                             sevenn_bytes_per_atom.get(dtype, 0), peak / size
                         )
                 row["loadavg_after"] = list(os.getloadavg())
-                flops = work["model_flops"]
+                flops = work.get("model_flops")
                 e_t = row["e3fuse"].get("rebuild", {}).get("median_s")
-                s_t = row.get("sevenn", {}).get("timed", {}).get("median_s")
+                s_t = row.get(ref_key, {}).get("timed", {}).get("median_s")
                 if e_t:
+                    row["e3fuse_us_per_atom"] = e_t / size * 1e6
+                if e_t and flops:
                     row["e3fuse_gflops"] = flops / e_t / 1e9
                     row["e3fuse_executed_gflops"] = work["e3fuse_executed_flops"] / e_t / 1e9
-                    row["e3fuse_us_per_atom"] = e_t / size * 1e6
-                if s_t:
-                    row["sevenn_gflops"] = flops / s_t / 1e9
+                if s_t and flops:
+                    row[f"{ref_key}_gflops"] = flops / s_t / 1e9
                 if e_t and s_t:
                     row["speedup"] = s_t / e_t
                 fe = Path(tmp) / f"e3fuse_{c.id}_{dtype}.npz"
-                fs = Path(tmp) / f"sevenn_{c.id}_{dtype}.npz"
+                fs = Path(tmp) / f"{ref_key}_{c.id}_{dtype}.npz"
                 if fe.is_file() and fs.is_file():
                     a, b = np.load(fe), np.load(fs)
                     row["max_abs_dF"] = float(np.abs(a["forces"] - b["forces"]).max())
@@ -608,8 +669,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["abs_dE_per_atom"] = float(abs(a["energy"] - b["energy"]) / size)
                     row["max_abs_dstress"] = float(np.abs(a["stress"] - b["stress"]).max())
                 doc["results"].append(row)
-                print(_fmt_row(row), flush=True)
-                for engine in ("e3fuse", "sevenn"):
+                print(_fmt_row(row, ref_key), flush=True)
+                for engine in ("e3fuse", ref_key):
                     msg = row.get(engine, {}).get("error") or row.get(engine, {}).get("skipped")
                     if msg:
                         print(f"    {engine}: {msg}", flush=True)

@@ -34,11 +34,11 @@ def _get(d: dict[str, Any], *keys: str) -> Any:
 
 
 def merge(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One document per model and commit: rows of several runs (e.g. one per size) together,
-    each row keeping the command that measured it."""
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    """One document per model family, model and commit: rows of several runs (e.g. one per
+    size) together, each row keeping the command that measured it."""
+    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
     for doc in docs:
-        key = (doc["model"], doc["meta"]["git"]["commit"])
+        key = (doc.get("family", "sevennet"), doc["model"], doc["meta"]["git"]["commit"])
         for r in doc["results"]:
             r["command"] = doc["meta"]["command"]
         if key not in merged:
@@ -56,34 +56,42 @@ def merge(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def table(doc: dict[str, Any]) -> list[str]:
     meta = doc["meta"]
     m, g, v = meta["machine"], meta["git"], meta["versions"]
+    ref = doc.get("reference_engine", "sevenn")  # the reference's key in each row
+    name = "sevenn" if ref == "sevenn" else "mace-torch"
     torch_threads = next(
-        (
-            r["sevenn"]["torch_threads"]
-            for r in doc["results"]
-            if "torch_threads" in r.get("sevenn", {})
-        ),
+        (r[ref]["torch_threads"] for r in doc["results"] if "torch_threads" in r.get(ref, {})),
         "–",
     )
+    work = doc.get("work")
+    if work:
+        work_text = (
+            f"Model work per call (forward + adjoint, cases.py): "
+            f"{work['mlp_per_edge'] / 1e3:.0f} k (radial MLP) + "
+            f"{work['tp_per_edge'] / 1e3:.0f} k (tensor product) MAC per edge, "
+            f"{work['linear_per_node'] / 1e3:.0f} k MAC per atom, forward."
+        )
+    else:
+        work_text = "No flop count for this family (cases.py counts SevenNet's work only)."
+    ref_version = v.get(name, "–")
+    source = f" (reference model `{Path(doc['reference_source']).name}`)" if doc.get(
+        "reference_source") else ""
     lines = [
-        f"### {doc['model']} — {m['cpu']}, {m['nproc']} cores ({meta['date'][:16]})",
+        f"### {doc['model']} ({doc.get('family', 'sevennet')}) — {m['cpu']}, {m['nproc']} cores "
+        f"({meta['date'][:16]})",
         "",
         f"commit `{g['commit'][:12]}`{' (dirty)' if g['dirty'] else ''}, e3fuse {v['e3fuse']}, "
-        f"torch {v['torch']}, sevenn {v['sevenn']}; e3fuse threads "
+        f"torch {v['torch']}, {name} {ref_version}{source}; e3fuse threads "
         f"{doc['settings']['threads'][0]}, torch threads "
         f"{torch_threads}; "
-        f"loadavg at start {' '.join(f'{x:.1f}' for x in m['loadavg_start'])}. "
-        f"Model work per call (forward + adjoint, cases.py): "
-        f"{doc['work']['mlp_per_edge'] / 1e3:.0f} k (radial MLP) + "
-        f"{doc['work']['tp_per_edge'] / 1e3:.0f} k (tensor product) MAC per edge, "
-        f"{doc['work']['linear_per_node'] / 1e3:.0f} k MAC per atom, forward.",
+        f"loadavg at start {' '.join(f'{x:.1f}' for x in m['loadavg_start'])}. " + work_text,
         "",
-        "| case | dtype | edges | e3fuse ms (median / min) | sevenn ms (median / min) | speedup "
-        "| e3fuse GFLOP/s | sevenn GFLOP/s | CPU s/call e3fuse / sevenn | e3fuse µs/atom "
-        "| peak MB e3fuse / sevenn | max abs ΔF (eV/Å) | other load (cores) e3fuse / sevenn |",
+        f"| case | dtype | edges | e3fuse ms (median / min) | {name} ms (median / min) | speedup "
+        f"| e3fuse GFLOP/s | {name} GFLOP/s | CPU s/call e3fuse / {name} | e3fuse µs/atom "
+        f"| peak MB e3fuse / {name} | max abs ΔF (eV/Å) | other load (cores) e3fuse / {name} |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["results"]:
-        e, s = r.get("e3fuse", {}), r.get("sevenn", {})
+        e, s = r.get("e3fuse", {}), r.get(ref, {})
         s_cell = (
             f"{_ms(_get(s, 'timed', 'median_s'))} / {_ms(_get(s, 'timed', 'min_s'))} "
             f"(n={_get(s, 'timed', 'repeats')})"
@@ -101,7 +109,7 @@ def table(doc: dict[str, Any]) -> list[str]:
                     s_cell,
                     _num(r.get("speedup"), ".1f"),
                     _num(r.get("e3fuse_gflops"), ".1f"),
-                    _num(r.get("sevenn_gflops"), ".2f"),
+                    _num(r.get(f"{ref}_gflops"), ".2f"),
                     f"{_num(_get(e, 'rebuild', 'cpu_median_s'), '.2f')} / "
                     f"{_num(_get(s, 'timed', 'cpu_median_s'), '.2f')}",
                     _num(r.get("e3fuse_us_per_atom"), ",.0f"),
@@ -115,28 +123,28 @@ def table(doc: dict[str, Any]) -> list[str]:
             + " |"
         )
     skipped = [
-        f"{r['case']} {r['dtype']}: {r['sevenn']['skipped']}"
+        f"{r['case']} {r['dtype']}: {r[ref]['skipped']}"
         for r in doc["results"]
-        if "skipped" in r.get("sevenn", {})
+        if "skipped" in r.get(ref, {})
     ]
     errors = [
         f"{r['case']} {r['dtype']} {k}: {r[k]['error']}"
         for r in doc["results"]
-        for k in ("e3fuse", "sevenn")
+        for k in ("e3fuse", ref)
         if "error" in r.get(k, {})
     ]
     if skipped or errors:
-        lines += [""] + [f"- sevenn skipped, {x}" for x in skipped] + [f"- {x}" for x in errors]
+        lines += [""] + [f"- {name} skipped, {x}" for x in skipped] + [f"- {x}" for x in errors]
 
     # e3fuse details: CPU time, neighbor-list reuse, thread scaling.
     lines += [
         "",
         "e3fuse detail: CPU seconds per call (all threads); model GFLOP per CPU-second (a rate "
-        "that contention from other processes barely affects; sevenn's in parentheses); "
+        f"that contention from other processes barely affects; {name}'s in parentheses); "
         "time with the neighbor list reused (MD steady state); thread scaling (median ms at "
         "each thread count); executed GFLOP/s (with e3fuse's recomputation, cases.py).",
         "",
-        "| case | dtype | wall ms | CPU s | GFLOP per CPU-s (sevenn) | reuse-list ms "
+        f"| case | dtype | wall ms | CPU s | GFLOP per CPU-s ({name}) | reuse-list ms "
         "| threads: ms | executed GFLOP/s |",
         "|---|---|---:|---:|---:|---:|---|---:|",
     ]
@@ -148,11 +156,14 @@ def table(doc: dict[str, Any]) -> list[str]:
             f"{k}: {_ms(v['median_s'])}"
             for k, v in sorted(e.get("thread_scaling", {}).items(), key=lambda kv: int(kv[0]))
         )
-        flops = r["work"]["model_flops"] / 1e9
-        s_cpu = _get(r, "sevenn", "timed", "cpu_median_s")
-        rate = f"{flops / e['rebuild']['cpu_median_s']:.1f}" + (
-            f" ({flops / s_cpu:.1f})" if s_cpu else ""
-        )
+        s_cpu = _get(r, ref, "timed", "cpu_median_s")
+        if r["work"].get("model_flops"):
+            flops = r["work"]["model_flops"] / 1e9
+            rate = f"{flops / e['rebuild']['cpu_median_s']:.1f}" + (
+                f" ({flops / s_cpu:.1f})" if s_cpu else ""
+            )
+        else:
+            rate = "–"
         lines.append(
             f"| {r['case']} | {r['dtype']} | {_ms(e['rebuild']['median_s'])} | "
             f"{e['rebuild']['cpu_median_s']:.2f} | {rate} | {_ms(_get(e, 'reuse', 'median_s'))} | "
