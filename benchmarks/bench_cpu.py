@@ -438,13 +438,20 @@ HEADER = "  ".join(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--family", default="sevennet", choices=["sevennet", "mace"],
-                   help="sevennet: reference is sevenn's calculator; mace: mace-torch's "
-                   "MACECalculator")
-    p.add_argument("--model", default=None, help="sevennet: pretrained name (or .e3f path), "
-                   "default 7net-0; mace: mace-torch model file (torch.save(model)) or "
-                   "mp0-small/mp0-medium/mp0-large (MACE-MP-0 architecture, random weights; "
-                   "mace_models.py), default mp0-medium")
+    p.add_argument(
+        "--family",
+        default="sevennet",
+        choices=["sevennet", "mace"],
+        help="sevennet: reference is sevenn's calculator; mace: mace-torch's MACECalculator",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="sevennet: pretrained name (or .e3f path), "
+        "default 7net-0; mace: mace-torch model file (torch.save(model)) or "
+        "mp0-small/mp0-medium/mp0-large (MACE-MP-0 architecture, random weights; "
+        "mace_models.py), default mp0-medium",
+    )
     p.add_argument("--sizes", type=int, nargs="+", default=[108, 500, 2048])
     p.add_argument(
         "--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"]
@@ -573,8 +580,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{meta['git']['commit'][:10]}{' (dirty)' if meta['git']['dirty'] else ''}",
         flush=True,
     )
-    print(HEADER if ref_key == "sevenn" else HEADER.replace("sevenn", "mace  ").replace(
-        "7n", "mt"), flush=True)
+    print(
+        HEADER if ref_key == "sevenn" else HEADER.replace("sevenn", "mace  ").replace("7n", "mt"),
+        flush=True,
+    )
 
     # The reference's peak memory per atom seen so far, per dtype, to skip cases that cannot fit.
     sevenn_bytes_per_atom: dict[str, float] = {}

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-HIDDEN = {"mp0-small": "128x0e", "mp0-medium": "128x0e+128x1o",
-          "mp0-large": "128x0e+128x1o+128x2e"}
+HIDDEN = {"mp0-small": "128x0e", "mp0-medium": "128x0e+128x1o", "mp0-large": "128x0e+128x1o+128x2e"}
 
 
 def build(name: str, seed: int = 0) -> Any:
@@ -41,15 +40,25 @@ def build(name: str, seed: int = 0) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = modules.ScaleShiftMACE(
-                r_max=6.0, num_bessel=10, num_polynomial_cutoff=5, max_ell=3,
+                r_max=6.0,
+                num_bessel=10,
+                num_polynomial_cutoff=5,
+                max_ell=3,
                 interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
                 interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
-                num_interactions=2, num_elements=len(elements),
+                num_interactions=2,
+                num_elements=len(elements),
                 hidden_irreps=o3.Irreps(HIDDEN[name]),
-                MLP_irreps=o3.Irreps("16x0e"), atomic_energies=-rng.uniform(1, 10, len(elements)),
-                avg_num_neighbors=61.96, atomic_numbers=elements, correlation=3,
-                gate=torch.nn.functional.silu, radial_MLP=[64, 64, 64],
-                atomic_inter_scale=0.8, atomic_inter_shift=-0.1)
+                MLP_irreps=o3.Irreps("16x0e"),
+                atomic_energies=-rng.uniform(1, 10, len(elements)),
+                avg_num_neighbors=61.96,
+                atomic_numbers=elements,
+                correlation=3,
+                gate=torch.nn.functional.silu,
+                radial_MLP=[64, 64, 64],
+                atomic_inter_scale=0.8,
+                atomic_inter_shift=-0.1,
+            )
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
@@ -69,8 +78,9 @@ def model_files(name: str, models_dir: Path) -> tuple[Path, Path]:
     else:
         source = Path(name)
         if not source.is_file():
-            raise FileNotFoundError(f"{name!r}: neither a mace-torch model file nor one of "
-                                    f"{', '.join(HIDDEN)}")
+            raise FileNotFoundError(
+                f"{name!r}: neither a mace-torch model file nor one of {', '.join(HIDDEN)}"
+            )
     out = models_dir / f"{source.stem}.e3f"
     if not out.is_file() or out.stat().st_mtime < source.stat().st_mtime:
         from e3fuse import cli

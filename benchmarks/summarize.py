@@ -73,8 +73,11 @@ def table(doc: dict[str, Any]) -> list[str]:
     else:
         work_text = "No flop count for this family (cases.py counts SevenNet's work only)."
     ref_version = v.get(name, "–")
-    source = f" (reference model `{Path(doc['reference_source']).name}`)" if doc.get(
-        "reference_source") else ""
+    source = (
+        f" (reference model `{Path(doc['reference_source']).name}`)"
+        if doc.get("reference_source")
+        else ""
+    )
     lines = [
         f"### {doc['model']} ({doc.get('family', 'sevennet')}) — {m['cpu']}, {m['nproc']} cores "
         f"({meta['date'][:16]})",

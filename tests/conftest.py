@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import e3fuse
 import numpy as np
 import pytest
 from ase import Atoms
+
+import e3fuse
 from e3fuse import _core
 
 MODELS = ("7net-0", "7net-l3i5")

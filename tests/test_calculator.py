@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import e3fuse
 import numpy as np
 import pytest
 from ase import Atoms, units
@@ -24,6 +23,8 @@ from conftest import (
     calculator,
     evaluate,
 )
+
+import e3fuse
 from e3fuse import _core, cli, modelfile
 
 TOL = TOLERANCES["float64"]
@@ -227,9 +228,10 @@ def test_repr(sevennet0_path: Path, dtype: str, device: str) -> None:
 
 
 def test_model_file_is_safetensors(model_name: str, model_path: Path) -> None:
-    from e3fuse.convert.sevennet import resolve_checkpoint
     from safetensors import safe_open
     from safetensors.numpy import load_file
+
+    from e3fuse.convert.sevennet import resolve_checkpoint
 
     tensors = load_file(str(model_path))
     assert tensors["radial.coeffs"].dtype == np.float64

@@ -11,13 +11,14 @@ import struct
 from pathlib import Path
 from typing import Any
 
-import e3fuse
 import numpy as np
 import pytest
 from ase import Atoms
 from ase.build import bulk
 from ase.calculators.calculator import PropertyNotImplementedError
 from conftest import calculator, evaluate
+
+import e3fuse
 from e3fuse import E3fuseError, _core, cli, modelfile
 
 

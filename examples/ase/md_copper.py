@@ -19,9 +19,13 @@ from e3fuse import Calculator
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--model", required=True, help=".e3f model file")
-    parser.add_argument("--size", type=int, default=4, help="cubic fcc cells per side (4 -> 256 atoms)")
+    parser.add_argument(
+        "--size", type=int, default=4, help="cubic fcc cells per side (4 -> 256 atoms)"
+    )
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--timestep", type=float, default=2.0, help="fs")
     parser.add_argument("--temperature", type=float, default=300.0, help="K")
@@ -31,7 +35,9 @@ def main() -> None:
 
     atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((args.size,) * 3)
     atoms.rattle(0.02, seed=0)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=args.temperature, rng=np.random.default_rng(0))
+    MaxwellBoltzmannDistribution(
+        atoms, temperature_K=args.temperature, rng=np.random.default_rng(0)
+    )
     Stationary(atoms)
     atoms.calc = Calculator(args.model, device=args.device, dtype=args.dtype)
     print(atoms.calc)
@@ -49,15 +55,21 @@ def main() -> None:
         times.append(now - t_last)
         t_last = now
         if step % report_every == 0 or step == args.steps:
-            print(f"{step:6d} {atoms.get_total_energy():14.6f} {atoms.get_potential_energy():14.6f} "
-                  f"{atoms.get_temperature():8.1f} {1e3 * times[-1]:9.1f}")
+            print(
+                f"{step:6d} {atoms.get_total_energy():14.6f} {atoms.get_potential_energy():14.6f} "
+                f"{atoms.get_temperature():8.1f} {1e3 * times[-1]:9.1f}"
+            )
     drift = (atoms.get_total_energy() - e0) / len(atoms)
     per_step = float(np.median(times))
-    print(f"energy drift: {1e3 * drift:+.4f} meV/atom over {args.steps} steps "
-          f"({args.steps * args.timestep / 1000:.3f} ps)")
-    print(f"time per step: {1e3 * per_step:.1f} ms (median), "
-          f"{len(atoms) / per_step:.0f} atom-steps/s, neighbor list built "
-          f"{atoms.calc.neighbors.num_builds} times")
+    print(
+        f"energy drift: {1e3 * drift:+.4f} meV/atom over {args.steps} steps "
+        f"({args.steps * args.timestep / 1000:.3f} ps)"
+    )
+    print(
+        f"time per step: {1e3 * per_step:.1f} ms (median), "
+        f"{len(atoms) / per_step:.0f} atom-steps/s, neighbor list built "
+        f"{atoms.calc.neighbors.num_builds} times"
+    )
 
 
 if __name__ == "__main__":

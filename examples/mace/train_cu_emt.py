@@ -97,18 +97,24 @@ def isolated_atom_energy() -> float:
 # ------------------------------------------------------------------ model and training
 
 
-def to_loader(configs: list[Atoms], z_table, r_max: float, batch_size: int, shuffle: bool,
-              seed: int):
+def to_loader(
+    configs: list[Atoms], z_table, r_max: float, batch_size: int, shuffle: bool, seed: int
+):
     from mace import data
     from mace.tools.torch_geometric.dataloader import DataLoader
 
-    keys = data.KeySpecification(info_keys={"energy": "REF_energy", "stress": "REF_stress"},
-                                 arrays_keys={"forces": "REF_forces"})
-    items = [data.AtomicData.from_config(data.config_from_atoms(a, key_specification=keys),
-                                         z_table=z_table, cutoff=r_max) for a in configs]
+    keys = data.KeySpecification(
+        info_keys={"energy": "REF_energy", "stress": "REF_stress"},
+        arrays_keys={"forces": "REF_forces"},
+    )
+    items = [
+        data.AtomicData.from_config(
+            data.config_from_atoms(a, key_specification=keys), z_table=z_table, cutoff=r_max
+        )
+        for a in configs
+    ]
     gen = torch.Generator().manual_seed(seed)
-    return DataLoader(items, batch_size=batch_size, shuffle=shuffle, drop_last=False,
-                      generator=gen)
+    return DataLoader(items, batch_size=batch_size, shuffle=shuffle, drop_last=False, generator=gen)
 
 
 def build_model(e0: float, train: list[Atoms], avg_num_neighbors: float, args):
@@ -123,14 +129,25 @@ def build_model(e0: float, train: list[Atoms], avg_num_neighbors: float, args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = modules.ScaleShiftMACE(
-            r_max=args.r_max, num_bessel=8, num_polynomial_cutoff=5, max_ell=args.max_ell,
+            r_max=args.r_max,
+            num_bessel=8,
+            num_polynomial_cutoff=5,
+            max_ell=args.max_ell,
             interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
             interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
-            num_interactions=2, num_elements=1, hidden_irreps=o3.Irreps(args.hidden),
-            MLP_irreps=o3.Irreps("16x0e"), atomic_energies=np.array([e0]),
-            avg_num_neighbors=avg_num_neighbors, atomic_numbers=[29],
-            correlation=args.correlation, gate=torch.nn.functional.silu,
-            radial_MLP=[32, 32, 32], atomic_inter_scale=scale, atomic_inter_shift=shift)
+            num_interactions=2,
+            num_elements=1,
+            hidden_irreps=o3.Irreps(args.hidden),
+            MLP_irreps=o3.Irreps("16x0e"),
+            atomic_energies=np.array([e0]),
+            avg_num_neighbors=avg_num_neighbors,
+            atomic_numbers=[29],
+            correlation=args.correlation,
+            gate=torch.nn.functional.silu,
+            radial_MLP=[32, 32, 32],
+            atomic_inter_scale=scale,
+            atomic_inter_shift=shift,
+        )
     return model, shift, scale
 
 
@@ -168,18 +185,30 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--energy-weight", type=float, default=100.0,
-                   help="loss weight of (energy/atom)^2; forces 10, stress 100 (eV, A units)")
+    p.add_argument(
+        "--energy-weight",
+        type=float,
+        default=100.0,
+        help="loss weight of (energy/atom)^2; forces 10, stress 100 (eV, A units)",
+    )
     p.add_argument("--hidden", default="32x0e")
     p.add_argument("--max-ell", type=int, default=2)
     p.add_argument("--correlation", type=int, default=3)
     p.add_argument("--r-max", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtype", default="float64", choices=["float32", "float64"],
-                   help="training dtype (the converter works in float64 either way)")
-    p.add_argument("--keep-model", type=Path, default=None,
-                   help="also keep the mace-torch model file (torch.save(model))")
+    p.add_argument(
+        "--dtype",
+        default="float64",
+        choices=["float32", "float64"],
+        help="training dtype (the converter works in float64 either way)",
+    )
+    p.add_argument(
+        "--keep-model",
+        type=Path,
+        default=None,
+        help="also keep the mace-torch model file (torch.save(model))",
+    )
     args = p.parse_args()
 
     from mace import tools
@@ -192,12 +221,15 @@ def main() -> None:
 
     t0 = time.perf_counter()
     configs = make_dataset(args.train + args.valid, seed=args.seed)
-    train, valid = configs[: args.train], configs[args.train:]
+    train, valid = configs[: args.train], configs[args.train :]
     e0 = isolated_atom_energy()
     sizes = [len(a) for a in configs]
-    print(f"EMT data: {len(train)} training + {len(valid)} validation configurations, "
-          f"{min(sizes)}-{max(sizes)} atoms; E0(Cu) = {e0:.4f} eV "
-          f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    print(
+        f"EMT data: {len(train)} training + {len(valid)} validation configurations, "
+        f"{min(sizes)}-{max(sizes)} atoms; E0(Cu) = {e0:.4f} eV "
+        f"({time.perf_counter() - t0:.1f} s)",
+        flush=True,
+    )
 
     z_table = tools.get_atomic_number_table_from_zs([29])
     train_loader = to_loader(train, z_table, args.r_max, args.batch_size, True, args.seed)
@@ -206,14 +238,17 @@ def main() -> None:
     avg_nn = float(compute_avg_num_neighbors(train_eval))
     model, shift, scale = build_model(e0, train, avg_nn, args)
     nparams = sum(p.numel() for p in model.parameters())
-    print(f"model: ScaleShiftMACE {args.hidden}, max_ell {args.max_ell}, correlation "
-          f"{args.correlation}, 2 interactions, r_max {args.r_max}; {nparams} parameters; "
-          f"avg_num_neighbors {avg_nn:.2f}, shift {shift:.4f} eV, scale {scale:.4f} eV/A",
-          flush=True)
+    print(
+        f"model: ScaleShiftMACE {args.hidden}, max_ell {args.max_ell}, correlation "
+        f"{args.correlation}, 2 interactions, r_max {args.r_max}; {nparams} parameters; "
+        f"avg_num_neighbors {avg_nn:.2f}, shift {shift:.4f} eV, scale {scale:.4f} eV/A",
+        flush=True,
+    )
 
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, amsgrad=True)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs,
-                                                          eta_min=args.lr * 0.02)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
+        optimizer, T_max=args.epochs, eta_min=args.lr * 0.02
+    )
     w_e, w_f, w_s = args.energy_weight, 10.0, 100.0
     for epoch in range(1, args.epochs + 1):
         model.train()
@@ -228,17 +263,21 @@ def main() -> None:
         schedule.step()
         if epoch % 5 == 0 or epoch == 1 or epoch == args.epochs:
             v = errors(model, valid_loader)
-            print(f"epoch {epoch:4d}  loss {total / len(train):.3e}  valid RMSE: E "
-                  f"{v['energy']:.2f} meV/atom, F {v['forces']:.1f} meV/A, "
-                  f"stress {v['stress']:.2f} meV/A^3  ({time.perf_counter() - t0:.0f} s)",
-                  flush=True)
+            print(
+                f"epoch {epoch:4d}  loss {total / len(train):.3e}  valid RMSE: E "
+                f"{v['energy']:.2f} meV/atom, F {v['forces']:.1f} meV/A, "
+                f"stress {v['stress']:.2f} meV/A^3  ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
 
     model.eval()
     tr, va = errors(model, train_eval), errors(model, valid_loader)
     print("final RMSE vs EMT (mace-torch, float64):")
     for name, r in (("train", tr), ("valid", va)):
-        print(f"  {name:5s}: energy {r['energy']:.2f} meV/atom, forces {r['forces']:.1f} meV/A, "
-              f"stress {r['stress']:.2f} meV/A^3")
+        print(
+            f"  {name:5s}: energy {r['energy']:.2f} meV/atom, forces {r['forces']:.1f} meV/A, "
+            f"stress {r['stress']:.2f} meV/A^3"
+        )
 
     from e3fuse import cli
 
@@ -261,9 +300,11 @@ def main() -> None:
             b.calc = calc
             de.append((b.get_potential_energy() - a.info["REF_energy"]) / len(b))
             df.append((b.get_forces() - a.arrays["REF_forces"]).ravel())
-        print(f"e3fuse {dtype} on the validation set: energy RMSE "
-              f"{1e3 * np.sqrt(np.mean(np.square(de))):.2f} meV/atom, forces RMSE "
-              f"{1e3 * np.sqrt(np.mean(np.concatenate(df) ** 2)):.1f} meV/A")
+        print(
+            f"e3fuse {dtype} on the validation set: energy RMSE "
+            f"{1e3 * np.sqrt(np.mean(np.square(de))):.2f} meV/atom, forces RMSE "
+            f"{1e3 * np.sqrt(np.mean(np.concatenate(df) ** 2)):.1f} meV/A"
+        )
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 
