@@ -151,3 +151,30 @@ def test_periodic_and_open_slab_differ(model_path: Path) -> None:
     atoms.pbc = False
     open_ = evaluate(calc, atoms)
     assert abs(periodic["energy"] - open_["energy"]) > 1.0
+
+
+@pytest.fixture(scope="module")
+def may2024(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """SevenNet-0 of 22 May 2024, converted, and its float64 sevenn calculator."""
+    from e3fuse import reference
+    from e3fuse.convert import sevennet
+
+    path = tmp_path_factory.mktemp("may2024") / "7net-0_22May2024.e3f"
+    architecture = sevennet.convert("7net-0_22May2024", path)
+    assert architecture["spherical_harmonics"]["normalize"] is False
+    return path, reference.sevenn_calculator("7net-0_22May2024", "float64")
+
+
+@pytest.mark.parametrize("structure_name", ["cunio_alloy", "triclinic", "slab", "ch4"])
+def test_sevennet0_may2024_unnormalized_sh(
+    may2024: tuple[Path, object], structure_name: str
+) -> None:
+    """This SevenNet-0 uses unnormalized spherical harmonics, Y(v) = P(v) of the raw edge
+    vector (_normalize_sph: False): float64 against sevenn."""
+    from e3fuse import reference
+
+    path, ref_calc = may2024
+    atoms = STRUCTURES[structure_name]()
+    ref = reference.evaluate(ref_calc, atoms)
+    ours = evaluate(calculator(path, "float64"), atoms)
+    _compare(ours, ref, len(atoms), "float64", f"7net-0_22May2024 {structure_name}")

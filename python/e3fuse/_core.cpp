@@ -261,13 +261,15 @@ PYBIND11_MODULE(_core, m) {
                const double* v = vectors.data() + 3 * e;
                const double r = std::sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
                const double u[3] = {v[0] / r, v[1] / r, v[2] / r};
-               ops::spherical_harmonics(p.plan.sh, u, Y.mutable_data() + e * dim, dP.data());
+               ops::spherical_harmonics(p.plan.sh, p.plan.sh.normalize ? u : v,
+                                        Y.mutable_data() + e * dim, dP.data());
                for (int m = 0; m < dim;
                     ++m) {  // full Jacobian via one-hot vector-Jacobian products
                  std::fill(g.begin(), g.end(), 0.0);
                  g[m] = 1.0;
                  ops::spherical_harmonics_vjp(dim, g.data(), dP.data(), u, r,
-                                              J.mutable_data() + (e * dim + m) * 3);
+                                              J.mutable_data() + (e * dim + m) * 3,
+                                              p.plan.sh.normalize);
                }
              }
              return py::make_tuple(Y, J);

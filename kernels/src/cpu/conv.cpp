@@ -140,7 +140,8 @@ bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool w
   }
   t.n = n;
   for (int e = 0; e < n; ++e) {
-    ops::spherical_harmonics(plan.sh, &t.u[3 * e], &t.Y[static_cast<size_t>(e) * sh_dim],
+    ops::spherical_harmonics(plan.sh, plan.sh.normalize ? &t.u[3 * e] : &t.vec[3 * e],
+                             &t.Y[static_cast<size_t>(e) * sh_dim],
                              with_grad ? &t.dP[3 * static_cast<size_t>(e) * sh_dim] : nullptr);
     // In double whatever T is: cheap per edge, and it keeps float32 accurate near the cutoff.
     double emb[64], demb[64];
@@ -387,7 +388,8 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
         T f[3];
         const T* u = &t.u[3 * e];
         ops::spherical_harmonics_vjp(sh_dim, &dYc[static_cast<size_t>(e) * sh_dim],
-                                     &t.dP[3 * static_cast<size_t>(e) * sh_dim], u, t.r[e], f);
+                                     &t.dP[3 * static_cast<size_t>(e) * sh_dim], u, t.r[e], f,
+                                     plan.sh.normalize);
         const T dr = t.grad_h2[e];
         for (int a = 0; a < 3; ++a) {
           f[a] += dr * u[a];

@@ -176,7 +176,7 @@ class PlanBuilder {
     plan.lmax = static_cast<int>(v["lmax"].as_int());
     if (plan.lmax < 0 || plan.lmax > 8) fail("spherical harmonics lmax out of range");
     plan.dim = (plan.lmax + 1) * (plan.lmax + 1);
-    if (!v["normalize"].as_bool()) fail("unnormalized spherical harmonics are not supported");
+    plan.normalize = v["normalize"].as_bool();
     const json::Value& polys = v["polynomials"];
     if (polys.size() != static_cast<size_t>(plan.lmax + 1))
       fail("spherical harmonics: missing degrees");

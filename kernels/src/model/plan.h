@@ -119,6 +119,7 @@ struct ShDegree {
   std::vector<double> coeffs;  // [2l+1][num_monomials]
 };
 struct ShPlan {
+  bool normalize = true;  // false: Y(v) = P(v) of the raw edge vector (older sevenn models)
   int lmax = 0;
   int dim = 0;  // (lmax+1)^2
   std::vector<ShDegree> degrees;

@@ -14,6 +14,7 @@ namespace e3fuse::ops {
 // A flat, typed copy of ShPlan: monomials of all degrees in one list.
 template <class T>
 struct ShTable {
+  bool normalize = true;
   int lmax = 0;
   int dim = 0;
   std::vector<int> term_begin;           // per component (dim + 1): range of terms
@@ -24,6 +25,7 @@ struct ShTable {
 template <class T>
 ShTable<T> make_sh_table(const ShPlan& plan) {
   ShTable<T> t;
+  t.normalize = plan.normalize;
   t.lmax = plan.lmax;
   t.dim = plan.dim;
   t.term_begin.push_back(0);
@@ -76,14 +78,20 @@ inline void spherical_harmonics(const ShTable<T>& t, const T u[3], T* Y, T* dP) 
   }
 }
 
-// grad_v [g . Y(v)] given g[dim], dP from spherical_harmonics(), u = v/r.
+// grad_v [g . Y(v)] given g[dim], dP from spherical_harmonics(), u = v/r. With
+// normalize == false, Y(v) = P(v) was evaluated at v itself and the gradient is q.
 template <class T>
-inline void spherical_harmonics_vjp(int dim, const T* g, const T* dP, const T u[3], T r, T out[3]) {
+inline void spherical_harmonics_vjp(int dim, const T* g, const T* dP, const T u[3], T r, T out[3],
+                                    bool normalize = true) {
   T q[3] = {0, 0, 0};
   for (int m = 0; m < dim; ++m) {
     q[0] += g[m] * dP[3 * m];
     q[1] += g[m] * dP[3 * m + 1];
     q[2] += g[m] * dP[3 * m + 2];
+  }
+  if (!normalize) {
+    for (int a = 0; a < 3; ++a) out[a] = q[a];
+    return;
   }
   const T qu = q[0] * u[0] + q[1] * u[1] + q[2] * u[2];
   const T inv_r = T(1) / r;

@@ -225,7 +225,7 @@ def monomial_exponents(degree: int) -> list[tuple[int, int, int]]:
 
 
 def spherical_harmonics(
-    lmax: int, normalization: str, name: str, store: TensorStore
+    lmax: int, normalization: str, name: str, store: TensorStore, normalize: bool = True
 ) -> dict[str, Any]:
     """e3nn's real spherical harmonics (normalize=False) of degree l are homogeneous
     polynomials of (x, y, z); we store their monomial coefficients, fitted in
@@ -256,7 +256,7 @@ def spherical_harmonics(
         )
     return {
         "lmax": lmax,
-        "normalize": True,
+        "normalize": normalize,  # False: Y(v) = P(v) of the raw edge vector
         "normalization": normalization,
         "polynomials": polynomials,
     }

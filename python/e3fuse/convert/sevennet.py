@@ -114,12 +114,12 @@ def extract(
     else:
         raise UnsupportedModel(f"edge_embedding: cutoff function {kind}")
     sh_module = sph.sph
-    if not sh_module.normalize:
-        raise UnsupportedModel("edge_embedding: unnormalized spherical harmonics")
     lmax = max(ir.l for _, ir in sh_module.irreps_out)
     if [ir.l for _, ir in sh_module.irreps_out] != list(range(lmax + 1)):
         raise UnsupportedModel("edge_embedding: spherical harmonics must be l = 0..lmax")
-    sh = parts.spherical_harmonics(lmax, sh_module.normalization, "sh", store)
+    sh = parts.spherical_harmonics(
+        lmax, sh_module.normalization, "sh", store, normalize=bool(sh_module.normalize)
+    )
     sh["irreps"] = parts.irreps_list(sh_module.irreps_out)
 
     onehot = modules.pop("onehot_idx_to_onehot")
