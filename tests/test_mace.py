@@ -19,6 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 mace_modules = pytest.importorskip("mace.modules")
 
+from conftest import STRUCTURES, TOLERANCES  # noqa: E402
+
 from e3fuse import _core, cli, reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
@@ -307,3 +309,31 @@ def test_cli_convert_verifies_and_refuses(workdir: Path, tmp_path: Path) -> None
     with pytest.raises(mace_convert.UnsupportedModel, match="pair_repulsion"):
         mace_convert.convert(zbl, tmp_path / "zbl.e3f")
     assert cli.main(["convert", "mace", str(tmp_path / "missing.model"), "-o", str(out)]) == 1
+
+
+@pytest.mark.parametrize(
+    "structure_name", [name for name in STRUCTURES if name not in ("cu_bulk_108", "ethanol")]
+)
+def test_structure_variety_float64(structure_name: str, workdir: Path) -> None:
+    """The SevenNet structure catalog (cells smaller than the cutoff, triclinic, slab,
+    molecules, mirror images, isolated atoms, pairs near the cutoff) with a MACE-MP-0
+    medium-architecture model covering all their elements, against mace-torch."""
+    if "variety" not in _CACHE:
+        elements = sorted(
+            {int(z) for name in STRUCTURES for z in STRUCTURES[name]().get_atomic_numbers()}
+        )
+        model = build_mace(**dict(ARCHS["mp0-medium"], elements=tuple(elements)))
+        path = workdir / "variety.e3f"
+        mace_convert.convert(model, path)
+        _CACHE["variety"] = (model, path)
+    model, path = _CACHE["variety"]
+    atoms = STRUCTURES[structure_name]()
+    ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
+    ours = e3fuse_eval(path, atoms)
+    n = len(atoms)
+    tol = TOLERANCES["float64"]
+    assert abs(ours["energy"] - float(ref["energy"])) / n < tol.energy_per_atom
+    assert np.abs(ours["energies"] - ref["energies"]).max() < tol.energy_per_atom
+    assert np.abs(ours["forces"] - ref["forces"]).max() < tol.forces
+    if atoms.pbc.all():
+        assert np.abs(ours["stress"] - ref["stress"]).max() < tol.stress
