@@ -174,64 +174,58 @@ def worker_e3fuse(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def worker_sevenn(spec: dict[str, Any]) -> dict[str, Any]:
+def _worker_reference(spec: dict[str, Any], engine: str, make_calc: Any, evaluate: Any) -> dict:
+    """Times an upstream ASE calculator: a warm-up call, then timed calls within the
+    per-case budget; records peak memory growth and the warm-up call's results."""
     import torch
 
     torch.set_num_threads(spec["threads"][0])
-    from e3fuse import reference
-
     atoms = cases.build_atoms(spec["case"])
-    calc = reference.sevenn_calculator(spec["model"], spec["dtype"])
+    calc = make_calc()
     result: dict[str, Any] = {
-        "engine": "sevenn",
+        "engine": engine,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
     }
     rss0 = _status()["VmRSS"]
     reset = _reset_peak()
     t0 = time.perf_counter()
-    out = reference.evaluate(calc, atoms)
+    out = evaluate(calc, atoms)
     warmup = time.perf_counter() - t0
     result["warmup_s"] = warmup
     # Fewer repeats where one call is slow: stay within the per-case time budget.
     repeats = max(1, min(spec["repeats"], int(spec["budget_s"] / max(warmup, 1e-9))))
-    result["timed"] = _summary(_time_calls(lambda: reference.evaluate(calc, atoms), repeats))
+    result["timed"] = _summary(_time_calls(lambda: evaluate(calc, atoms), repeats))
     st = _status()
     result["rss_before_bytes"] = rss0
     result["peak_rss_growth_bytes"] = st["VmHWM"] - rss0 if reset else None
     result["peak_method"] = "VmHWM after clear_refs=5" if reset else "unavailable"
     np.savez(spec["forces_out"], **{k: np.asarray(out[k]) for k in ("energy", "forces", "stress")})
     return result
+
+
+def worker_sevenn(spec: dict[str, Any]) -> dict[str, Any]:
+    """sevenn's SevenNetCalculator (reference.sevenn_calculator, in spec's dtype)."""
+    from e3fuse import reference
+
+    return _worker_reference(
+        spec,
+        "sevenn",
+        lambda: reference.sevenn_calculator(spec["model"], spec["dtype"]),
+        reference.evaluate,
+    )
 
 
 def worker_mace(spec: dict[str, Any]) -> dict[str, Any]:
     """mace-torch's MACECalculator (reference.mace_calculator: default_dtype = dtype)."""
-    import torch
-
-    torch.set_num_threads(spec["threads"][0])
     from e3fuse import reference
 
-    atoms = cases.build_atoms(spec["case"])
-    calc = reference.mace_calculator(spec["source"], spec["dtype"])
-    result: dict[str, Any] = {
-        "engine": "mace-torch",
-        "torch_threads": torch.get_num_threads(),
-        "torch_interop_threads": torch.get_num_interop_threads(),
-    }
-    rss0 = _status()["VmRSS"]
-    reset = _reset_peak()
-    t0 = time.perf_counter()
-    out = reference.evaluate_mace(calc, atoms)
-    warmup = time.perf_counter() - t0
-    result["warmup_s"] = warmup
-    repeats = max(1, min(spec["repeats"], int(spec["budget_s"] / max(warmup, 1e-9))))
-    result["timed"] = _summary(_time_calls(lambda: reference.evaluate_mace(calc, atoms), repeats))
-    st = _status()
-    result["rss_before_bytes"] = rss0
-    result["peak_rss_growth_bytes"] = st["VmHWM"] - rss0 if reset else None
-    result["peak_method"] = "VmHWM after clear_refs=5" if reset else "unavailable"
-    np.savez(spec["forces_out"], **{k: np.asarray(out[k]) for k in ("energy", "forces", "stress")})
-    return result
+    return _worker_reference(
+        spec,
+        "mace-torch",
+        lambda: reference.mace_calculator(spec["source"], spec["dtype"]),
+        reference.evaluate_mace,
+    )
 
 
 def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -102,6 +102,23 @@ Array<double> relayout(const Blocks& blocks, const Array<double>& in, bool to_ir
   return out;
 }
 
+// A non-periodic CSR graph over the given arrays (all nodes count for energy).
+GraphView open_graph(const Array<double>& positions, const Array<int64_t>& row_offsets,
+                     const Array<int32_t>& neighbors, const std::vector<int32_t>& species) {
+  const int64_t n = positions.shape(0);
+  check_shape(row_offsets, {n + 1}, "row_offsets");
+  if (n > 0 && row_offsets.at(n) != neighbors.shape(0)) {
+    throw Error("row_offsets do not match neighbors");
+  }
+  GraphView g;
+  g.num_nodes = g.num_energy_nodes = n;
+  g.positions = positions.data();
+  g.species = species.data();
+  g.row_offsets = row_offsets.data();
+  g.neighbors = neighbors.data();
+  return g;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -370,12 +387,7 @@ PYBIND11_MODULE(_core, m) {
              const int64_t n = positions.shape(0);
              check_shape(x, {n, conv.dim_in}, "x");
              std::vector<int32_t> species(n, 0);
-             GraphView g;
-             g.num_nodes = g.num_energy_nodes = n;
-             g.positions = positions.data();
-             g.species = species.data();
-             g.row_offsets = row_offsets.data();
-             g.neighbors = neighbors.data();
+             GraphView g = open_graph(positions, row_offsets, neighbors, species);
              Array<double> y({n, conv.dim_out});
              Array<double> xt = relayout(conv.in_blocks, x, true);
              cpu::conv_forward(p.plan, conv, g, xt.data(), y.mutable_data());
@@ -389,12 +401,7 @@ PYBIND11_MODULE(_core, m) {
              check_shape(x, {n, conv.dim_in}, "x");
              check_shape(grad_y, {n, conv.dim_out}, "grad_y");
              std::vector<int32_t> species(n, 0);
-             GraphView g;
-             g.num_nodes = g.num_energy_nodes = n;
-             g.positions = positions.data();
-             g.species = species.data();
-             g.row_offsets = row_offsets.data();
-             g.neighbors = neighbors.data();
+             GraphView g = open_graph(positions, row_offsets, neighbors, species);
              Array<double> gx({n, conv.dim_in}), forces({n, int64_t(3)});
              std::fill_n(forces.mutable_data(), 3 * n, 0.0);
              Array<double> xt = relayout(conv.in_blocks, x, true);
