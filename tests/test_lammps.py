@@ -767,3 +767,30 @@ def test_nve_drift_sevennet0(model: Path, tmp_path: Path) -> None:
         f"max-min {spread:.2e} eV/atom, T {rows[:, 1].mean():.0f} K, {per_step:.3f} s/step"
     )
     assert abs(slope) < 1e-3 and spread < 1e-3
+
+
+# --------------------------------------------------------------------------------------
+# A MACE model (the shipped Cu model trained on EMT data: 2 interactions, 5 A)
+# --------------------------------------------------------------------------------------
+
+MACE_MODEL = Path(__file__).resolve().parents[1] / "examples" / "models" / "mace-cu-emt.e3f"
+
+
+@pytest.mark.parametrize("name", ["cu_bulk", "fcc_primitive"])
+def test_mace_matches_python_engine(name: str) -> None:
+    """pair_style e3fuse with a MACE model on one rank equals the Python engine."""
+    atoms = lammps_frame(make_structure(name))
+    got = run_python(atoms, MACE_MODEL)
+    compare(got, reference(atoms, MACE_MODEL), len(atoms), f"mace {name}")
+
+
+def test_mace_mpi_ranks_agree(tmp_path: Path) -> None:
+    """A MACE model with 2 ranks (thick ghost shell, 2 x 5 A) equals one rank."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = cu_cluster()
+    expected = reference(atoms, MACE_MODEL)
+    for ranks in (1, 2):
+        workdir = tmp_path / f"np{ranks}"
+        proc = run_lmp(workdir, lmp_input(atoms, MACE_MODEL), ranks=ranks)
+        compare(parse_lmp(workdir, proc), expected, len(atoms), f"mace cluster np {ranks}")
