@@ -69,16 +69,32 @@ void write_gradients(const std::vector<double>& forces, const std::vector<double
   }
 }
 
+// x[i] = embedding row of node i's species (the one-hot linear of both families).
+template <class T>
+void embed_species(const cpu::TypedPlan<T>& plan, const GraphView& g, std::vector<T>& x) {
+  const size_t dim = static_cast<size_t>(plan.embedding_dim);
+  x.resize(static_cast<size_t>(g.num_nodes) * dim);
+  for (int64_t i = 0; i < g.num_nodes; ++i) {
+    const T* row = plan.embedding.data() + static_cast<size_t>(g.species[i]) * dim;
+    std::copy(row, row + dim, x.begin() + i * dim);
+  }
+}
+
+// The convolution works in the ir_mul layout: the linear before it writes that
+// layout and the linear after it reads it, cut along the convolution's blocks.
+template <class T>
+void wire_conv_layout(cpu::Linear<T>& before, const cpu::Conv<T>& conv, cpu::Linear<T>& after) {
+  cpu::split_linear_side(before, conv.in_blocks, false);
+  cpu::split_linear_side(after, conv.out_blocks, true);
+  before.out_ir_mul = true;
+  after.in_ir_mul = true;
+}
+
 template <class T>
 class CpuRunner {
  public:
   explicit CpuRunner(const ModelPlan& plan) : plan_(cpu::make_typed_plan<T>(plan)) {
-    for (auto& layer : plan_.layers) {  // the convolution works in the ir_mul layout
-      cpu::split_linear_side(layer.linear_1, layer.conv.in_blocks, false);
-      cpu::split_linear_side(layer.linear_2, layer.conv.out_blocks, true);
-      layer.linear_1.out_ir_mul = true;
-      layer.linear_2.in_ir_mul = true;
-    }
+    for (auto& layer : plan_.layers) wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
   }
 
   void run(const GraphView& g, ComputeOutput& out) {
@@ -89,12 +105,8 @@ class CpuRunner {
 
     x1_.resize(num_layers);
     pre_gate_.resize(num_layers);
-    std::vector<T> x(static_cast<size_t>(n) * plan_.embedding_dim);
-    for (int64_t i = 0; i < n; ++i) {
-      const T* row =
-          plan_.embedding.data() + static_cast<size_t>(g.species[i]) * plan_.embedding_dim;
-      std::copy(row, row + plan_.embedding_dim, x.begin() + i * plan_.embedding_dim);
-    }
+    std::vector<T> x;
+    embed_species(plan_, g, x);
     std::vector<T> sc, y;
     for (int t = 0; t < num_layers; ++t) {
       const cpu::Layer<T>& L = layers[t];
@@ -199,10 +211,7 @@ class MaceRunner {
       if (q.nonlinear) q.readout_2 = cpu::make_linear<T>(l.readout.linear_2);
       q.act = l.readout.act;
       q.act_scale = static_cast<T>(l.readout.act_scale);
-      cpu::split_linear_side(q.linear_up, q.conv.in_blocks, false);  // conv works in ir_mul
-      cpu::split_linear_side(q.linear, q.conv.out_blocks, true);
-      q.linear_up.out_ir_mul = true;
-      q.linear.in_ir_mul = true;
+      wire_conv_layout(q.linear_up, q.conv, q.linear);
       layers_.push_back(std::move(q));
     }
     e0_ = plan.e0;
@@ -218,12 +227,8 @@ class MaceRunner {
     up_.resize(num_layers);
     m_.resize(num_layers);
     hidden_.resize(num_layers);
-    std::vector<T> x(N * geom_.embedding_dim);
-    for (int64_t i = 0; i < n; ++i) {
-      const T* row =
-          geom_.embedding.data() + static_cast<size_t>(g.species[i]) * geom_.embedding_dim;
-      std::copy(row, row + geom_.embedding_dim, x.begin() + i * geom_.embedding_dim);
-    }
+    std::vector<T> x;
+    embed_species(geom_, g, x);
     std::vector<double> inter(N, 0.0);
     std::vector<T> sc, y, mlin, p, r(N);
     for (int t = 0; t < num_layers; ++t) {

@@ -8,45 +8,12 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/linear_row.h"
 #include "cpu/mace.h"
 
 namespace e3fuse::cpu {
 
 namespace {
-
-template <class T>
-void linear_row(const Linear<T>& lin, const T* xn, T* on, std::vector<T>& xm, std::vector<T>& acc) {
-  for (const auto& p : lin.paths) {
-    for (int m = 0; m < p.d; ++m) {
-      for (int u = 0; u < p.mul_in; ++u) xm[u] = xn[p.in_offset + u * p.d + m];
-      std::fill(acc.begin(), acc.begin() + p.mul_out, T(0));
-      for (int u = 0; u < p.mul_in; ++u) {
-        const T xu = xm[u];
-        const T* wrow = p.weight.data() + static_cast<size_t>(u) * p.mul_out;
-        T* a = acc.data();
-#pragma omp simd
-        for (int w = 0; w < p.mul_out; ++w) a[w] += wrow[w] * xu;
-      }
-      for (int w = 0; w < p.mul_out; ++w) on[p.out_offset + w * p.d + m] += acc[w];
-    }
-  }
-}
-
-template <class T>
-void linear_row_transpose(const Linear<T>& lin, const T* gn, T* xn, std::vector<T>& gm) {
-  for (const auto& p : lin.paths) {
-    for (int m = 0; m < p.d; ++m) {
-      for (int w = 0; w < p.mul_out; ++w) gm[w] = gn[p.out_offset + w * p.d + m];
-      for (int u = 0; u < p.mul_in; ++u) {
-        const T* wrow = p.weight.data() + static_cast<size_t>(u) * p.mul_out;
-        T s = T(0);
-#pragma omp simd reduction(+ : s)
-        for (int w = 0; w < p.mul_out; ++w) s += wrow[w] * gm[w];
-        xn[p.in_offset + u * p.d + m] += s;
-      }
-    }
-  }
-}
 
 template <class T>
 int max_mul(const ElementLinear<T>& lin) {
