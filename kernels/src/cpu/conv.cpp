@@ -88,6 +88,7 @@ struct Tile {
   std::vector<double> r_f64;
   std::vector<std::vector<T>> pre, hidden;  // radial MLP, per hidden layer [n][h]
   std::vector<T> weights, grad_w, grad_h, grad_h2;
+  std::vector<T> dYc, dr;  // backward: combined angular adjoint [n][sh_dim], dE/dr [n]
   std::vector<T> M, A1, A2, dY1, dY2;
 
   void reserve_edges(int64_t count, int sh_dim, int num_basis) {
@@ -178,7 +179,7 @@ void mlp_forward(const Mlp<T>& mlp, Tile<T>& t) {
   }
 }
 
-// Backward of the radial MLP: from t.grad_w [n][numel] to dE/dr per edge (into t.grad_h[0..n)).
+// Backward of the radial MLP: from t.grad_w [n][numel] to dE/dr per edge (into t.dr).
 template <class T>
 void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
   const int layers = static_cast<int>(mlp.weight.size());
@@ -196,15 +197,14 @@ void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
     g = &dh;
   }
   // g now holds dE/d emb [n][num_basis]
-  std::vector<T> dr(t.n);
+  t.dr.resize(t.n);
   for (int e = 0; e < t.n; ++e) {
     T s = T(0);
     for (int b = 0; b < num_basis; ++b)
       s += (*g)[static_cast<size_t>(e) * num_basis + b] *
            t.demb[static_cast<size_t>(e) * num_basis + b];
-    dr[e] = s;
+    t.dr[e] = s;
   }
-  t.grad_h2.assign(dr.begin(), dr.end());
 }
 
 template <class T>
@@ -347,7 +347,8 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
       if (t.n == 0) continue;
       mlp_forward(conv.mlp, t);
       t.grad_w.assign(static_cast<size_t>(t.n) * conv.weight_numel, T(0));
-      std::vector<T> dYc(static_cast<size_t>(t.n) * sh_dim);
+      std::vector<T>& dYc = t.dYc;
+      dYc.resize(static_cast<size_t>(t.n) * sh_dim);
       const T* xk = x + k * conv.dim_in;
       const T* gk = grad_y + k * conv.dim_out;
       for (int e = 0; e < t.n; ++e) {
@@ -381,7 +382,7 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
           dyc[m] = (dY1[m] + parity[m] * dY2[m]) * conv.inv_denominator;
       }
       for (int64_t q = 0; q < conv.dim_in; ++q) gxk[q] *= conv.inv_denominator;
-      mlp_backward_to_r(conv.mlp, plan.num_basis, t);  // dE/dr per edge in t.grad_h2
+      mlp_backward_to_r(conv.mlp, plan.num_basis, t);  // dE/dr per edge in t.dr
       double fk[3] = {0, 0, 0};
       double wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
       for (int e = 0; e < t.n; ++e) {
@@ -390,7 +391,7 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
         ops::spherical_harmonics_vjp(sh_dim, &dYc[static_cast<size_t>(e) * sh_dim],
                                      &t.dP[3 * static_cast<size_t>(e) * sh_dim], u, t.r[e], f,
                                      plan.sh.normalize);
-        const T dr = t.grad_h2[e];
+        const T dr = t.dr[e];
         for (int a = 0; a < 3; ++a) {
           f[a] += dr * u[a];
           fk[a] += static_cast<double>(f[a]);
