@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 mace_modules = pytest.importorskip("mace.modules")
 
-from conftest import STRUCTURES, TOLERANCES  # noqa: E402
+from conftest import DEVICES, STRUCTURES, TOLERANCES  # noqa: E402
 
 from e3fuse import _core, cli, reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
@@ -213,7 +213,8 @@ def test_open_structure_and_multihead(workdir: Path) -> None:
         mace_convert.convert(model, workdir / "nohead.e3f")
 
 
-def test_symmetric_contraction_op(workdir: Path) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_symmetric_contraction_op(workdir: Path, device: str) -> None:
     """The core's symmetric contraction and its transpose vs mace-torch's
     SymmetricContraction (and torch autograd) on random inputs."""
     for name in ("mp0-large", "three-interactions"):
@@ -239,12 +240,12 @@ def test_symmetric_contraction_op(workdir: Path) -> None:
             )
             expected = sc(torch.cat(fields, dim=-1), attrs)
             assert expected.shape[1] == c * sum(ir.dim for _, ir in sc.irreps_out)
-            ours = probe.symmetric_contraction(layer, x, species)
+            ours = probe.symmetric_contraction(layer, x, species, device=device)
             scale = max(1.0, float(expected.detach().abs().max()))
             assert np.abs(ours - expected.detach().numpy()).max() < 1e-12 * scale
             g = rng.normal(size=expected.shape)
             (expected * torch.from_numpy(g)).sum().backward()
-            grad = probe.symmetric_contraction_transpose(layer, x, species, g)
+            grad = probe.symmetric_contraction_transpose(layer, x, species, g, device=device)
             scale = max(1.0, float(xt.grad.abs().max()))
             assert np.abs(grad - xt.grad.numpy()).max() < 1e-12 * scale
             assert num_ell == sc.irreps_in.dim // c

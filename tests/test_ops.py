@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import TOLERANCES, ModelCache, assert_rel, assert_rel_blocks
+from conftest import DEVICES, TOLERANCES, ModelCache, assert_rel, assert_rel_blocks
 
 TOL = TOLERANCES["float64"]  # the probes run the core's float64 kernels
 LAYERS = range(5)  # both models have 5 interaction layers (checked below)
@@ -194,12 +194,13 @@ def _linear_module(model: Any, name: str) -> Any:
 LINEAR_NAMES = [n.format(t=t) for t in LAYERS for n in LINEARS] + ["readout.0", "readout.1"]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", LINEAR_NAMES)
-def test_linear(probe: Any, sevenn_model: Any, name: str) -> None:
+def test_linear(probe: Any, sevenn_model: Any, name: str, device: str) -> None:
     module = _linear_module(sevenn_model, name)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     x = rng.standard_normal((9, module.irreps_in.dim))
-    out = probe.linear(name, x)
+    out = probe.linear(name, x, device=device)
     with torch.no_grad():
         ref = module(_t(x)).numpy()
     assert out.shape == ref.shape
@@ -208,13 +209,14 @@ def test_linear(probe: Any, sevenn_model: Any, name: str) -> None:
     assert_rel_blocks(out, ref, module.irreps_out, TOL.rel, name)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", LINEAR_NAMES)
-def test_linear_transpose(probe: Any, sevenn_model: Any, name: str) -> None:
+def test_linear_transpose(probe: Any, sevenn_model: Any, name: str, device: str) -> None:
     module = _linear_module(sevenn_model, name)
     rng = np.random.default_rng(1 + zlib.crc32(name.encode()))
     x = rng.standard_normal((9, module.irreps_in.dim))
     g = rng.standard_normal((9, module.irreps_out.dim))
-    out = probe.linear_transpose(name, g)
+    out = probe.linear_transpose(name, g, device=device)
     assert_rel(out, _vjp(module, x, g), TOL.grad_rel, f"{name} transpose")
 
 
@@ -232,12 +234,13 @@ def test_linear_unknown_name(probe: Any) -> None:
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layer", LAYERS)
-def test_gate(probe: Any, sevenn_model: Any, layer: int) -> None:
+def test_gate(probe: Any, sevenn_model: Any, layer: int, device: str) -> None:
     gate = sevenn_model._modules[f"{layer}_equivariant_gate"].gate
     rng = np.random.default_rng(100 + layer)
     x = 1.5 * rng.standard_normal((11, gate.irreps_in.dim))
-    out = probe.gate(layer, x)
+    out = probe.gate(layer, x, device=device)
     with torch.no_grad():
         ref = gate(_t(x)).numpy()
     assert out.shape == ref.shape
@@ -245,13 +248,14 @@ def test_gate(probe: Any, sevenn_model: Any, layer: int) -> None:
     assert_rel_blocks(out, ref, gate.irreps_out, TOL.rel, f"gate {layer}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layer", LAYERS)
-def test_gate_transpose(probe: Any, sevenn_model: Any, layer: int) -> None:
+def test_gate_transpose(probe: Any, sevenn_model: Any, layer: int, device: str) -> None:
     gate = sevenn_model._modules[f"{layer}_equivariant_gate"].gate
     rng = np.random.default_rng(200 + layer)
     x = 1.5 * rng.standard_normal((11, gate.irreps_in.dim))
     g = rng.standard_normal((11, gate.irreps_out.dim))
-    out = probe.gate_transpose(layer, x, g)
+    out = probe.gate_transpose(layer, x, g, device=device)
     ref = _vjp(gate, x, g)
     assert_rel(out, ref, TOL.grad_rel, f"gate {layer} adjoint")
     assert_rel_blocks(out, ref, gate.irreps_in, TOL.grad_rel, f"gate {layer} adjoint")

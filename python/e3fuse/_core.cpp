@@ -19,6 +19,9 @@
 #include "model/plan.h"
 #include "ops/radial.h"
 #include "ops/sh.h"
+#ifdef E3FUSE_WITH_CUDA
+#include "cuda/probe.h"  // probe_neighbor_list_frames (gpu_neighbor_*)
+#endif
 
 namespace py = pybind11;
 using namespace e3fuse;
@@ -74,6 +77,18 @@ struct OpsProbe {
     throw Error("unknown linear '" + name + "'");
   }
 };
+
+// The `device` keyword of the OpsProbe methods: true for "cuda" (the probes of
+// cuda/probe.h), false for "cpu".
+bool probe_on_cuda(const std::string& device) {
+  if (device == "cpu") return false;
+  if (device != "cuda") throw Error("unknown device '" + device + "' (cpu or cuda)");
+#ifdef E3FUSE_WITH_CUDA
+  return true;
+#else
+  throw Error("this e3fuse was built without CUDA");
+#endif
+}
 
 void check_species(const Array<int32_t>& species, int num_species) {
   for (int64_t i = 0; i < species.shape(0); ++i)
@@ -302,71 +317,127 @@ PYBIND11_MODULE(_core, m) {
                                    demb.mutable_data() + e * nb);
              return py::make_tuple(emb, demb);
            })
-      .def("linear",
-           [](const OpsProbe& p, const std::string& name, Array<double> x) {
-             const auto& lin = p.linear(name);
-             check_shape(x, {-1, lin.dim_in}, "x");
-             const int64_t n = x.shape(0);
-             Array<double> out({n, lin.dim_out});
-             cpu::linear_forward(lin, n, x.data(), out.mutable_data());
-             return out;
-           })
-      .def("linear_transpose",
-           [](const OpsProbe& p, const std::string& name, Array<double> g) {
-             const auto& lin = p.linear(name);
-             check_shape(g, {-1, lin.dim_out}, "grad");
-             const int64_t n = g.shape(0);
-             Array<double> out({n, lin.dim_in});
-             cpu::linear_backward(lin, n, g.data(), out.mutable_data(), false);
-             return out;
-           })
-      .def("symmetric_contraction",
-           [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species) {
-             const auto sc = cpu::make_symmetric_contraction<double>(
-                 p.model->plan().mace_layers.at(layer).product);
-             check_shape(x, {-1, sc.dim_in}, "x");
-             const int64_t n = x.shape(0);
-             check_shape(species, {n}, "species");
-             check_species(species, p.plan.num_species);
-             Array<double> out({n, sc.dim_out});
-             cpu::symmetric_contraction_forward(sc, n, species.data(), x.data(),
+      .def(
+          "linear",
+          [](const OpsProbe& p, const std::string& name, Array<double> x,
+             const std::string& device) {
+            const auto& lin = p.linear(name);
+            check_shape(x, {-1, lin.dim_in}, "x");
+            const int64_t n = x.shape(0);
+            Array<double> out({n, lin.dim_out});
+            if (probe_on_cuda(device)) {
+#ifdef E3FUSE_WITH_CUDA
+              cuda::probe_linear(lin, n, x.data(), out.mutable_data(), false);
+#endif
+            } else {
+              cpu::linear_forward(lin, n, x.data(), out.mutable_data());
+            }
+            return out;
+          },
+          py::arg("name"), py::arg("x"), py::kw_only(), py::arg("device") = "cpu")
+      .def(
+          "linear_transpose",
+          [](const OpsProbe& p, const std::string& name, Array<double> g,
+             const std::string& device) {
+            const auto& lin = p.linear(name);
+            check_shape(g, {-1, lin.dim_out}, "grad");
+            const int64_t n = g.shape(0);
+            Array<double> out({n, lin.dim_in});
+            if (probe_on_cuda(device)) {
+#ifdef E3FUSE_WITH_CUDA
+              cuda::probe_linear(lin, n, g.data(), out.mutable_data(), true);
+#endif
+            } else {
+              cpu::linear_backward(lin, n, g.data(), out.mutable_data(), false);
+            }
+            return out;
+          },
+          py::arg("name"), py::arg("grad"), py::kw_only(), py::arg("device") = "cpu")
+      .def(
+          "symmetric_contraction",
+          [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species,
+             const std::string& device) {
+            const auto sc = cpu::make_symmetric_contraction<double>(
+                p.model->plan().mace_layers.at(layer).product);
+            check_shape(x, {-1, sc.dim_in}, "x");
+            const int64_t n = x.shape(0);
+            check_shape(species, {n}, "species");
+            check_species(species, p.plan.num_species);
+            Array<double> out({n, sc.dim_out});
+            if (probe_on_cuda(device)) {
+#ifdef E3FUSE_WITH_CUDA
+              cuda::probe_symmetric_contraction(sc, n, species.data(), x.data(), nullptr,
                                                 out.mutable_data());
-             return out;
-           })
-      .def("symmetric_contraction_transpose",
-           [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species,
-              Array<double> g) {
-             const auto sc = cpu::make_symmetric_contraction<double>(
-                 p.model->plan().mace_layers.at(layer).product);
-             const int64_t n = x.shape(0);
-             check_shape(x, {n, sc.dim_in}, "x");
-             check_shape(species, {n}, "species");
-             check_shape(g, {n, sc.dim_out}, "grad");
-             check_species(species, p.plan.num_species);
-             Array<double> out({n, sc.dim_in});
-             cpu::symmetric_contraction_backward(sc, n, species.data(), x.data(), g.data(),
+#endif
+            } else {
+              cpu::symmetric_contraction_forward(sc, n, species.data(), x.data(),
                                                  out.mutable_data());
-             return out;
-           })
-      .def("gate",
-           [](const OpsProbe& p, int layer, Array<double> x) {
-             const auto& gate = p.plan.layers.at(layer).gate;
-             check_shape(x, {-1, gate.plan.dim_in}, "x");
-             const int64_t n = x.shape(0);
-             Array<double> out({n, gate.plan.dim_out});
-             cpu::gate_forward(gate, n, x.data(), out.mutable_data());
-             return out;
-           })
-      .def("gate_transpose",
-           [](const OpsProbe& p, int layer, Array<double> x, Array<double> g) {
-             const auto& gate = p.plan.layers.at(layer).gate;
-             const int64_t n = x.shape(0);
-             check_shape(x, {n, gate.plan.dim_in}, "x");
-             check_shape(g, {n, gate.plan.dim_out}, "grad");
-             Array<double> out({n, gate.plan.dim_in});
-             cpu::gate_backward(gate, n, x.data(), g.data(), out.mutable_data());
-             return out;
-           })
+            }
+            return out;
+          },
+          py::arg("layer"), py::arg("x"), py::arg("species"), py::kw_only(),
+          py::arg("device") = "cpu")
+      .def(
+          "symmetric_contraction_transpose",
+          [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species, Array<double> g,
+             const std::string& device) {
+            const auto sc = cpu::make_symmetric_contraction<double>(
+                p.model->plan().mace_layers.at(layer).product);
+            const int64_t n = x.shape(0);
+            check_shape(x, {n, sc.dim_in}, "x");
+            check_shape(species, {n}, "species");
+            check_shape(g, {n, sc.dim_out}, "grad");
+            check_species(species, p.plan.num_species);
+            Array<double> out({n, sc.dim_in});
+            if (probe_on_cuda(device)) {
+#ifdef E3FUSE_WITH_CUDA
+              cuda::probe_symmetric_contraction(sc, n, species.data(), x.data(), g.data(),
+                                                out.mutable_data());
+#endif
+            } else {
+              cpu::symmetric_contraction_backward(sc, n, species.data(), x.data(), g.data(),
+                                                  out.mutable_data());
+            }
+            return out;
+          },
+          py::arg("layer"), py::arg("x"), py::arg("species"), py::arg("grad"), py::kw_only(),
+          py::arg("device") = "cpu")
+      .def(
+          "gate",
+          [](const OpsProbe& p, int layer, Array<double> x, const std::string& device) {
+            const auto& gate = p.plan.layers.at(layer).gate;
+            check_shape(x, {-1, gate.plan.dim_in}, "x");
+            const int64_t n = x.shape(0);
+            Array<double> out({n, gate.plan.dim_out});
+            if (probe_on_cuda(device)) {
+#ifdef E3FUSE_WITH_CUDA
+              cuda::probe_gate(gate, n, x.data(), nullptr, out.mutable_data());
+#endif
+            } else {
+              cpu::gate_forward(gate, n, x.data(), out.mutable_data());
+            }
+            return out;
+          },
+          py::arg("layer"), py::arg("x"), py::kw_only(), py::arg("device") = "cpu")
+      .def(
+          "gate_transpose",
+          [](const OpsProbe& p, int layer, Array<double> x, Array<double> g,
+             const std::string& device) {
+            const auto& gate = p.plan.layers.at(layer).gate;
+            const int64_t n = x.shape(0);
+            check_shape(x, {n, gate.plan.dim_in}, "x");
+            check_shape(g, {n, gate.plan.dim_out}, "grad");
+            Array<double> out({n, gate.plan.dim_in});
+            if (probe_on_cuda(device)) {
+#ifdef E3FUSE_WITH_CUDA
+              cuda::probe_gate(gate, n, x.data(), g.data(), out.mutable_data());
+#endif
+            } else {
+              cpu::gate_backward(gate, n, x.data(), g.data(), out.mutable_data());
+            }
+            return out;
+          },
+          py::arg("layer"), py::arg("x"), py::arg("grad"), py::kw_only(), py::arg("device") = "cpu")
       .def("embedding",
            [](const OpsProbe& p, Array<int32_t> species) {
              const int64_t n = species.shape(0);

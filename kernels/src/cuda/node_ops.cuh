@@ -1,0 +1,189 @@
+// cuda/node_ops.cuh: the node-level ops on the GPU (o3.Linear, Gate, MACE's
+// element-dependent linear and symmetric contraction, small elementwise helpers),
+// the same math as their CPU versions in cpu/. Each op is built once from its host
+// struct (cpu::Linear<T>, ...) into flat device tables; the entry points take
+// device pointers to node-major arrays (node n at x + n * dim), launch on `stream`
+// and return at once. Deterministic: every output element is written by one thread
+// that sums in a fixed order (the CPU's order wherever it is cheap to follow).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/mace.h"
+#include "cpu/typed_plan.h"
+#include "cuda/common.cuh"
+
+namespace e3fuse::cuda {
+
+// ---------------------------------------------------------------------------------
+// o3.Linear (and its transpose)
+// ---------------------------------------------------------------------------------
+
+// One path's contribution to one destination element:
+//   sum_{u < count} weights[w + u * w_stride] * src[src + u * src_stride].
+struct LinearSegment {
+  int64_t w = 0;
+  int32_t src = 0, src_stride = 1, w_stride = 1, count = 0;
+};
+
+// Per destination element e, its segments are segs[offsets[e] .. offsets[e + 1]) in
+// path order; forward tables run over outputs, backward tables over inputs (with
+// the transposed weights, so that neighbouring threads read neighbouring weights).
+// Several tables (one per species) may follow each other in `offsets`.
+template <class T>
+struct LinearTables {
+  DeviceArray<int32_t> fwd_offsets, bwd_offsets;
+  DeviceArray<LinearSegment> fwd_segs, bwd_segs;
+  DeviceArray<T> weights, weights_t;
+  DeviceArray<T> bias;  // [dim_out], empty when the layer has no bias
+};
+
+template <class T>
+struct Linear {
+  int64_t dim_in = 0, dim_out = 0;
+  LinearTables<T> tables;
+};
+
+namespace detail {
+// Builds the tables of one or more linear layers with the same dims (one table per
+// layer, in order; biases only when `with_bias`). Defined in linear.cu.
+template <class T>
+void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool with_bias,
+                         LinearTables<T>& tables);
+// dst (+)= W src for every node, forward (src: dim_in, dst: dim_out, bias added when
+// present) or transposed (src: dim_out, dst: dim_in). With `species`, node n uses the
+// table species[n]; otherwise table 0.
+template <class T>
+void run_linear_tables(const LinearTables<T>& tables, int64_t dim_in, int64_t dim_out,
+                       bool transpose, int64_t num_nodes, const int32_t* species, bool accumulate,
+                       const T* src, T* dst, cudaStream_t stream);
+}  // namespace detail
+
+// Honours in_ir_mul / out_ir_mul and the scalar biases of `host`.
+template <class T>
+Linear<T> make_linear(const cpu::Linear<T>& host);
+// out = W x + b (out overwritten).
+template <class T>
+void linear_forward(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out,
+                    cudaStream_t stream);
+// grad_x = W^T grad_out, or += with `accumulate` (no bias).
+template <class T>
+void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out, T* grad_x,
+                     bool accumulate, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------
+// e3nn nn.Gate
+// ---------------------------------------------------------------------------------
+
+// Output element: act(x[x]) * scale (gate < 0, a scalar), or
+// act(x[gate]) * scale * gated_factor * x[x] (a gated irrep component).
+struct GateOutput {
+  int32_t x = 0, gate = -1, act = 0;
+};
+// Input element, by kind: 0 unused (gradient 0); 1 scalar, read at output o;
+// 2 gated component, output o, its gate at x[xa]; 3 gate, gating the d
+// components x[xa .. xa + d) written at outputs o .. o + d.
+struct GateInput {
+  int32_t kind = 0, o = 0, xa = 0, d = 0, act = 0;
+};
+
+template <class T>
+struct Gate {
+  int64_t dim_in = 0, dim_out = 0;
+  T gated_factor = T(1);
+  DeviceArray<GateOutput> outputs;  // [dim_out]
+  DeviceArray<T> out_scale;         // [dim_out]
+  DeviceArray<GateInput> inputs;    // [dim_in]
+  DeviceArray<T> in_scale;          // [dim_in]
+};
+
+template <class T>
+Gate<T> make_gate(const cpu::Gate<T>& host);
+template <class T>
+void gate_forward(const Gate<T>& gate, int64_t num_nodes, const T* x, T* out, cudaStream_t stream);
+// grad_x = (d gate / dx)^T grad_out (overwritten).
+template <class T>
+void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* grad_out, T* grad_x,
+                   cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------
+// MACE: element-dependent linear (skip_tp) and symmetric contraction
+// ---------------------------------------------------------------------------------
+
+// One o3.Linear per species, without biases (as on the CPU); table s of
+// `tables.fwd_offsets` ([num_species][dim_out + 1]) belongs to species s.
+template <class T>
+struct ElementLinear {
+  int64_t dim_in = 0, dim_out = 0;
+  int num_species = 0;
+  LinearTables<T> tables;
+};
+
+template <class T>
+ElementLinear<T> make_element_linear(const cpu::ElementLinear<T>& host);
+// out = W_{s_n} x_n (out overwritten).
+template <class T>
+void element_linear_forward(const ElementLinear<T>& lin, int64_t num_nodes, const int32_t* species,
+                            const T* x, T* out, cudaStream_t stream);
+// grad_x (+)= W_{s_n}^T grad_out_n.
+template <class T>
+void element_linear_backward(const ElementLinear<T>& lin, int64_t num_nodes, const int32_t* species,
+                             const T* grad_out, T* grad_x, bool accumulate, cudaStream_t stream);
+
+// One output irrep of the symmetric contraction: terms[term_begin .. term_end).
+struct ScContraction {
+  int64_t out_offset = 0;
+  int32_t d = 1, term_begin = 0, term_end = 0;
+};
+// One correlation order nu: `rows` rows (m, i_1..i_nu, k) at index[index_begin ..],
+// their values at values[value_begin ..], weights [species][num_params][C] at
+// weights[weight_begin ..]. Same data and row order as cpu::SymmetricContraction.
+struct ScTerm {
+  int64_t rows = 0, index_begin = 0, value_begin = 0, weight_begin = 0;
+  int32_t nu = 0, num_params = 0;
+};
+
+template <class T>
+struct SymmetricContraction {
+  int64_t dim_in = 0, dim_out = 0;
+  int C = 0, num_ell = 0, max_d = 1, num_contractions = 0;
+  DeviceArray<int64_t> ell_offset;  // x[c][i] = x_flat[ell_offset[i] + c * ell_stride[i]]
+  DeviceArray<int32_t> ell_stride;
+  DeviceArray<ScContraction> contractions;
+  DeviceArray<ScTerm> terms;
+  DeviceArray<int32_t> index;
+  DeviceArray<T> values, weights;
+};
+
+template <class T>
+SymmetricContraction<T> make_symmetric_contraction(const cpu::SymmetricContraction<T>& host);
+// out[n] = SC(x[n]; species s_n), out overwritten.
+template <class T>
+void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t num_nodes,
+                                   const int32_t* species, const T* x, T* out, cudaStream_t stream);
+// grad_x = (d SC / dx)^T grad_out (overwritten).
+template <class T>
+void symmetric_contraction_backward(const SymmetricContraction<T>& sc, int64_t num_nodes,
+                                    const int32_t* species, const T* x, const T* grad_out,
+                                    T* grad_x, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------
+// Elementwise helpers
+// ---------------------------------------------------------------------------------
+
+// y += x.
+template <class T>
+void add_inplace(int64_t count, const T* x, T* y, cudaStream_t stream);
+// y = act(x) * scale.
+template <class T>
+void activation_forward(Activation act, T scale, int64_t count, const T* x, T* y,
+                        cudaStream_t stream);
+// g *= act'(x) * scale.
+template <class T>
+void activation_backward(Activation act, T scale, int64_t count, const T* x, T* g,
+                         cudaStream_t stream);
+
+}  // namespace e3fuse::cuda
