@@ -16,9 +16,13 @@
 #include <vector>
 
 #include "cpu/mace.h"
+#ifdef E3FUSE_WITH_CUDA
+#include "cuda/backend.h"
+#endif
 #include "cpu/ops.h"
 #include "cpu/typed_plan.h"
 #include "e3fuse/error.h"
+#include "e3fuse/neighbors.h"
 #include "model/plan.h"
 #include "ops/activation.h"
 
@@ -32,7 +36,7 @@ const char* version() { return E3FUSE_VERSION; }
 
 bool cuda_available() {
 #ifdef E3FUSE_WITH_CUDA
-  return true;
+  return cuda::device_available();
 #else
   return false;
 #endif
@@ -336,6 +340,12 @@ struct Engine::Impl {
   std::unique_ptr<CpuRunner<double>> f64;
   std::unique_ptr<MaceRunner<float>> mace32;
   std::unique_ptr<MaceRunner<double>> mace64;
+#ifdef E3FUSE_WITH_CUDA
+  std::unique_ptr<cuda::Backend> gpu;
+#endif
+  std::unique_ptr<NeighborList> neighbors;  // compute(SystemView) on the CPU
+  double skin = 0.5;
+  double min_distance = 0.1;
   int num_threads = 0;
 };
 
@@ -346,14 +356,18 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
       precision_(precision),
       impl_(std::make_unique<Impl>()) {
   if (!model_) throw Error("Engine: no model");
-  if (device == Device::cuda) {
-    throw Error(cuda_available() ? "the CUDA backend does not run this model yet"
-                                 : "this e3fuse was built without CUDA; use device 'cpu'");
-  }
   const std::string& family = model_->family();
   if (family != "sevennet" && family != "mace")
     throw Error("model family '" + family + "' is not supported");
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
+  if (device == Device::cuda) {
+#ifdef E3FUSE_WITH_CUDA
+    impl_->gpu = cuda::make_backend(model_->plan(), precision);
+    return;
+#else
+    throw Error("this e3fuse was built without CUDA; use device 'cpu'");
+#endif
+  }
   if (family == "mace") {
     if (precision == Precision::float64)
       impl_->mace64 = std::make_unique<MaceRunner<double>>(model_->plan());
@@ -367,28 +381,103 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
 
 Engine::~Engine() = default;
 
+namespace {
+
+void check_atoms(int64_t n, const int32_t* species, const double* positions, int num_species) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (species[i] < 0 || species[i] >= num_species) {
+      throw Error("atom " + std::to_string(i) + " has species index " + std::to_string(species[i]) +
+                  ", outside the model's " + std::to_string(num_species) + " species");
+    }
+    for (int a = 0; a < 3; ++a) {
+      if (!std::isfinite(positions[3 * i + a])) {
+        throw Error("position of atom " + std::to_string(i) + " is not finite (NaN or inf)");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Engine::set_neighbor_skin(double skin) {
+  if (!(skin >= 0.0)) throw Error("the neighbor-list skin must be >= 0");
+  impl_->skin = skin;
+}
+
+void Engine::set_min_distance(double min_distance) { impl_->min_distance = min_distance; }
+
+int64_t Engine::num_neighbor_builds() const {
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) return impl_->gpu->num_neighbor_builds();
+#endif
+  return impl_->neighbors ? impl_->neighbors->num_builds() : 0;
+}
+
+int64_t Engine::num_neighbor_edges() const {
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) return impl_->gpu->num_neighbor_edges();
+#endif
+  return impl_->neighbors ? impl_->neighbors->num_edges() : 0;
+}
+
+double Engine::neighbor_skin() const { return impl_->skin; }
+
+size_t Engine::device_bytes_in_use() {
+#ifdef E3FUSE_WITH_CUDA
+  return cuda::device_bytes_in_use();
+#else
+  return 0;
+#endif
+}
+
+size_t Engine::device_bytes_peak() {
+#ifdef E3FUSE_WITH_CUDA
+  return cuda::device_bytes_peak();
+#else
+  return 0;
+#endif
+}
+
+void Engine::reset_device_bytes_peak() {
+#ifdef E3FUSE_WITH_CUDA
+  cuda::reset_device_bytes_peak();
+#endif
+}
+
+void Engine::compute(const SystemView& s, ComputeOutput& out) {
+  if (s.num_atoms < 0) throw Error("invalid system: negative atom count");
+  const int num_species = static_cast<int>(model_->atomic_numbers().size());
+  check_atoms(s.num_atoms, s.species, s.positions, num_species);
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) {
+    impl_->gpu->compute_system(s, impl_->skin, impl_->min_distance, out);
+    return;
+  }
+#endif
+  if (!impl_->neighbors || impl_->neighbors->skin() != impl_->skin)
+    impl_->neighbors = std::make_unique<NeighborList>(model_->cutoff(), impl_->skin);
+  impl_->neighbors->set_min_distance(impl_->min_distance);
+  impl_->neighbors->update(s.num_atoms, s.positions, s.cell, s.pbc);
+  compute(impl_->neighbors->view(s.positions, s.species), out);
+}
+
 void Engine::compute(const GraphView& g, ComputeOutput& out) {
   if (g.num_nodes < 0 || g.num_energy_nodes < 0 || g.num_energy_nodes > g.num_nodes) {
     throw Error("invalid graph: node counts");
   }
   const int num_species = static_cast<int>(model_->atomic_numbers().size());
-  for (int64_t i = 0; i < g.num_nodes; ++i) {
-    if (g.species[i] < 0 || g.species[i] >= num_species) {
-      throw Error("atom " + std::to_string(i) + " has species index " +
-                  std::to_string(g.species[i]) + ", outside the model's " +
-                  std::to_string(num_species) + " species");
-    }
-    for (int a = 0; a < 3; ++a) {
-      if (!std::isfinite(g.positions[3 * i + a])) {
-        throw Error("atom " + std::to_string(i) + " has a non-finite position (NaN or inf)");
-      }
-    }
-  }
+  check_atoms(g.num_nodes, g.species, g.positions, num_species);
   const int64_t num_edges = g.num_nodes > 0 ? g.row_offsets[g.num_nodes] : 0;
   for (int64_t e = 0; e < num_edges; ++e) {
     if (g.neighbors[e] < 0 || g.neighbors[e] >= g.num_nodes)
       throw Error("invalid graph: neighbor index out of range");
   }
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) {
+    impl_->gpu->compute(g, out);
+    return;
+  }
+#endif
   const int saved = omp_get_max_threads();
   omp_set_num_threads(impl_->num_threads);
   try {
@@ -412,7 +501,14 @@ std::string Engine::describe() const {
   s << "e3fuse " << version() << ": " << model_->family() << " model (" << model_->num_layers()
     << " layers, cutoff " << model_->cutoff() << " A, " << model_->atomic_numbers().size()
     << " elements), device " << to_string(device_) << ", precision " << to_string(precision_)
-    << ", " << impl_->num_threads << " CPU threads";
+    << ", ";
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) {
+    s << "GPU " << impl_->gpu->device_name();
+    return s.str();
+  }
+#endif
+  s << impl_->num_threads << " CPU threads";
   return s.str();
 }
 

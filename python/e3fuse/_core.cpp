@@ -1,6 +1,8 @@
 // _core.cpp: the pybind11 module over the core. An adapter only: numpy arrays
 // in, pointers to the core, numpy arrays out; e3fuse::Error -> E3fuseError.
 #include <pybind11/numpy.h>
+#include <array>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -37,8 +39,9 @@ void check_shape(const py::array& a, std::vector<py::ssize_t> shape, const char*
   if (!ok) throw Error(std::string(what) + " has the wrong shape");
 }
 
-py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, bool atom_virials) {
-  const int64_t n = g.num_nodes;
+template <class Input>
+py::dict compute_with(Engine& engine, const Input& input, int64_t n, bool forces, bool virial,
+                      bool atom_virials) {
   Array<double> atom_energies(n), f({n, int64_t(3)}), v({int64_t(3), int64_t(3)}),
       av({n, int64_t(9)});
   ComputeOutput out;
@@ -48,7 +51,7 @@ py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, b
   if (atom_virials) out.atom_virials = av.mutable_data();
   {
     py::gil_scoped_release release;
-    engine.compute(g, out);
+    engine.compute(input, out);
   }
   py::dict result;
   result["energy"] = out.energy;
@@ -57,6 +60,10 @@ py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, b
   if (virial) result["virial"] = v;
   if (atom_virials) result["atom_virials"] = av;
   return result;
+}
+
+py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, bool atom_virials) {
+  return compute_with(engine, g, g.num_nodes, forces, virial, atom_virials);
 }
 
 // Op-level access to a model's plan in float64, for tests against e3nn/sevenn.
@@ -134,6 +141,41 @@ GraphView open_graph(const Array<double>& positions, const Array<int64_t>& row_o
   return g;
 }
 
+
+// The GPU neighbor list on host arrays (tests): update() on each of num_frames
+// frames (num_frames x n x 3) with one list; returns (rebuilt flags, row_offsets,
+// neighbors, images[E, 3]) after the last frame.
+py::tuple gpu_neighbor_run(const double* frames, int64_t num_frames, int64_t n,
+                           const Array<double>& cell, const std::vector<bool>& pbc, double cutoff,
+                           double skin, double min_distance) {
+#ifdef E3FUSE_WITH_CUDA
+  check_shape(cell, {3, 3}, "cell");
+  if (pbc.size() != 3) throw Error("pbc must have 3 entries");
+  const bool p[3] = {pbc[0], pbc[1], pbc[2]};
+  std::vector<int8_t> rebuilt;
+  std::vector<int64_t> row_offsets;
+  std::vector<int32_t> neighbors, images;
+  {
+    py::gil_scoped_release release;
+    cuda::probe_neighbor_list_frames(cutoff, skin, n, num_frames, frames, cell.data(), p,
+                                     min_distance, rebuilt, row_offsets, neighbors, images);
+  }
+  const int64_t E = static_cast<int64_t>(neighbors.size());
+  Array<int64_t> ro(n + 1);
+  Array<int32_t> nb(E), im({E, int64_t(3)});
+  std::copy(row_offsets.begin(), row_offsets.end(), ro.mutable_data());
+  std::copy(neighbors.begin(), neighbors.end(), nb.mutable_data());
+  std::copy(images.begin(), images.end(), im.mutable_data());
+  py::list flags;
+  for (int8_t r : rebuilt) flags.append(r != 0);
+  return py::make_tuple(flags, ro, nb, im);
+#else
+  (void)frames, (void)num_frames, (void)n, (void)cell, (void)pbc, (void)cutoff, (void)skin,
+      (void)min_distance;
+  throw Error("this e3fuse was built without CUDA");
+#endif
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -149,6 +191,29 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = version();
   m.attr("FORMAT_VERSION") = kModelFormatVersion;
   m.def("cuda_available", &cuda_available);
+  // The GPU neighbor list (tests): (row_offsets, neighbors, images[E, 3]) of one build,
+  // and (rebuilt flags, row_offsets, neighbors, images) of one list over frames [F, N, 3].
+  m.def(
+      "gpu_neighbor_edges",
+      [](Array<double> positions, Array<double> cell, std::vector<bool> pbc, double cutoff,
+         double skin, double min_distance) {
+        check_shape(positions, {-1, 3}, "positions");
+        py::tuple t = gpu_neighbor_run(positions.data(), 1, positions.shape(0), cell, pbc, cutoff,
+                                       skin, min_distance);
+        return py::make_tuple(t[1], t[2], t[3]);
+      },
+      py::arg("positions"), py::arg("cell"), py::arg("pbc"), py::arg("cutoff"),
+      py::arg("skin") = 0.0, py::arg("min_distance") = 1e-4);
+  m.def(
+      "gpu_neighbor_frames",
+      [](Array<double> frames, Array<double> cell, std::vector<bool> pbc, double cutoff,
+         double skin, double min_distance) {
+        check_shape(frames, {-1, -1, 3}, "frames");
+        return gpu_neighbor_run(frames.data(), frames.shape(0), frames.shape(1), cell, pbc, cutoff,
+                                skin, min_distance);
+      },
+      py::arg("frames"), py::arg("cell"), py::arg("pbc"), py::arg("cutoff"),
+      py::arg("skin") = 0.0, py::arg("min_distance") = 1e-4);
   m.def("set_log_callback", [](py::object callback) {
     if (callback.is_none()) {
       set_log_callback(nullptr);
@@ -255,6 +320,32 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("neighbors"), py::arg("positions"), py::arg("species"), py::arg("forces") = true,
           py::arg("virial") = true, py::arg("atom_virials") = false)
+      // Evaluate a whole system with the engine's own neighbor list (GPU list on cuda).
+      .def(
+          "compute_system",
+          [](Engine& engine, Array<double> positions, Array<int32_t> species, Array<double> cell,
+             std::array<bool, 3> pbc, bool forces, bool virial, bool atom_virials) {
+            const int64_t n = species.shape(0);
+            check_shape(positions, {n, 3}, "positions");
+            check_shape(cell, {3, 3}, "cell");
+            SystemView s;
+            s.num_atoms = n;
+            s.positions = positions.data();
+            s.species = species.data();
+            s.cell = cell.data();
+            for (int a = 0; a < 3; ++a) s.pbc[a] = pbc[a];
+            return compute_with(engine, s, n, forces, virial, atom_virials);
+          },
+          py::arg("positions"), py::arg("species"), py::arg("cell"), py::arg("pbc"),
+          py::arg("forces") = true, py::arg("virial") = true, py::arg("atom_virials") = false)
+      .def("set_neighbor_skin", &Engine::set_neighbor_skin)
+      .def("set_min_distance", &Engine::set_min_distance)
+      .def_property_readonly("num_neighbor_builds", &Engine::num_neighbor_builds)
+      .def_property_readonly("num_neighbor_edges", &Engine::num_neighbor_edges)
+      .def_property_readonly("neighbor_skin", &Engine::neighbor_skin)
+      .def_static("device_bytes_in_use", &Engine::device_bytes_in_use)
+      .def_static("device_bytes_peak", &Engine::device_bytes_peak)
+      .def_static("reset_device_bytes_peak", &Engine::reset_device_bytes_peak)
       // Evaluate on an explicit CSR graph (no shifts): LAMMPS-like local + ghost input.
       .def(
           "compute_graph",

@@ -19,6 +19,25 @@ from ._core import E3fuseError
 VOIGT = [(0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1)]
 
 
+class NeighborInfo:
+    """Read-only view of the engine's neighbor list (built on the device it runs on)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    @property
+    def num_builds(self) -> int:
+        return int(self._engine.num_neighbor_builds)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self._engine.num_neighbor_edges)
+
+    @property
+    def skin(self) -> float:
+        return float(self._engine.neighbor_skin)
+
+
 class Calculator(AseCalculator):
     """e3fuse as an ASE calculator.
 
@@ -51,8 +70,9 @@ class Calculator(AseCalculator):
             raise FileNotFoundError(f"model file {self.model_path!r} does not exist")
         self.model = _core.Model.load(self.model_path)
         self.engine = _core.Engine(self.model, device, dtype, num_threads)
-        self.neighbors = _core.NeighborList(self.model.cutoff, float(skin))
-        self.neighbors.set_min_distance(float(min_distance))
+        self.engine.set_neighbor_skin(float(skin))
+        self.engine.set_min_distance(float(min_distance))
+        self.neighbors = NeighborInfo(self.engine)
         self._species_key: bytes | None = None
         self._species = np.zeros(0, dtype=np.int32)
 
@@ -95,12 +115,14 @@ class Calculator(AseCalculator):
         species = self._species_of(atoms.numbers)
         positions = np.ascontiguousarray(atoms.positions, dtype=np.float64)
         cell = np.ascontiguousarray(atoms.cell.array, dtype=np.float64)
-        self.neighbors.update(positions, cell, [bool(p) for p in atoms.pbc])
         want_grad = any(p in properties for p in ("forces", "stress", "stresses"))
-        out = self.engine.compute_neighbors(
-            self.neighbors,
+        # One call: positions in, results out; the engine keeps its neighbor list
+        # (cutoff + skin) and rebuilds it only when needed.
+        out = self.engine.compute_system(
             positions,
             species,
+            cell,
+            [bool(p) for p in atoms.pbc],
             forces=want_grad,
             virial=want_grad,
             atom_virials="stresses" in properties,

@@ -44,6 +44,22 @@ class Engine {
   // Throws Error on bad input (unknown species index, NaN positions, ...).
   void compute(const GraphView& graph, ComputeOutput& output);
 
+  // Evaluates a whole system; the engine builds its own neighbor list (cell list
+  // with radius cutoff + skin, on the GPU for device cuda) and rebuilds it only
+  // when an atom moved more than skin / 2, or the cell, periodicity or atom count
+  // changed. Atoms closer than `min_distance` are an error.
+  void compute(const SystemView& system, ComputeOutput& output);
+  void set_neighbor_skin(double skin);
+  void set_min_distance(double min_distance);
+  int64_t num_neighbor_builds() const;
+  int64_t num_neighbor_edges() const;  // of the current list, skin included
+  double neighbor_skin() const;
+
+  // Device memory held by this process's e3fuse arrays (0 on the CPU): now and peak.
+  static size_t device_bytes_in_use();
+  static size_t device_bytes_peak();
+  static void reset_device_bytes_peak();
+
   const Model& model() const { return *model_; }
   Device device() const { return device_; }
   Precision precision() const { return precision_; }

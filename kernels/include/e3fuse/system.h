@@ -29,4 +29,16 @@ struct GraphView {
   const double* shifts = nullptr;        // Cartesian shift vectors, 3 per entry
 };
 
+// A whole system for Engine::compute(SystemView): the engine finds the neighbors
+// itself (on the device it runs on) and keeps the list between calls. Positions
+// are used as given (never wrapped); cell rows are the lattice vectors, only rows
+// of periodic directions are used.
+struct SystemView {
+  int64_t num_atoms = 0;
+  const double* positions = nullptr;  // num_atoms x 3
+  const int32_t* species = nullptr;   // model species index per atom
+  const double* cell = nullptr;       // 3 x 3 row-major
+  bool pbc[3] = {false, false, false};
+};
+
 }  // namespace e3fuse

@@ -1,0 +1,40 @@
+// cuda/backend.h: the CUDA backend as the engine sees it. Plain C++ (no CUDA
+// headers), so engine.cpp and the bindings compile with the host compiler.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "e3fuse/engine.h"
+#include "e3fuse/system.h"
+#include "model/plan.h"
+
+namespace e3fuse::cuda {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // A host CSR graph (LAMMPS, explicit graphs): copied to the device each call.
+  virtual void compute(const GraphView& host_graph, ComputeOutput& out) = 0;
+  // A system: neighbors are found on the GPU (cell list with skin, kept between calls).
+  virtual void compute_system(const SystemView& system, double skin, double min_distance,
+                              ComputeOutput& out) = 0;
+  virtual int64_t num_neighbor_builds() const = 0;
+  virtual int64_t num_neighbor_edges() const = 0;
+  virtual std::string device_name() const = 0;
+};
+
+// Throws Error when no GPU can be used.
+std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision);
+
+// Whether a CUDA device can be used by this process (false without a GPU).
+bool device_available();
+
+// Bytes this process holds in e3fuse device arrays: now, and the peak since the last reset.
+size_t device_bytes_in_use();
+size_t device_bytes_peak();
+void reset_device_bytes_peak();
+
+}  // namespace e3fuse::cuda

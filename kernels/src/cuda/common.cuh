@@ -1,0 +1,124 @@
+// cuda/common.cuh: error checking and owning device arrays for the CUDA backend.
+// Every CUDA call is checked; failures become e3fuse::Error (never abort).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "e3fuse/error.h"
+
+namespace e3fuse::cuda {
+
+inline void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
+  }
+}
+
+// After a kernel launch: catches launch-configuration errors at once.
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+inline int64_t blocks_for(int64_t work, int threads) { return (work + threads - 1) / threads; }
+
+// Bytes held in DeviceArrays by this process, and the peak since the last reset
+// (what the memory-scaling benchmark reports besides the driver's own count).
+struct DeviceBytes {
+  static std::atomic<size_t>& in_use() {
+    static std::atomic<size_t> value{0};
+    return value;
+  }
+  static std::atomic<size_t>& peak() {
+    static std::atomic<size_t> value{0};
+    return value;
+  }
+  static void add(size_t bytes) {
+    const size_t now = in_use() += bytes;
+    size_t p = peak().load();
+    while (now > p && !peak().compare_exchange_weak(p, now)) {
+    }
+  }
+  static void remove(size_t bytes) { in_use() -= bytes; }
+};
+
+// A device array that grows and never shrinks (capacity reused between steps).
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(const std::vector<T>& host) { upload(host); }
+  ~DeviceArray() { release(); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), size_(o.size_), capacity_(o.capacity_) {
+    o.ptr_ = nullptr;
+    o.size_ = o.capacity_ = 0;
+  }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    if (this != &o) {
+      release();
+      ptr_ = o.ptr_;
+      size_ = o.size_;
+      capacity_ = o.capacity_;
+      o.ptr_ = nullptr;
+      o.size_ = o.capacity_ = 0;
+    }
+    return *this;
+  }
+
+  // Resizes without keeping the contents.
+  void resize(size_t n) {
+    if (n > capacity_) {
+      release();
+      if (n > 0) {
+        const cudaError_t status = cudaMalloc(&ptr_, n * sizeof(T));
+        if (status != cudaSuccess) {
+          cudaGetLastError();  // clear the sticky-free allocation error
+          ptr_ = nullptr;
+          throw Error("out of GPU memory: could not allocate " + std::to_string(n * sizeof(T)) +
+                      " bytes (" + cudaGetErrorString(status) + "); " +
+                      std::to_string(DeviceBytes::in_use().load()) +
+                      " bytes already held by e3fuse");
+        }
+        DeviceBytes::add(n * sizeof(T));
+      }
+      capacity_ = n;
+    }
+    size_ = n;
+  }
+  void upload(const std::vector<T>& host) { upload(host.data(), host.size()); }
+  void upload(const T* host, size_t n, cudaStream_t stream = nullptr) {
+    resize(n);
+    if (n)
+      check(cudaMemcpyAsync(ptr_, host, n * sizeof(T), cudaMemcpyHostToDevice, stream), "upload");
+  }
+  void download(T* host, size_t n, cudaStream_t stream = nullptr) const {
+    if (n)
+      check(cudaMemcpyAsync(host, ptr_, n * sizeof(T), cudaMemcpyDeviceToHost, stream), "download");
+  }
+  void zero(cudaStream_t stream = nullptr) {
+    if (size_) check(cudaMemsetAsync(ptr_, 0, size_ * sizeof(T), stream), "memset");
+  }
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return capacity_ * sizeof(T); }
+
+ private:
+  void release() {
+    if (ptr_) {
+      cudaFree(ptr_);
+      DeviceBytes::remove(capacity_ * sizeof(T));
+    }
+    ptr_ = nullptr;
+    size_ = capacity_ = 0;
+  }
+  T* ptr_ = nullptr;
+  size_t size_ = 0, capacity_ = 0;
+};
+
+}  // namespace e3fuse::cuda

@@ -1,0 +1,814 @@
+// cuda/conv.cu: fused convolution forward and backward (see conv.cuh for the
+// scheme; the math is cpu/conv.cpp's, the per-edge pieces are ops/*.h).
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "cuda/conv.cuh"
+#include "ops/activation.h"
+#include "ops/radial.h"
+
+namespace e3fuse::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Byte offsets of one block's shared-memory workspace (same function on host and device).
+struct Smem {
+  size_t edge, sender, vec, u, Y, J, emb, demb, h0, h1, pre, act, wts, M, K, acc, part, red, total;
+};
+
+E3F_HD size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
+
+template <class T>
+E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_basis, int ec,
+                        bool backward) {
+  Smem s{};
+  size_t o = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = o;
+    o = align16(o + bytes);
+    return at;
+  };
+  const size_t t = sizeof(T);
+  const int hidden_layers = c.mlp_layers - 1;
+  s.edge = take(sizeof(int64_t) * ec);
+  s.sender = take(sizeof(int) * ec);
+  s.Y = take(t * ec * sh_dim);
+  s.h0 = take(t * ec * c.max_hidden);
+  s.h1 = take(t * ec * c.max_hidden);
+  s.wts = take(t * ec * c.weight_numel);
+  s.M = take(t * ec * c.m_per_edge);
+  if (!backward) {
+    s.acc = take(t * c.dim_out);
+  } else {
+    s.vec = take(t * ec * 3);
+    s.u = take(t * ec * 3);
+    s.J = take(t * ec * sh_dim * 3);
+    s.emb = take(t * ec * num_basis);
+    s.demb = take(t * ec * num_basis);
+    s.pre = take(t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
+    s.act = take(t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
+    s.K = take(t * ec * c.m_per_edge * 3);
+    s.acc = take(t * c.dim_in);
+    s.part = take(t * ec * (c.max_hidden > kThreads ? c.max_hidden : kThreads));
+    s.red = take(sizeof(double) * kWarps * 12);
+  }
+  s.total = o;
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Edges of one receiver, taken EC at a time (only those inside the cutoff).
+
+__device__ inline void edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
+  const int64_t j = g.neighbors[e];
+  for (int a = 0; a < 3; ++a) v[a] = g.positions[3 * j + a] - g.positions[3 * i + a];
+  if (g.shift_index) {
+    const double* s = g.shifts + 3 * static_cast<int64_t>(g.shift_index[e]);
+    for (int a = 0; a < 3; ++a) v[a] += s[a];
+  }
+}
+
+// Warp 0 fills s_edge[0..count) with the next edges of row i inside the cutoff,
+// in list order, starting at *pos; returns count through *count. Block-wide sync after.
+template <int EC>
+__device__ void take_chunk(const GraphView& g, int64_t i, double cutoff2, int64_t end, int64_t* pos,
+                           int* count, int64_t* s_edge, int64_t* error_node) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int64_t p = *pos;
+    int filled = 0;
+    while (filled < EC && p < end) {
+      const int64_t e = p + lane;
+      bool ok = false;
+      if (e < end) {
+        double v[3];
+        edge_vector(g, i, e, v);
+        const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+        ok = r2 < cutoff2;
+        if (r2 == 0.0) {
+          ok = false;
+          atomicMax(reinterpret_cast<unsigned long long*>(error_node),
+                    static_cast<unsigned long long>(i + 1));
+        }
+      }
+      const unsigned mask = __ballot_sync(kFullMask, ok);
+      const int need = EC - filled;
+      const int rank = __popc(mask & ((1u << lane) - 1u));
+      if (ok && rank < need) s_edge[filled + rank] = e;
+      const int found = __popc(mask);
+      if (found > need) {  // stop right after the need-th edge found
+        const unsigned last = __ballot_sync(kFullMask, ok && rank == need - 1);
+        p += __ffs(last);
+        filled = EC;
+      } else {
+        p += 32;
+        filled += found;
+      }
+    }
+    if (lane == 0) {
+      *pos = p < end ? p : end;
+      *count = filled;
+    }
+  }
+  __syncthreads();
+}
+
+// Spherical harmonics of the unit vector (or the raw vector when !normalize) and,
+// if J is given, J[m][a] = dY_m/dv_a (projected onto the sphere, see ops/sh.h).
+template <class T>
+__device__ void edge_sh(const typename Geometry<T>::View& geo, const T v[3], const T u[3], T r,
+                        T* Y, T* J) {
+  const T* p = geo.normalize ? u : v;
+  T pw[3][8];
+  for (int a = 0; a < 3; ++a) {
+    pw[a][0] = T(1);
+    for (int k = 1; k <= geo.lmax && k < 8; ++k) pw[a][k] = pw[a][k - 1] * p[a];
+  }
+  for (int m = 0; m < geo.sh_dim; ++m) {
+    T y = 0, gx = 0, gy = 0, gz = 0;
+    for (int t = geo.term_begin[m]; t < geo.term_begin[m + 1]; ++t) {
+      const int packed = geo.exps[t];
+      const int e0 = packed & 255, e1 = (packed >> 8) & 255, e2 = (packed >> 16) & 255;
+      const T c = geo.sh_coeffs[t];
+      y += c * pw[0][e0] * pw[1][e1] * pw[2][e2];
+      if (J) {
+        if (e0) gx += c * T(e0) * pw[0][e0 - 1] * pw[1][e1] * pw[2][e2];
+        if (e1) gy += c * T(e1) * pw[0][e0] * pw[1][e1 - 1] * pw[2][e2];
+        if (e2) gz += c * T(e2) * pw[0][e0] * pw[1][e1] * pw[2][e2 - 1];
+      }
+    }
+    Y[m] = y;
+    if (J) {
+      if (geo.normalize) {
+        const T qu = gx * u[0] + gy * u[1] + gz * u[2];
+        const T inv_r = T(1) / r;
+        J[3 * m] = (gx - qu * u[0]) * inv_r;
+        J[3 * m + 1] = (gy - qu * u[1]) * inv_r;
+        J[3 * m + 2] = (gz - qu * u[2]) * inv_r;
+      } else {
+        J[3 * m] = gx;
+        J[3 * m + 1] = gy;
+        J[3 * m + 2] = gz;
+      }
+    }
+  }
+}
+
+// Geometry of the chunk's edges: thread t < n handles edge t. Rows past n of the
+// MLP input are zeroed so the chunk GEMM reads defined values.
+template <class T>
+__device__ void chunk_geometry(const typename Geometry<T>::View& geo, const GraphView& g, int64_t i,
+                               int n, int ec, const int64_t* s_edge, int* s_sender, T* Y, T* emb,
+                               int emb_stride, T* J, T* demb, T* vec, T* u_out) {
+  const int t = threadIdx.x;
+  if (t < n) {
+    const int64_t e = s_edge[t];
+    double v[3];
+    edge_vector(g, i, e, v);
+    const double r = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+    s_sender[t] = g.neighbors[e];
+    T vt[3], ut[3];
+    for (int a = 0; a < 3; ++a) {
+      vt[a] = static_cast<T>(v[a]);
+      ut[a] = static_cast<T>(v[a] / r);
+    }
+    if (vec)
+      for (int a = 0; a < 3; ++a) {
+        vec[3 * t + a] = vt[a];
+        u_out[3 * t + a] = ut[a];
+      }
+    edge_sh<T>(geo, vt, ut, static_cast<T>(r), Y + t * geo.sh_dim,
+               J ? J + t * geo.sh_dim * 3 : nullptr);
+    // The embedding in double whatever T is (as on the CPU: accurate near the cutoff).
+    double b[kMaxBasis], db[kMaxBasis];
+    ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, b,
+                                demb ? db : nullptr);
+    for (int k = 0; k < geo.num_basis; ++k) {
+      emb[t * emb_stride + k] = static_cast<T>(b[k]);
+      if (demb) demb[t * geo.num_basis + k] = static_cast<T>(db[k]);
+    }
+  } else if (t < ec) {
+    for (int k = 0; k < emb_stride; ++k) emb[t * emb_stride + k] = T(0);
+  }
+}
+
+// out[e][col] = sum_k in[e][k] W[k][col] for the chunk's EC rows (a small GEMM;
+// each weight is read once per chunk). Optional epilogue: pre-activation kept, act applied.
+template <class T, int EC>
+__device__ void chunk_gemm(const T* in, int K, const T* __restrict__ W, int N, T* out) {
+  for (int col = threadIdx.x; col < N; col += blockDim.x) {
+    T acc[EC];
+#pragma unroll
+    for (int e = 0; e < EC; ++e) acc[e] = T(0);
+    for (int k = 0; k < K; ++k) {
+      const T w = __ldg(W + static_cast<size_t>(k) * N + col);
+#pragma unroll
+      for (int e = 0; e < EC; ++e) acc[e] += in[e * K + k] * w;
+    }
+#pragma unroll
+    for (int e = 0; e < EC; ++e) out[e * N + col] = acc[e];
+  }
+}
+
+// Radial MLP forward over the chunk: weights into wts [EC][numel]. In the backward
+// pass pre/act [layer][EC][H] keep every hidden layer.
+template <class T, int EC>
+__device__ void chunk_mlp_forward(const typename Conv<T>::View& c, T* emb, T* h0, T* h1, T* wts,
+                                  T* pre, T* act) {
+  const T* in = emb;
+  const int stride = EC * c.max_hidden;
+  for (int l = 0; l < c.mlp_layers; ++l) {
+    const int K = c.dims[l], N = c.dims[l + 1];
+    if (l + 1 == c.mlp_layers) {
+      chunk_gemm<T, EC>(in, K, c.w[l], N, wts);
+    } else {
+      T* p = pre ? pre + l * stride : (in == h0 ? h1 : h0);
+      T* a = act ? act + l * stride : p;
+      chunk_gemm<T, EC>(in, K, c.w[l], N, p);
+      __syncthreads();
+      for (int q = threadIdx.x; q < EC * N; q += blockDim.x)
+        a[q] = ops::activation(c.act, p[q]) * c.act_scale;
+      in = a;
+    }
+    __syncthreads();
+  }
+}
+
+// M[e][m] for the chunk (and K[e][m][a] = sum_b cg * J[e][b][a] in the backward pass).
+template <class T>
+__device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
+                                  const T* J, T* M, T* K) {
+  for (int q = threadIdx.x; q < n * c.m_per_edge; q += blockDim.x) {
+    const int e = q / c.m_per_edge, m = q - e * c.m_per_edge;
+    const typename Conv<T>::MEntry me = c.m_entries[m];
+    const T* cg = c.cg + me.cg_base;
+    const T* y = Y + e * sh_dim + me.sh_offset;
+    T s = T(0);
+    for (int b = 0; b < me.d2; ++b) s += cg[b * me.d3] * y[b];
+    M[q] = s;
+    if (K) {
+      const T* j = J + (e * sh_dim + me.sh_offset) * 3;
+      T k0 = T(0), k1 = T(0), k2 = T(0);
+      for (int b = 0; b < me.d2; ++b) {
+        const T w = cg[b * me.d3];
+        k0 += w * j[3 * b];
+        k1 += w * j[3 * b + 1];
+        k2 += w * j[3 * b + 2];
+      }
+      K[3 * q] = k0;
+      K[3 * q + 1] = k1;
+      K[3 * q + 2] = k2;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor product, one input channel (block b, channel u) per thread.
+
+template <class T, int D1>
+__device__ void tp_forward_channel(const typename Conv<T>::View& c,
+                                   const typename Conv<T>::InBlock& B, int u, int n,
+                                   const int* sender, const T* __restrict__ x, const T* wts,
+                                   const T* M, T* yacc) {
+  for (int e = 0; e < n; ++e) {
+    const T* xj = x + static_cast<int64_t>(sender[e]) * c.dim_in + B.in_offset + u;
+    T xa[D1];
+#pragma unroll
+    for (int a = 0; a < D1; ++a) xa[a] = __ldg(xj + a * B.mul);
+    const T* we = wts + e * c.weight_numel + u;
+    const T* Me = M + e * c.m_per_edge;
+    for (int p = B.path_begin; p < B.path_end; ++p) {
+      const typename Conv<T>::Path P = c.paths[p];
+      const T w = we[P.weight_offset];
+      const T* Mp = Me + P.m_offset;
+      T* y = yacc + P.out_offset + u;
+      for (int k = 0; k < P.d3; ++k) {
+        T s = T(0);
+#pragma unroll
+        for (int a = 0; a < D1; ++a) s += Mp[a * P.d3 + k] * xa[a];
+        y[k * B.mul] += w * s;
+      }
+    }
+  }
+}
+
+// Per thread: force and virial partial sums of node k (double).
+struct ForceAcc {
+  double f[3] = {0, 0, 0};
+  double w[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+  template <class T>
+  __device__ void add(const T v[3], const T fe[3]) {
+    for (int a = 0; a < 3; ++a) f[a] += static_cast<double>(fe[a]);
+    for (int a = 0; a < 3; ++a)
+      for (int b = 0; b < 3; ++b)
+        w[3 * a + b] -= 0.5 * static_cast<double>(v[a]) * static_cast<double>(fe[b]);
+  }
+};
+
+template <class T, int D1, int D3>
+__device__ void tp_backward_path(const typename Conv<T>::View& c, const typename Conv<T>::Path& P,
+                                 int mul, int u, const T* xj, const T* xk, const T* gk_row,
+                                 const T* gj_row, T w, const T* Mp, const T* Kp, T* gw, T gxa[D1],
+                                 T fe[3]) {
+  T gk[D3], gj[D3];
+#pragma unroll
+  for (int q = 0; q < D3; ++q) {
+    gk[q] = __ldg(gk_row + P.out_offset + q * mul + u);
+    gj[q] = __ldg(gj_row + P.out_offset + q * mul + u);
+  }
+  const T s = P.parity ? T(-1) : T(1);
+  T dw1 = T(0), dw2 = T(0);
+#pragma unroll
+  for (int a = 0; a < D1; ++a) {
+    T mg1 = T(0), mg2 = T(0);
+#pragma unroll
+    for (int q = 0; q < D3; ++q) {
+      mg1 += Mp[a * D3 + q] * gk[q];
+      mg2 += Mp[a * D3 + q] * gj[q];
+    }
+    dw1 += xj[a] * mg1;
+    dw2 += xk[a] * mg2;
+    gxa[a] += w * s * mg2;
+  }
+  *gw = (dw1 + s * dw2) * c.inv_denominator;
+  // Angular part of f = dE/dv(e1) - dE/dv(e2), contracted through K (conv.cuh).
+  const T ws = w * c.inv_denominator;
+#pragma unroll
+  for (int a = 0; a < D1; ++a)
+#pragma unroll
+    for (int q = 0; q < D3; ++q) {
+      const T t = ws * (xj[a] * gk[q] + s * xk[a] * gj[q]);
+      const T* k = Kp + 3 * (a * D3 + q);
+      fe[0] += k[0] * t;
+      fe[1] += k[1] * t;
+      fe[2] += k[2] * t;
+    }
+}
+
+template <class T, int D1>
+__device__ void tp_backward_channel(const typename Conv<T>::View& c,
+                                    const typename Conv<T>::InBlock& B, int u, int64_t k, int n,
+                                    const int* sender, const T* __restrict__ x,
+                                    const T* __restrict__ grad_y, T* wts, const T* M, const T* K,
+                                    const T* vec, T* gx, ForceAcc& acc) {
+  T xk[D1], gxa[D1];
+  const T* xk_row = x + k * c.dim_in + B.in_offset + u;
+#pragma unroll
+  for (int a = 0; a < D1; ++a) {
+    xk[a] = __ldg(xk_row + a * B.mul);
+    gxa[a] = T(0);
+  }
+  const T* gk_row = grad_y + k * c.dim_out;
+  for (int e = 0; e < n; ++e) {
+    const int64_t j = sender[e];
+    const T* xj_row = x + j * c.dim_in + B.in_offset + u;
+    T xj[D1];
+#pragma unroll
+    for (int a = 0; a < D1; ++a) xj[a] = __ldg(xj_row + a * B.mul);
+    const T* gj_row = grad_y + j * c.dim_out;
+    T* we = wts + e * c.weight_numel + u;
+    const T* Me = M + e * c.m_per_edge;
+    const T* Ke = K + 3 * e * c.m_per_edge;
+    T fe[3] = {T(0), T(0), T(0)};
+    for (int p = B.path_begin; p < B.path_end; ++p) {
+      const typename Conv<T>::Path P = c.paths[p];
+      T* slot = we + P.weight_offset;
+      const T w = *slot;
+      const T* Mp = Me + P.m_offset;
+      const T* Kp = Ke + 3 * P.m_offset;
+      switch (P.d3) {
+        case 1:
+          tp_backward_path<T, D1, 1>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp, Kp, slot, gxa,
+                                     fe);
+          break;
+        case 3:
+          tp_backward_path<T, D1, 3>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp, Kp, slot, gxa,
+                                     fe);
+          break;
+        case 5:
+          tp_backward_path<T, D1, 5>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp, Kp, slot, gxa,
+                                     fe);
+          break;
+        default:
+          tp_backward_path<T, D1, 7>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp, Kp, slot, gxa,
+                                     fe);
+          break;
+      }
+    }
+    acc.add(vec + 3 * e, fe);
+  }
+  T* g = gx + B.in_offset + u;
+#pragma unroll
+  for (int a = 0; a < D1; ++a) g[a * B.mul] += gxa[a];
+}
+
+// Block-wide deterministic sum of the per-thread force/virial partials; thread 0 adds to node k.
+__device__ void reduce_forces(ForceAcc& acc, double* red, int64_t k, double* forces,
+                              double* atom_virials) {
+  double v[12];
+  for (int a = 0; a < 3; ++a) v[a] = acc.f[a];
+  for (int q = 0; q < 9; ++q) v[3 + q] = acc.w[q];
+  for (int q = 0; q < 12; ++q)
+    for (int off = 16; off > 0; off >>= 1) v[q] += __shfl_down_sync(kFullMask, v[q], off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0)
+    for (int q = 0; q < 12; ++q) red[warp * 12 + q] = v[q];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s[12] = {};
+    for (int w = 0; w < kWarps; ++w)
+      for (int q = 0; q < 12; ++q) s[q] += red[w * 12 + q];
+    for (int a = 0; a < 3; ++a) forces[3 * k + a] += s[a];
+    if (atom_virials)
+      for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += s[3 + q];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Kernels
+
+template <class T, int EC>
+__global__ void __launch_bounds__(kThreads)
+    conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
+                        const T* __restrict__ x, T* __restrict__ y, int64_t* error_node) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, false);
+  int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
+  int* s_sender = reinterpret_cast<int*>(smem + L.sender);
+  T* Y = reinterpret_cast<T*>(smem + L.Y);
+  T* h0 = reinterpret_cast<T*>(smem + L.h0);
+  T* h1 = reinterpret_cast<T*>(smem + L.h1);
+  T* wts = reinterpret_cast<T*>(smem + L.wts);
+  T* M = reinterpret_cast<T*>(smem + L.M);
+  T* yacc = reinterpret_cast<T*>(smem + L.acc);
+  __shared__ int64_t s_pos;
+  __shared__ int s_count;
+
+  const int64_t i = blockIdx.x;
+  for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yacc[q] = T(0);
+  if (threadIdx.x == 0) s_pos = g.row_offsets[i];
+  const int64_t end = g.row_offsets[i + 1];
+  const double cutoff2 = geo.cutoff * geo.cutoff;
+  __syncthreads();
+  while (true) {
+    take_chunk<EC>(g, i, cutoff2, end, &s_pos, &s_count, s_edge, error_node);
+    const int n = s_count;
+    if (n == 0) break;
+    // h0 holds the embedding with row stride num_basis = dims[0].
+    chunk_geometry<T>(geo, g, i, n, EC, s_edge, s_sender, Y, h0, c.dims[0], nullptr, nullptr,
+                      nullptr, nullptr);
+    __syncthreads();
+    chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
+    chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M, nullptr);
+    __syncthreads();
+    for (int ch = threadIdx.x; ch < c.num_channels; ch += blockDim.x) {
+      int b = 0;
+      while (ch >= c.blocks[b].chan_begin + c.blocks[b].mul) ++b;
+      const typename Conv<T>::InBlock B = c.blocks[b];
+      const int u = ch - B.chan_begin;
+      switch (B.d1) {
+        case 1:
+          tp_forward_channel<T, 1>(c, B, u, n, s_sender, x, wts, M, yacc);
+          break;
+        case 3:
+          tp_forward_channel<T, 3>(c, B, u, n, s_sender, x, wts, M, yacc);
+          break;
+        case 5:
+          tp_forward_channel<T, 5>(c, B, u, n, s_sender, x, wts, M, yacc);
+          break;
+        default:
+          tp_forward_channel<T, 7>(c, B, u, n, s_sender, x, wts, M, yacc);
+          break;
+      }
+    }
+    __syncthreads();
+  }
+  T* yi = y + i * c.dim_out;
+  for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yi[q] = yacc[q] * c.inv_denominator;
+}
+
+// MLP backward over the chunk: from grad_w (in wts) to dE/d emb [EC][num_basis] in
+// `out`. Each layer's transposed product is split over P = blockDim / K thread
+// groups along the summed dimension, partial sums added in a fixed order.
+template <class T, int EC>
+__device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts, const T* pre,
+                                   T* g0, T* g1, T* part, T*& out) {
+  const int stride = EC * c.max_hidden;
+  const T* gin = wts;
+  T* gout = g0;
+  for (int l = c.mlp_layers - 1; l >= 0; --l) {
+    const int K = c.dims[l], N = c.dims[l + 1];
+    const int P = max(1, kThreads / K);
+    const int chunk = (N + P - 1) / P;
+    const T* Wt = c.wt[l];
+    for (int t = threadIdx.x; t < K * P; t += blockDim.x) {
+      const int k = t % K, part_id = t / K;
+      const int n0 = part_id * chunk, n1 = min(N, n0 + chunk);
+      T acc[EC];
+#pragma unroll
+      for (int e = 0; e < EC; ++e) acc[e] = T(0);
+      for (int nn = n0; nn < n1; ++nn) {
+        const T w = __ldg(Wt + static_cast<size_t>(nn) * K + k);
+#pragma unroll
+        for (int e = 0; e < EC; ++e) acc[e] += gin[e * N + nn] * w;
+      }
+#pragma unroll
+      for (int e = 0; e < EC; ++e) part[(part_id * EC + e) * K + k] = acc[e];
+    }
+    __syncthreads();
+    for (int q = threadIdx.x; q < EC * K; q += blockDim.x) {
+      T s = T(0);
+      for (int p = 0; p < P; ++p) s += part[p * EC * K + q];
+      if (l > 0) s *= ops::activation_grad(c.act, pre[(l - 1) * stride + q]) * c.act_scale;
+      gout[q] = s;
+    }
+    __syncthreads();
+    gin = gout;
+    gout = (gout == g0) ? g1 : g0;
+  }
+  out = const_cast<T*>(gin);
+}
+
+template <class T, int EC>
+__global__ void __launch_bounds__(kThreads)
+    conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
+                         const T* __restrict__ x, const T* __restrict__ grad_y,
+                         T* __restrict__ grad_x, double* forces, double* atom_virials,
+                         int64_t* error_node) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, true);
+  int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
+  int* s_sender = reinterpret_cast<int*>(smem + L.sender);
+  T* Y = reinterpret_cast<T*>(smem + L.Y);
+  T* J = reinterpret_cast<T*>(smem + L.J);
+  T* vec = reinterpret_cast<T*>(smem + L.vec);
+  T* u = reinterpret_cast<T*>(smem + L.u);
+  T* emb = reinterpret_cast<T*>(smem + L.emb);
+  T* demb = reinterpret_cast<T*>(smem + L.demb);
+  T* h0 = reinterpret_cast<T*>(smem + L.h0);
+  T* h1 = reinterpret_cast<T*>(smem + L.h1);
+  T* pre = reinterpret_cast<T*>(smem + L.pre);
+  T* act = reinterpret_cast<T*>(smem + L.act);
+  T* wts = reinterpret_cast<T*>(smem + L.wts);
+  T* M = reinterpret_cast<T*>(smem + L.M);
+  T* K = reinterpret_cast<T*>(smem + L.K);
+  T* gx = reinterpret_cast<T*>(smem + L.acc);
+  T* part = reinterpret_cast<T*>(smem + L.part);
+  double* red = reinterpret_cast<double*>(smem + L.red);
+  __shared__ int64_t s_pos;
+  __shared__ int s_count;
+
+  const int64_t k = blockIdx.x;
+  for (int q = threadIdx.x; q < c.dim_in; q += blockDim.x) gx[q] = T(0);
+  if (threadIdx.x == 0) s_pos = g.row_offsets[k];
+  const int64_t end = g.row_offsets[k + 1];
+  const double cutoff2 = geo.cutoff * geo.cutoff;
+  ForceAcc acc;
+  __syncthreads();
+  while (true) {
+    take_chunk<EC>(g, k, cutoff2, end, &s_pos, &s_count, s_edge, error_node);
+    const int n = s_count;
+    if (n == 0) break;
+    chunk_geometry<T>(geo, g, k, n, EC, s_edge, s_sender, Y, emb, geo.num_basis, J, demb, vec, u);
+    __syncthreads();
+    chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
+    chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, M, K);
+    __syncthreads();
+    for (int ch = threadIdx.x; ch < c.num_channels; ch += blockDim.x) {
+      int b = 0;
+      while (ch >= c.blocks[b].chan_begin + c.blocks[b].mul) ++b;
+      const typename Conv<T>::InBlock B = c.blocks[b];
+      const int uu = ch - B.chan_begin;
+      switch (B.d1) {
+        case 1:
+          tp_backward_channel<T, 1>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K, vec, gx, acc);
+          break;
+        case 3:
+          tp_backward_channel<T, 3>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K, vec, gx, acc);
+          break;
+        case 5:
+          tp_backward_channel<T, 5>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K, vec, gx, acc);
+          break;
+        default:
+          tp_backward_channel<T, 7>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K, vec, gx, acc);
+          break;
+      }
+    }
+    __syncthreads();
+    // Radial part: dE/dr per edge through the MLP, f += dr * u.
+    T* gemb = nullptr;
+    chunk_mlp_backward<T, EC>(c, wts, pre, h0, h1, part, gemb);
+    if (threadIdx.x < n) {
+      const int e = threadIdx.x;
+      T dr = T(0);
+      for (int b = 0; b < geo.num_basis; ++b)
+        dr += gemb[e * geo.num_basis + b] * demb[e * geo.num_basis + b];
+      const T fe[3] = {dr * u[3 * e], dr * u[3 * e + 1], dr * u[3 * e + 2]};
+      acc.add(vec + 3 * e, fe);
+    }
+    __syncthreads();
+  }
+  T* gk = grad_x + k * c.dim_in;
+  for (int q = threadIdx.x; q < c.dim_in; q += blockDim.x) gk[q] = gx[q] * c.inv_denominator;
+  reduce_forces(acc, red, k, forces, atom_virials);
+}
+
+// Largest dynamic shared memory a block may use on the current device.
+size_t shared_limit() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+        "cudaDeviceGetAttribute");
+  return static_cast<size_t>(optin) - 2048;  // static shared variables and reserve
+}
+
+}  // namespace
+
+template <class T>
+Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan) {
+  Geometry<T> g;
+  auto& v = g.view;
+  v.cutoff = plan.cutoff;
+  v.num_basis = plan.num_basis;
+  if (v.num_basis > kMaxBasis)
+    throw Error("the CUDA backend supports at most " + std::to_string(kMaxBasis) +
+                " radial basis functions");
+  for (int b = 0; b < v.num_basis; ++b) v.coeffs[b] = plan.radial_coeffs_f64[b];
+  v.prefactor = plan.radial_prefactor_f64;
+  v.envelope = plan.envelope;
+  v.normalize = plan.sh.normalize;
+  v.lmax = plan.sh.lmax;
+  v.sh_dim = plan.sh.dim;
+  if (v.lmax > 7) throw Error("the CUDA backend supports spherical harmonics up to l = 7");
+  std::vector<int> exps;
+  for (const auto& e : plan.sh.exps) exps.push_back(e[0] | (e[1] << 8) | (e[2] << 16));
+  g.term_begin.upload(plan.sh.term_begin);
+  g.exps.upload(exps);
+  g.sh_coeffs.upload(plan.sh.coeffs);
+  v.term_begin = g.term_begin.data();
+  v.exps = g.exps.data();
+  v.sh_coeffs = g.sh_coeffs.data();
+  return g;
+}
+
+template <class T>
+Conv<T> make_conv(const cpu::Conv<T>& conv) {
+  using InBlock = typename Conv<T>::InBlock;
+  using Path = typename Conv<T>::Path;
+  using MEntry = typename Conv<T>::MEntry;
+  Conv<T> c;
+  auto& v = c.view;
+  v.dim_in = static_cast<int>(conv.dim_in);
+  v.dim_out = static_cast<int>(conv.dim_out);
+  v.weight_numel = static_cast<int>(conv.weight_numel);
+  // Group the paths by input block (in the order of the input blocks).
+  std::vector<InBlock> blocks;
+  std::vector<Path> paths;
+  std::vector<MEntry> entries;
+  std::vector<T> cg;
+  std::vector<int64_t> outputs_seen;
+  int channels = 0;
+  for (const auto& ib : conv.in_blocks) {
+    InBlock b{static_cast<int>(ib.offset),    ib.mul, ib.d, channels,
+              static_cast<int>(paths.size()), 0};
+    for (const auto& p : conv.paths) {
+      if (p.in_offset != ib.offset) continue;
+      if (p.mul != ib.mul || p.d1 != ib.d)
+        throw Error("internal: convolution path does not match its input block");
+      if (p.d1 > 7 || p.d3 > 7) throw Error("the CUDA backend supports node features up to l = 3");
+      if (std::find(outputs_seen.begin(), outputs_seen.end(), p.out_offset) != outputs_seen.end())
+        throw Error("the CUDA backend needs one output block per tensor-product path");
+      outputs_seen.push_back(p.out_offset);
+      Path q{static_cast<int>(p.out_offset),
+             static_cast<int>(p.weight_offset),
+             static_cast<int>(p.sh_offset),
+             p.d2,
+             p.d3,
+             p.l2 % 2,
+             static_cast<int>(entries.size())};
+      const int cg_begin = static_cast<int>(cg.size());
+      cg.insert(cg.end(), p.cg.begin(), p.cg.end());
+      for (int a = 0; a < p.d1; ++a)
+        for (int k = 0; k < p.d3; ++k)
+          entries.push_back({cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset});
+      paths.push_back(q);
+    }
+    b.path_end = static_cast<int>(paths.size());
+    channels += ib.mul;
+    blocks.push_back(b);
+  }
+  if (paths.size() != conv.paths.size())
+    throw Error("internal: convolution path outside the input blocks");
+  v.num_blocks = static_cast<int>(blocks.size());
+  v.num_channels = channels;
+  v.m_per_edge = static_cast<int>(entries.size());
+  c.blocks.upload(blocks);
+  c.paths.upload(paths);
+  c.m_entries.upload(entries);
+  c.cg.upload(cg);
+  v.blocks = c.blocks.data();
+  v.paths = c.paths.data();
+  v.m_entries = c.m_entries.data();
+  v.cg = c.cg.data();
+
+  const auto& mlp = conv.mlp;
+  v.mlp_layers = static_cast<int>(mlp.weight.size());
+  if (v.mlp_layers < 1 || v.mlp_layers > kMaxMlpLayers)
+    throw Error("the CUDA backend supports radial MLPs of 1 to 8 layers");
+  std::vector<T> flat;
+  std::vector<size_t> w_at, wt_at;
+  for (int l = 0; l < v.mlp_layers; ++l) {
+    v.dims[l] = mlp.dims[l];
+    w_at.push_back(flat.size());
+    flat.insert(flat.end(), mlp.weight[l].begin(), mlp.weight[l].end());
+    wt_at.push_back(flat.size());
+    flat.insert(flat.end(), mlp.weight_t[l].begin(), mlp.weight_t[l].end());
+    v.max_hidden = std::max(v.max_hidden, mlp.dims[l]);
+  }
+  v.dims[v.mlp_layers] = mlp.dims[v.mlp_layers];
+  if (v.dims[v.mlp_layers] != v.weight_numel)
+    throw Error("internal: radial MLP output does not match the tensor-product weights");
+  c.mlp.upload(flat);
+  for (int l = 0; l < v.mlp_layers; ++l) {
+    v.w[l] = c.mlp.data() + w_at[l];
+    v.wt[l] = c.mlp.data() + wt_at[l];
+  }
+  v.act = mlp.act;
+  v.act_scale = mlp.act_scale;
+  v.inv_denominator = conv.inv_denominator;
+  return c;
+}
+
+// Launches with the largest edge chunk (EC) whose workspace fits in shared memory.
+template <class T, int EC, class Launch>
+bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, size_t& bytes,
+                 Launch&& launch) {
+  bytes = smem_layout<T>(conv.view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
+  if (bytes > shared_limit()) return false;
+  launch(std::integral_constant<int, EC>{}, bytes);
+  return true;
+}
+
+template <class T>
+void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
+                  T* y, int64_t* error_node, cudaStream_t stream) {
+  if (g.num_nodes == 0) return;
+  size_t bytes = 0;
+  auto launch = [&](auto ec, size_t smem) {
+    constexpr int EC = decltype(ec)::value;
+    check(cudaFuncSetAttribute(conv_forward_kernel<T, EC>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+          "cudaFuncSetAttribute");
+    conv_forward_kernel<T, EC>
+        <<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
+  };
+  if (!launch_with<T, 8>(geom, conv, false, bytes, launch) &&
+      !launch_with<T, 4>(geom, conv, false, bytes, launch) &&
+      !launch_with<T, 2>(geom, conv, false, bytes, launch)) {
+    throw Error("the convolution does not fit in shared memory (" + std::to_string(bytes) +
+                " bytes for 2 edges)");
+  }
+  check_launch("conv_forward_kernel");
+}
+
+template <class T>
+void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
+                   const T* grad_y, T* grad_x, double* forces, double* atom_virials,
+                   int64_t* error_node, cudaStream_t stream) {
+  if (g.num_nodes == 0) return;
+  size_t bytes = 0;
+  auto launch = [&](auto ec, size_t smem) {
+    constexpr int EC = decltype(ec)::value;
+    check(cudaFuncSetAttribute(conv_backward_kernel<T, EC>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+          "cudaFuncSetAttribute");
+    conv_backward_kernel<T, EC><<<g.num_nodes, kThreads, smem, stream>>>(
+        geom.view, conv.view, g, x, grad_y, grad_x, forces, atom_virials, error_node);
+  };
+  if (!launch_with<T, 8>(geom, conv, true, bytes, launch) &&
+      !launch_with<T, 4>(geom, conv, true, bytes, launch) &&
+      !launch_with<T, 2>(geom, conv, true, bytes, launch)) {
+    throw Error("the convolution backward does not fit in shared memory (" + std::to_string(bytes) +
+                " bytes for 2 edges)");
+  }
+  check_launch("conv_backward_kernel");
+}
+
+#define E3FUSE_INSTANTIATE(T)                                                                    \
+  template Geometry<T> make_geometry<T>(const cpu::TypedPlan<T>&);                               \
+  template Conv<T> make_conv<T>(const cpu::Conv<T>&);                                            \
+  template void conv_forward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*,  \
+                                T*, int64_t*, cudaStream_t);                                     \
+  template void conv_backward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*, \
+                                 const T*, T*, double*, double*, int64_t*, cudaStream_t);
+E3FUSE_INSTANTIATE(float)
+E3FUSE_INSTANTIATE(double)
+#undef E3FUSE_INSTANTIATE
+
+}  // namespace e3fuse::cuda

@@ -1,0 +1,104 @@
+// cuda/conv.cuh: the fused convolution on the GPU (same math as cpu/conv.cpp).
+//
+// One thread block per receiver node. Its edges inside the cutoff are taken in
+// chunks of EC: edge vector, spherical harmonics and the Bessel x envelope
+// embedding (in double) are recomputed into shared memory, the radial MLP runs
+// as a small GEMM over the chunk (weights from L2/L1), and the channelwise
+// tensor product accumulates into the receiver's output row in shared memory.
+// Nothing with a feature dimension ever goes to global memory per edge.
+//
+// The backward kernel is the same walk at node k handling both directions of
+// each pair (see cpu/conv.cpp): it recomputes the chunk, writes dE/dx_k and the
+// force and per-atom virial of node k directly. Every output element has one
+// owner and a fixed summation order: deterministic, no atomics.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/typed_plan.h"
+#include "cuda/common.cuh"
+#include "e3fuse/system.h"
+#include "ops/radial.h"
+
+namespace e3fuse::cuda {
+
+constexpr int kMaxMlpLayers = 8;
+constexpr int kMaxBasis = 32;
+
+// Radial basis and spherical harmonics, as flat device tables.
+template <class T>
+struct Geometry {
+  struct View {
+    double cutoff = 0.0;
+    int num_basis = 0;
+    double coeffs[kMaxBasis] = {};
+    double prefactor = 0.0;
+    ops::EnvelopeParams envelope{};
+    bool normalize = true;
+    int lmax = 0, sh_dim = 0;
+    const int* term_begin = nullptr;  // sh_dim + 1
+    const int* exps = nullptr;        // per term: e0 | e1 << 8 | e2 << 16
+    const T* sh_coeffs = nullptr;     // per term
+  };
+  View view;
+  DeviceArray<int> term_begin, exps;
+  DeviceArray<T> sh_coeffs;
+};
+
+template <class T>
+struct Conv {
+  // Input channels grouped by input block: channel c of block b is u = c - chan_begin.
+  struct InBlock {
+    int in_offset, mul, d1, chan_begin, path_begin, path_end;
+  };
+  struct Path {
+    int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset;
+  };
+  // M[e][m] = sum_b cg[cg_base + b * d3] * Y[e][sh_offset + b] (see ops/tp.h).
+  struct MEntry {
+    int cg_base, d2, d3, sh_offset;
+  };
+  struct View {
+    int dim_in = 0, dim_out = 0, weight_numel = 0;
+    int num_blocks = 0, num_channels = 0;
+    const InBlock* blocks = nullptr;
+    const Path* paths = nullptr;  // grouped by input block
+    int m_per_edge = 0;
+    const MEntry* m_entries = nullptr;
+    const T* cg = nullptr;
+    int mlp_layers = 0;
+    int dims[kMaxMlpLayers + 1] = {};
+    const T* w[kMaxMlpLayers] = {};   // [dims[l]][dims[l+1]]
+    const T* wt[kMaxMlpLayers] = {};  // [dims[l+1]][dims[l]]
+    Activation act = Activation::identity;
+    T act_scale = T(1);
+    T inv_denominator = T(1);
+    int max_hidden = 0;  // max over dims[0..mlp_layers-1]
+  };
+  View view;
+  DeviceArray<InBlock> blocks;
+  DeviceArray<Path> paths;
+  DeviceArray<MEntry> m_entries;
+  DeviceArray<T> cg, mlp;
+};
+
+template <class T>
+Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan);
+template <class T>
+Conv<T> make_conv(const cpu::Conv<T>& conv);
+
+// y_i = (1/D) sum_j TP(x_j, Y(v_ij), MLP(emb(r_ij))) for every node of the device
+// graph `g` (ir_mul layouts, as on the CPU). Sets *error_node = i + 1 if two atoms coincide.
+template <class T>
+void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
+                  T* y, int64_t* error_node, cudaStream_t stream);
+
+// Adjoint: grad_x overwritten; forces (num_nodes x 3) and atom_virials
+// (num_nodes x 9, may be null) accumulated, as cpu::conv_backward.
+template <class T>
+void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
+                   const T* grad_y, T* grad_x, double* forces, double* atom_virials,
+                   int64_t* error_node, cudaStream_t stream);
+
+}  // namespace e3fuse::cuda

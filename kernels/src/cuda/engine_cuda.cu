@@ -1,0 +1,521 @@
+// cuda/engine_cuda.cu: the CUDA backend's runners for both model families. They
+// mirror CpuRunner / MaceRunner in engine.cpp step by step on device arrays:
+// node-level tensors (N x features) live on the GPU between the forward and the
+// backward pass; per-edge work happens only inside the fused convolution.
+//
+// Per call: positions (and species) go host -> device once; energies, forces and
+// the virial come back once. The global virial and energy are summed in a fixed
+// order (deterministic).
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/mace.h"
+#include "cpu/typed_plan.h"
+#include "cuda/backend.h"
+#include "cuda/common.cuh"
+#include "cuda/conv.cuh"
+#include "cuda/node_ops.cuh"
+#include "e3fuse/error.h"
+#include "neighbors/neighbor_list.cuh"
+
+namespace e3fuse::cuda {
+
+bool device_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+size_t device_bytes_in_use() { return DeviceBytes::in_use().load(); }
+size_t device_bytes_peak() { return DeviceBytes::peak().load(); }
+void reset_device_bytes_peak() { DeviceBytes::peak() = DeviceBytes::in_use().load(); }
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class T>
+__global__ void embed_kernel(int64_t n, int dim, const int32_t* species, const T* table, T* x) {
+  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (q >= n * dim) return;
+  const int64_t i = q / dim;
+  x[q] = table[static_cast<int64_t>(species[i]) * dim + (q - i * dim)];
+}
+
+// SevenNet: e_i = shift[s_i] + scale[s_i] * h_i on energy nodes.
+template <class T>
+__global__ void sevennet_energy_kernel(int64_t n, int64_t n_energy, const int32_t* species,
+                                       const T* h, const T* scale, const T* shift, double* e) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int s = species[i];
+  e[i] = i < n_energy ? static_cast<double>(shift[s]) + static_cast<double>(scale[s]) * h[i] : 0.0;
+}
+
+// dE/dh_i = c_i on energy nodes (c per species, or one constant when per_species is null).
+template <class T>
+__global__ void seed_kernel(int64_t n, int64_t n_energy, const int32_t* species,
+                            const T* per_species, T constant, T* grad) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  grad[i] = i < n_energy ? (per_species ? per_species[species[i]] : constant) : T(0);
+}
+
+template <class T>
+__global__ void accumulate_kernel(int64_t n, const T* r, double* sum) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) sum[i] += static_cast<double>(r[i]);
+}
+
+// MACE: e_i = e0[s_i] + scale * inter_i + shift on energy nodes.
+__global__ void mace_energy_kernel(int64_t n, int64_t n_energy, const int32_t* species,
+                                   const double* e0, double scale, double shift,
+                                   const double* inter, double* e) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  e[i] = i < n_energy ? e0[species[i]] + scale * inter[i] + shift : 0.0;
+}
+
+// Sum of the per-atom virials (9 columns) in one block with a fixed order.
+__global__ void virial_sum_kernel(int64_t n, const double* atom_virials, double* out) {
+  __shared__ double part[kThreads][9];
+  double s[9] = {};
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    for (int q = 0; q < 9; ++q) s[q] += atom_virials[9 * i + q];
+  for (int q = 0; q < 9; ++q) part[threadIdx.x][q] = s[q];
+  __syncthreads();
+  for (int width = kThreads / 2; width > 0; width /= 2) {
+    if (static_cast<int>(threadIdx.x) < width)
+      for (int q = 0; q < 9; ++q) part[threadIdx.x][q] += part[threadIdx.x + width][q];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    for (int q = 0; q < 9; ++q) out[q] = part[0][q];
+}
+
+int grid(int64_t work) { return static_cast<int>(blocks_for(work, kThreads)); }
+
+// What every runner keeps on the device: the graph it was given, outputs, flags.
+class DeviceState {
+ public:
+  DeviceState() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"); }
+  ~DeviceState() { cudaStreamDestroy(stream_); }
+  cudaStream_t stream() const { return stream_; }
+
+  DeviceArray<double> positions, energies, forces, atom_virials, virial;
+  DeviceArray<int32_t> species, neighbors, shift_index;
+  DeviceArray<int64_t> row_offsets, error_node;
+  DeviceArray<double> shifts;
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// The model part of a runner: forward + backward on a device graph.
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Writes energies[n] (double) and, if want_grad, forces [n][3] and, if want_virial,
+  // atom_virials [n][9] (both zeroed first).
+  virtual void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) = 0;
+};
+
+template <class T>
+class SevennetModel : public Model {
+ public:
+  struct Layer {
+    Linear<T> self_connection, linear_1, linear_2;
+    Conv<T> conv;
+    Gate<T> gate;
+  };
+
+  explicit SevennetModel(const cpu::TypedPlan<T>& plan) : geom_(make_geometry<T>(plan)) {
+    embedding_dim_ = plan.embedding_dim;
+    embedding_.upload(plan.embedding);
+    for (const auto& l : plan.layers) {
+      Layer q{make_linear<T>(l.self_connection), make_linear<T>(l.linear_1),
+              make_linear<T>(l.linear_2), make_conv<T>(l.conv), make_gate<T>(l.gate)};
+      layers_.push_back(std::move(q));
+    }
+    for (const auto& r : plan.readout) readout_.push_back(make_linear<T>(r));
+    scale_.upload(plan.scale);
+    shift_.upload(plan.shift);
+  }
+
+  void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
+    const int64_t n = g.num_nodes;
+    const cudaStream_t st = s.stream();
+    const int L = static_cast<int>(layers_.size());
+    x1_.resize(L);
+    pre_gate_.resize(L);
+    x_.resize(static_cast<size_t>(n) * embedding_dim_);
+    embed_kernel<T><<<grid(n * embedding_dim_), kThreads, 0, st>>>(n, embedding_dim_, g.species,
+                                                                   embedding_.data(), x_.data());
+    check_launch("embed_kernel");
+    for (int t = 0; t < L; ++t) {
+      const Layer& l = layers_[t];
+      sc_.resize(static_cast<size_t>(n) * l.self_connection.dim_out);
+      linear_forward(l.self_connection, n, x_.data(), sc_.data(), st);
+      x1_[t].resize(static_cast<size_t>(n) * l.linear_1.dim_out);
+      linear_forward(l.linear_1, n, x_.data(), x1_[t].data(), st);
+      y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
+      conv_forward(geom_, l.conv, g, x1_[t].data(), y_.data(), s.error_node.data(), st);
+      pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
+      linear_forward(l.linear_2, n, y_.data(), pre_gate_[t].data(), st);
+      add_inplace(static_cast<int64_t>(pre_gate_[t].size()), sc_.data(), pre_gate_[t].data(), st);
+      x_.resize(static_cast<size_t>(n) * l.gate.dim_out);
+      gate_forward(l.gate, n, pre_gate_[t].data(), x_.data(), st);
+    }
+    const T* h = x_.data();
+    for (size_t r = 0; r < readout_.size(); ++r) {
+      DeviceArray<T>& next = (r % 2 == 0) ? h0_ : h1_;
+      next.resize(static_cast<size_t>(n) * readout_[r].dim_out);
+      linear_forward(readout_[r], n, h, next.data(), st);
+      h = next.data();
+    }
+    sevennet_energy_kernel<T><<<grid(n), kThreads, 0, st>>>(
+        n, g.num_energy_nodes, g.species, h, scale_.data(), shift_.data(), s.energies.data());
+    check_launch("sevennet_energy_kernel");
+    if (!want_grad) return;
+
+    grad_.resize(static_cast<size_t>(n));
+    seed_kernel<T><<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, scale_.data(),
+                                                 T(0), grad_.data());
+    check_launch("seed_kernel");
+    for (int r = static_cast<int>(readout_.size()) - 1; r >= 0; --r) {
+      tmp_.resize(static_cast<size_t>(n) * readout_[r].dim_in);
+      linear_backward(readout_[r], n, grad_.data(), tmp_.data(), false, st);
+      std::swap(grad_, tmp_);
+    }
+    for (int t = L - 1; t >= 0; --t) {
+      const Layer& l = layers_[t];
+      grad_p_.resize(static_cast<size_t>(n) * l.gate.dim_in);
+      gate_backward(l.gate, n, pre_gate_[t].data(), grad_.data(), grad_p_.data(), st);
+      grad_.resize(static_cast<size_t>(n) * l.self_connection.dim_in);
+      linear_backward(l.self_connection, n, grad_p_.data(), grad_.data(), false, st);
+      grad_y_.resize(static_cast<size_t>(n) * l.linear_2.dim_in);
+      linear_backward(l.linear_2, n, grad_p_.data(), grad_y_.data(), false, st);
+      grad_x1_.resize(static_cast<size_t>(n) * l.conv.view.dim_in);
+      conv_backward(geom_, l.conv, g, x1_[t].data(), grad_y_.data(), grad_x1_.data(),
+                    s.forces.data(), want_virial ? s.atom_virials.data() : nullptr,
+                    s.error_node.data(), st);
+      if (t > 0) linear_backward(l.linear_1, n, grad_x1_.data(), grad_.data(), true, st);
+    }
+  }
+
+ private:
+  Geometry<T> geom_;
+  int embedding_dim_ = 0;
+  DeviceArray<T> embedding_, scale_, shift_;
+  std::vector<Layer> layers_;
+  std::vector<Linear<T>> readout_;
+  std::vector<DeviceArray<T>> x1_, pre_gate_;
+  DeviceArray<T> x_, sc_, y_, h0_, h1_, grad_, tmp_, grad_p_, grad_y_, grad_x1_;
+};
+
+template <class T>
+class MaceModel : public Model {
+ public:
+  struct Layer {
+    bool residual = false, add_sc = false, nonlinear = false;
+    ElementLinear<T> skip;
+    Linear<T> linear_up, linear, product_linear, readout_1, readout_2;
+    Conv<T> conv;
+    SymmetricContraction<T> product;
+    Activation act = Activation::identity;
+    T act_scale = T(1);
+  };
+
+  MaceModel(const ModelPlan& plan, const cpu::TypedPlan<T>& typed)
+      : geom_(make_geometry<T>(typed)) {
+    embedding_dim_ = typed.embedding_dim;
+    embedding_.upload(typed.embedding);
+    for (const MaceLayer& l : plan.mace_layers) {
+      cpu::Linear<T> up = cpu::make_linear<T>(l.linear_up);
+      cpu::Linear<T> lin = cpu::make_linear<T>(l.linear);
+      cpu::Conv<T> conv = cpu::make_conv<T>(l.conv);
+      cpu::split_linear_side(up, conv.in_blocks, false);
+      cpu::split_linear_side(lin, conv.out_blocks, true);
+      up.out_ir_mul = true;
+      lin.in_ir_mul = true;
+      Layer q;
+      q.residual = l.residual;
+      q.add_sc = l.residual && l.product_sc;
+      q.nonlinear = l.readout.nonlinear;
+      q.skip = make_element_linear<T>(cpu::make_element_linear<T>(l.skip));
+      q.linear_up = make_linear<T>(up);
+      q.linear = make_linear<T>(lin);
+      q.conv = make_conv<T>(conv);
+      q.product = make_symmetric_contraction<T>(cpu::make_symmetric_contraction<T>(l.product));
+      q.product_linear = make_linear<T>(cpu::make_linear<T>(l.product_linear));
+      q.readout_1 = make_linear<T>(cpu::make_linear<T>(l.readout.linear_1));
+      if (q.nonlinear) q.readout_2 = make_linear<T>(cpu::make_linear<T>(l.readout.linear_2));
+      q.act = l.readout.act;
+      q.act_scale = static_cast<T>(l.readout.act_scale);
+      layers_.push_back(std::move(q));
+    }
+    e0_.upload(plan.e0);
+    scale_ = plan.mace_scale;
+    shift_ = plan.mace_shift;
+  }
+
+  void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
+    const int64_t n = g.num_nodes;
+    const auto N = static_cast<size_t>(n);
+    const cudaStream_t st = s.stream();
+    const int L = static_cast<int>(layers_.size());
+    up_.resize(L);
+    m_.resize(L);
+    hidden_.resize(L);
+    x_.resize(N * embedding_dim_);
+    embed_kernel<T><<<grid(n * embedding_dim_), kThreads, 0, st>>>(n, embedding_dim_, g.species,
+                                                                   embedding_.data(), x_.data());
+    check_launch("embed_kernel");
+    inter_.resize(N);
+    inter_.zero(st);
+    for (int t = 0; t < L; ++t) {
+      const Layer& l = layers_[t];
+      if (l.residual) {
+        sc_.resize(N * l.skip.dim_out);
+        element_linear_forward(l.skip, n, g.species, x_.data(), sc_.data(), st);
+      }
+      up_[t].resize(N * l.linear_up.dim_out);
+      linear_forward(l.linear_up, n, x_.data(), up_[t].data(), st);
+      y_.resize(N * l.conv.view.dim_out);
+      conv_forward(geom_, l.conv, g, up_[t].data(), y_.data(), s.error_node.data(), st);
+      m_[t].resize(N * l.linear.dim_out);
+      if (l.residual) {
+        linear_forward(l.linear, n, y_.data(), m_[t].data(), st);
+      } else {
+        mlin_.resize(N * l.linear.dim_out);
+        linear_forward(l.linear, n, y_.data(), mlin_.data(), st);
+        element_linear_forward(l.skip, n, g.species, mlin_.data(), m_[t].data(), st);
+      }
+      p_.resize(N * l.product.dim_out);
+      symmetric_contraction_forward(l.product, n, g.species, m_[t].data(), p_.data(), st);
+      x_.resize(N * l.product_linear.dim_out);
+      linear_forward(l.product_linear, n, p_.data(), x_.data(), st);
+      if (l.add_sc) add_inplace(static_cast<int64_t>(x_.size()), sc_.data(), x_.data(), st);
+      r_.resize(N);
+      if (l.nonlinear) {
+        hidden_[t].resize(N * l.readout_1.dim_out);
+        linear_forward(l.readout_1, n, x_.data(), hidden_[t].data(), st);
+        a_.resize(hidden_[t].size());
+        activation_forward(l.act, l.act_scale, static_cast<int64_t>(a_.size()), hidden_[t].data(),
+                           a_.data(), st);
+        linear_forward(l.readout_2, n, a_.data(), r_.data(), st);
+      } else {
+        linear_forward(l.readout_1, n, x_.data(), r_.data(), st);
+      }
+      accumulate_kernel<T><<<grid(n), kThreads, 0, st>>>(n, r_.data(), inter_.data());
+      check_launch("accumulate_kernel");
+    }
+    mace_energy_kernel<<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, e0_.data(),
+                                                     scale_, shift_, inter_.data(),
+                                                     s.energies.data());
+    check_launch("mace_energy_kernel");
+    if (!want_grad) return;
+
+    seed_.resize(N);
+    seed_kernel<T><<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, nullptr,
+                                                 static_cast<T>(scale_), seed_.data());
+    check_launch("seed_kernel");
+    gx_.resize(N * layers_.back().product_linear.dim_out);
+    gx_.zero(st);
+    for (int t = L - 1; t >= 0; --t) {
+      const Layer& l = layers_[t];
+      if (l.nonlinear) {
+        gh_.resize(N * l.readout_2.dim_in);
+        linear_backward(l.readout_2, n, seed_.data(), gh_.data(), false, st);
+        activation_backward(l.act, l.act_scale, static_cast<int64_t>(gh_.size()), hidden_[t].data(),
+                            gh_.data(), st);
+        linear_backward(l.readout_1, n, gh_.data(), gx_.data(), true, st);
+      } else {
+        linear_backward(l.readout_1, n, seed_.data(), gx_.data(), true, st);
+      }
+      gp_.resize(N * l.product_linear.dim_in);
+      linear_backward(l.product_linear, n, gx_.data(), gp_.data(), false, st);
+      gm_.resize(N * l.product.dim_in);
+      symmetric_contraction_backward(l.product, n, g.species, m_[t].data(), gp_.data(), gm_.data(),
+                                     st);
+      if (!l.residual) {
+        gmlin_.resize(N * l.linear.dim_out);
+        element_linear_backward(l.skip, n, g.species, gm_.data(), gmlin_.data(), false, st);
+        std::swap(gm_, gmlin_);
+      }
+      gy_.resize(N * l.linear.dim_in);
+      linear_backward(l.linear, n, gm_.data(), gy_.data(), false, st);
+      gup_.resize(N * l.conv.view.dim_in);
+      conv_backward(geom_, l.conv, g, up_[t].data(), gy_.data(), gup_.data(), s.forces.data(),
+                    want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
+      if (t == 0) break;
+      gprev_.resize(N * l.linear_up.dim_in);
+      linear_backward(l.linear_up, n, gup_.data(), gprev_.data(), false, st);
+      if (l.add_sc)
+        element_linear_backward(l.skip, n, g.species, gx_.data(), gprev_.data(), true, st);
+      std::swap(gx_, gprev_);
+    }
+  }
+
+ private:
+  Geometry<T> geom_;
+  int embedding_dim_ = 0;
+  DeviceArray<T> embedding_;
+  DeviceArray<double> e0_, inter_;
+  double scale_ = 1.0, shift_ = 0.0;
+  std::vector<Layer> layers_;
+  std::vector<DeviceArray<T>> up_, m_, hidden_;
+  DeviceArray<T> x_, sc_, y_, mlin_, p_, r_, a_, seed_, gx_, gh_, gp_, gm_, gmlin_, gy_, gup_,
+      gprev_;
+};
+
+class BackendImpl : public Backend {
+ public:
+  BackendImpl(const ModelPlan& plan, Precision precision) : cutoff_(plan.cutoff) {
+    if (!device_available()) throw Error("no CUDA device is available to this process");
+    check(cudaGetDevice(&device_), "cudaGetDevice");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+    name_ = prop.name;
+    if (plan.family == "mace") {
+      if (precision == Precision::float64)
+        model_ = std::make_unique<MaceModel<double>>(plan, cpu::make_typed_plan<double>(plan));
+      else
+        model_ = std::make_unique<MaceModel<float>>(plan, cpu::make_typed_plan<float>(plan));
+    } else {
+      if (precision == Precision::float64)
+        model_ = make_sevennet<double>(plan);
+      else
+        model_ = make_sevennet<float>(plan);
+    }
+    state_.error_node.resize(1);
+    state_.virial.resize(9);
+  }
+
+  void compute(const GraphView& h, ComputeOutput& out) override {
+    DeviceState& s = state_;
+    const cudaStream_t st = s.stream();
+    const int64_t n = h.num_nodes;
+    const int64_t edges = n > 0 ? h.row_offsets[n] : 0;
+    s.positions.upload(h.positions, 3 * n, st);
+    s.species.upload(h.species, n, st);
+    s.row_offsets.upload(h.row_offsets, n + 1, st);
+    s.neighbors.upload(h.neighbors, edges, st);
+    GraphView g;
+    g.num_nodes = n;
+    g.num_energy_nodes = h.num_energy_nodes;
+    g.positions = s.positions.data();
+    g.species = s.species.data();
+    g.row_offsets = s.row_offsets.data();
+    g.neighbors = s.neighbors.data();
+    if (h.shift_index) {
+      int32_t max_shift = -1;
+      for (int64_t e = 0; e < edges; ++e) max_shift = std::max(max_shift, h.shift_index[e]);
+      s.shift_index.upload(h.shift_index, edges, st);
+      s.shifts.upload(h.shifts, 3 * static_cast<size_t>(max_shift + 1), st);
+      g.shift_index = s.shift_index.data();
+      g.shifts = s.shifts.data();
+    }
+    run(g, out);
+  }
+
+  void compute_system(const SystemView& sys, double skin, double min_distance,
+                      ComputeOutput& out) override {
+    DeviceState& s = state_;
+    const cudaStream_t st = s.stream();
+    const int64_t n = sys.num_atoms;
+    if (!neighbors_ || neighbor_skin_ != skin) {
+      neighbors_ = std::make_unique<DeviceNeighborList>(cutoff_, skin);
+      neighbor_skin_ = skin;
+    }
+    s.positions.upload(sys.positions, 3 * n, st);
+    s.species.upload(sys.species, n, st);
+    neighbors_->update(n, s.positions.data(), sys.cell, sys.pbc, min_distance, st);
+    GraphView g = neighbors_->view(s.positions.data(), s.species.data());
+    g.num_nodes = g.num_energy_nodes = n;
+    run(g, out);
+  }
+
+  int64_t num_neighbor_builds() const override { return neighbors_ ? neighbors_->num_builds() : 0; }
+  int64_t num_neighbor_edges() const override { return neighbors_ ? neighbors_->num_edges() : 0; }
+  std::string device_name() const override { return name_; }
+
+ private:
+  template <class T>
+  static std::unique_ptr<Model> make_sevennet(const ModelPlan& plan) {
+    cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan);
+    for (auto& layer : typed.layers) {
+      cpu::split_linear_side(layer.linear_1, layer.conv.in_blocks, false);
+      cpu::split_linear_side(layer.linear_2, layer.conv.out_blocks, true);
+      layer.linear_1.out_ir_mul = true;
+      layer.linear_2.in_ir_mul = true;
+    }
+    return std::make_unique<SevennetModel<T>>(typed);
+  }
+
+  void run(const GraphView& g, ComputeOutput& out) {
+    DeviceState& s = state_;
+    const cudaStream_t st = s.stream();
+    const int64_t n = g.num_nodes;
+    const bool want_grad = out.forces || out.virial || out.atom_virials;
+    const bool want_virial = out.virial || out.atom_virials;
+    out.energy = 0.0;
+    if (out.virial)
+      for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
+    if (n == 0) return;
+    s.energies.resize(n);
+    s.error_node.zero(st);
+    if (want_grad) {
+      s.forces.resize(3 * n);
+      s.forces.zero(st);
+    }
+    if (want_virial) {
+      s.atom_virials.resize(9 * n);
+      s.atom_virials.zero(st);
+    }
+    model_->run(g, want_grad, want_virial, s);
+    if (out.virial) {
+      virial_sum_kernel<<<1, kThreads, 0, st>>>(n, s.atom_virials.data(), s.virial.data());
+      check_launch("virial_sum_kernel");
+    }
+    energies_.resize(n);
+    int64_t error_node = 0;
+    s.energies.download(energies_.data(), n, st);
+    s.error_node.download(&error_node, 1, st);
+    if (out.forces) s.forces.download(out.forces, 3 * n, st);
+    if (out.atom_virials) s.atom_virials.download(out.atom_virials, 9 * n, st);
+    if (out.virial) s.virial.download(out.virial, 9, st);
+    check(cudaStreamSynchronize(st), "the GPU computation");
+    if (error_node > 0) {
+      throw Error("two atoms are at the same position (atom " + std::to_string(error_node - 1) +
+                  " and a neighbor at distance 0)");
+    }
+    double energy = 0.0;
+    for (int64_t i = 0; i < n; ++i) energy += energies_[i];
+    out.energy = energy;
+    if (out.atom_energies) std::copy(energies_.begin(), energies_.end(), out.atom_energies);
+  }
+
+  double cutoff_;
+  int device_ = 0;
+  std::string name_;
+  std::unique_ptr<Model> model_;
+  DeviceState state_;
+  std::unique_ptr<DeviceNeighborList> neighbors_;
+  double neighbor_skin_ = -1.0;
+  std::vector<double> energies_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision) {
+  if (!device_available()) throw Error("no CUDA device is available to this process");
+  return std::make_unique<BackendImpl>(plan, precision);
+}
+
+}  // namespace e3fuse::cuda
