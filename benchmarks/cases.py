@@ -21,13 +21,19 @@ with r < cutoff, N = atoms; sums over interaction layers):
                     linear_2 per layer; readout MLP once). The one-hot species embedding is a
                     row lookup and counts 0.
 
+  MACE (model files of family "mace"): the same per-edge terms (its conv is the same 'uvu'
+  product and radial MLP); per node the linears (linear_up, linear, the atom's element's skip
+  linear, product_linear, each layer's readout) and the symmetric contraction: for every
+  channel and every nonzero of each correlation order nu's coupling tensor, nu multiply-adds
+  ("product_per_node"; its adjoint counted as 2 x its forward, like the tensor product's).
+
   adjoint (forces and stress need gradients w.r.t. inputs only, never w.r.t. parameters)
     radial MLP      = its forward (one transposed product per layer back to the basis)
     tensor product  = 2 x its forward (grad w.r.t. x and w.r.t. M / Y, plus the weight gradient)
     linear layers   = their forward
 
   model work per energy+forces+stress call = forward + adjoint
-      = E * (2*mlp + 3*tp) + N * (2*lin)                                      ("model_macs")
+      = E * (2*mlp + 3*tp) + N * (2*lin + 3*product)                          ("model_macs")
 
 Not counted (each a few percent or less): spherical harmonics and their gradient,
 radial basis and envelope, gate activations, neighbor list, the readout's final
@@ -126,9 +132,34 @@ def _linear_macs(linear: dict[str, Any]) -> int:
     return total
 
 
-def model_work(architecture: dict[str, Any]) -> dict[str, int]:
-    """Forward multiply-adds per edge (radial MLP, tensor product) and per node (linears)."""
-    mlp = tp = tp_dense = lin = 0
+def _readout_macs(readout: dict[str, Any]) -> int:
+    """A MACE per-layer readout: {"kind": "linear", "linear": ...} or nonlinear (two linears)."""
+    if readout.get("kind") == "linear":
+        return _linear_macs(readout["linear"])
+    return _linear_macs(readout["linear_1"]) + _linear_macs(readout["linear_2"])
+
+
+def _symmetric_contraction_macs(product: dict[str, Any], num_contraction_nnz: Any) -> int:
+    """MACE's symmetric contraction per node: for every channel and every nonzero of each
+    correlation order nu's (element-weighted) coupling tensor, a product of nu features
+    (nu multiply-adds). `num_contraction_nnz(out, nu)` gives the nonzero count."""
+    total = 0
+    for c in product["contractions"]:
+        for t in c["terms"]:
+            total += num_contraction_nnz(c, t) * t["nu"]
+    return total * product["num_features"]
+
+
+def model_work(architecture: dict[str, Any], nnz: Any = None) -> dict[str, int]:
+    """Forward multiply-adds per edge (radial MLP, tensor product) and per node (linears;
+    for MACE also the symmetric contraction, `product_per_node`).
+
+    SevenNet layers: conv + self_connection, linear_1, linear_2, one readout at the end.
+    MACE layers: conv + linear_up, linear, skip (the atom's own element's linear),
+    product_linear, the per-layer readout, and the symmetric contraction, whose nonzero
+    counts live in the model file's tensors (`nnz(contraction, term)`; see
+    `mace_contraction_nnz`)."""
+    mlp = tp = tp_dense = lin = sc = 0
     for layer in architecture["layers"]:
         conv = layer["conv"]
         dims = conv["mlp"]["dims"]
@@ -140,25 +171,72 @@ def model_work(architecture: dict[str, Any]) -> dict[str, int]:
             d1, d2, d3 = _dim(l1), _dim(l2), _dim(l3)
             tp += d1 * d2 * d3 + mul * (d1 * d3 + d3)
             tp_dense += mul * (d1 * d2 * d3 + d1 * d3)
-        for key in ("self_connection", "linear_1", "linear_2"):
-            lin += _linear_macs(layer[key])
-    for linear in architecture.get("readout", []):
+        if "product" in layer:  # MACE
+            for key in ("linear_up", "linear", "product_linear"):
+                lin += _linear_macs(layer[key])
+            skip = layer.get("skip")
+            if skip:
+                # element-dependent: each atom applies its own element's linear
+                lin += _linear_macs(skip["elements"][0] if "elements" in skip else skip)
+            if layer.get("readout"):
+                lin += _readout_macs(layer["readout"])
+            if nnz is not None:
+                sc += _symmetric_contraction_macs(layer["product"], nnz)
+        else:  # SevenNet
+            for key in ("self_connection", "linear_1", "linear_2"):
+                lin += _linear_macs(layer[key])
+    for linear in architecture.get("readout") or []:
         lin += _linear_macs(linear)
     return {
         "mlp_per_edge": mlp,
         "tp_per_edge": tp,
         "tp_dense_per_edge": tp_dense,
         "linear_per_node": lin,
+        "product_per_node": sc,
     }
 
 
-def case_work(architecture: dict[str, Any], num_atoms: int, num_edges: int) -> dict[str, Any]:
-    """Multiply-adds and flops of one energy+forces+stress evaluation (see module doc)."""
-    w = model_work(architecture)
+def mace_contraction_nnz(model_path: str | Path) -> Any:
+    """nnz(contraction, term) for `model_work`: the nonzero count of each symmetric-contraction
+    coupling tensor, read from the .e3f file's tensors (shape of `values`)."""
+    from safetensors import safe_open
+
+    f = safe_open(str(model_path), "np")
+
+    def nnz(_contraction: dict[str, Any], term: dict[str, Any]) -> int:
+        return int(f.get_slice(term["values"]).get_shape()[0])
+
+    return nnz
+
+
+def model_work_of_file(model_path: str | Path) -> dict[str, int]:
+    """`model_work` of an .e3f file (MACE's contraction counts read from its tensors)."""
+    from e3fuse.modelfile import read_architecture
+
+    arch = read_architecture(model_path)
+    nnz = mace_contraction_nnz(model_path) if arch.get("family") == "mace" else None
+    return model_work(arch, nnz)
+
+
+def case_work(
+    architecture: dict[str, Any] | None,
+    num_atoms: int,
+    num_edges: int,
+    work: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """Multiply-adds and flops of one energy+forces+stress evaluation (see module doc).
+    `work`: a precomputed `model_work` (needed for MACE's symmetric contraction)."""
+    w = work if work is not None else model_work(architecture)  # type: ignore[arg-type]
     e, n = num_edges, num_atoms
-    forward = e * (w["mlp_per_edge"] + w["tp_per_edge"]) + n * w["linear_per_node"]
-    model = e * (2 * w["mlp_per_edge"] + 3 * w["tp_per_edge"]) + n * 2 * w["linear_per_node"]
-    executed = e * (3 * w["mlp_per_edge"] + 6 * w["tp_per_edge"]) + n * 2 * w["linear_per_node"]
+    sc = w.get("product_per_node", 0)
+    forward = e * (w["mlp_per_edge"] + w["tp_per_edge"]) + n * (w["linear_per_node"] + sc)
+    # the contraction's adjoint (w.r.t. the features) costs about twice its forward
+    model = e * (2 * w["mlp_per_edge"] + 3 * w["tp_per_edge"]) + n * (
+        2 * w["linear_per_node"] + 3 * sc
+    )
+    executed = e * (3 * w["mlp_per_edge"] + 6 * w["tp_per_edge"]) + n * (
+        2 * w["linear_per_node"] + 3 * sc
+    )
     return {
         **w,
         "num_atoms": n,
@@ -177,7 +255,9 @@ def describe(model_path: str | Path, case_id: str) -> dict[str, Any]:
 
     arch = read_architecture(model_path)
     atoms = build_atoms(case_id)
-    return {"case": case_id, **case_work(arch, len(atoms), count_edges(atoms, arch["cutoff"]))}
+    work = model_work_of_file(model_path)
+    edges = count_edges(atoms, arch["cutoff"])
+    return {"case": case_id, **case_work(arch, len(atoms), edges, work)}
 
 
 if __name__ == "__main__":  # python benchmarks/cases.py MODEL.e3f [case ...]

