@@ -24,7 +24,8 @@
 #
 # Environment: OUT (results folder that comes back; default benchmarks/results/gpu_suite),
 # DEADLINE_S (per benchmark step: no new case after this many seconds; default 420),
-# BENCH_ARGS (extra arguments for bench_gpu.py), E3FUSE_BUILD (build folder, default build/gpu).
+# BENCH_ARGS (extra arguments for bench_gpu.py), E3FUSE_BUILD (build folder, default build/gpu),
+# CUDA_ARCH (CMAKE_CUDA_ARCHITECTURES, default 90: H100 / H200).
 # Everything is logged to $OUT/suite.log; results (JSON, markdown, PNG, logs) are also packed
 # into $OUT/results.tar.gz. The build failing stops the suite with exit code 2.
 set -uo pipefail
@@ -105,7 +106,7 @@ say "machine"
 say "build e3fuse with CUDA in $BUILD"
 PYBIND11_DIR=$($PY -m pybind11 --cmakedir) || die "pybind11 is missing"
 CMAKE_ARGS=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)"
-  -Dpybind11_DIR="$PYBIND11_DIR" -DE3FUSE_CUDA=ON)
+  -Dpybind11_DIR="$PYBIND11_DIR" -DE3FUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
 MPI_H=$(find .carry/lmp/site -name mpi.h -print -quit 2>/dev/null || true)
 [[ -n $MPI_H ]] && CMAKE_ARGS+=(-DE3FUSE_MPI_INCLUDE_DIR="$(dirname "$MPI_H")")
 t0=$SECONDS
