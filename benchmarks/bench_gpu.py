@@ -47,7 +47,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO / "python"))
+# The source tree's package only where no built e3fuse is importable (an installed or
+# staged build, as on the GPU machine, comes first).
+sys.path.append(str(REPO / "python"))
 
 import cases  # noqa: E402
 import numpy as np  # noqa: E402
@@ -321,7 +323,9 @@ def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "python"), str(HERE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        [str(HERE)]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        + [str(REPO / "python")]
     )
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
     t0 = time.perf_counter()
@@ -384,7 +388,7 @@ def metadata(device: str) -> dict[str, Any]:
     return {
         "gpu": gpu_info() if device == "cuda" else None,
         "device": device,
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": os.environ.get("E3FUSE_COMMIT") or _git("rev-parse", "HEAD"),
         "dirty": bool(status),
         "dirty_files": status[:40],
         "versions": _versions(),

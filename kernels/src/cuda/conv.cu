@@ -54,7 +54,11 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.act = take(t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.K = take(t * ec * c.m_per_edge * 3);
     s.acc = take(t * c.dim_in);
-    s.part = take(t * ec * (c.max_hidden > kThreads ? c.max_hidden : kThreads));
+    const size_t cpt = t == 4 ? 4 : 2;  // backward_cpt<T>()
+    const size_t part_cols = static_cast<size_t>(c.max_hidden) > kThreads * cpt
+                                 ? static_cast<size_t>(c.max_hidden)
+                                 : kThreads * cpt;
+    s.part = take(t * ec * part_cols);
     s.red = take(sizeof(double) * kWarps * 12);
   }
   s.total = o;
@@ -198,21 +202,51 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo, const Grap
 }
 
 // out[e][col] = sum_k in[e][k] W[k][col] for the chunk's EC rows (a small GEMM;
-// each weight is read once per chunk). Optional epilogue: pre-activation kept, act applied.
-template <class T, int EC>
-__device__ void chunk_gemm(const T* in, int K, const T* __restrict__ W, int N, T* out) {
-  for (int col = threadIdx.x; col < N; col += blockDim.x) {
-    T acc[EC];
+// each weight is read once per chunk). Register blocking: every thread keeps
+// CPT columns x EC edges of accumulators, so one shared-memory read of in[e][k]
+// feeds CPT multiply-adds (columns c, c + B, ... stay coalesced across the warp).
+template <class T, int EC, int CPT>
+__device__ void chunk_gemm_blocked(const T* in, int K, const T* __restrict__ W, int N, T* out) {
+  const int B = blockDim.x;
+  for (int c0 = threadIdx.x; c0 < N; c0 += B * CPT) {
+    T acc[CPT][EC];
 #pragma unroll
-    for (int e = 0; e < EC; ++e) acc[e] = T(0);
+    for (int j = 0; j < CPT; ++j)
+#pragma unroll
+      for (int e = 0; e < EC; ++e) acc[j][e] = T(0);
     for (int k = 0; k < K; ++k) {
-      const T w = __ldg(W + static_cast<size_t>(k) * N + col);
+      T w[CPT];
 #pragma unroll
-      for (int e = 0; e < EC; ++e) acc[e] += in[e * K + k] * w;
+      for (int j = 0; j < CPT; ++j) {
+        const int col = c0 + j * B;
+        w[j] = col < N ? __ldg(W + static_cast<size_t>(k) * N + col) : T(0);
+      }
+#pragma unroll
+      for (int e = 0; e < EC; ++e) {
+        const T h = in[e * K + k];
+#pragma unroll
+        for (int j = 0; j < CPT; ++j) acc[j][e] += h * w[j];
+      }
     }
 #pragma unroll
-    for (int e = 0; e < EC; ++e) out[e * N + col] = acc[e];
+    for (int j = 0; j < CPT; ++j) {
+      const int col = c0 + j * B;
+      if (col < N)
+#pragma unroll
+        for (int e = 0; e < EC; ++e) out[e * N + col] = acc[j][e];
+    }
   }
+}
+
+template <class T, int EC>
+__device__ void chunk_gemm(const T* in, int K, const T* __restrict__ W, int N, T* out) {
+  const int B = blockDim.x;
+  if (N > 2 * B)
+    chunk_gemm_blocked<T, EC, 4>(in, K, W, N, out);
+  else if (N > B)
+    chunk_gemm_blocked<T, EC, 2>(in, K, W, N, out);
+  else
+    chunk_gemm_blocked<T, EC, 1>(in, K, W, N, out);
 }
 
 // Radial MLP forward over the chunk: weights into wts [EC][numel]. In the backward
@@ -492,33 +526,58 @@ __global__ void __launch_bounds__(kThreads)
   for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yi[q] = yacc[q] * c.inv_denominator;
 }
 
+// Columns per thread of the transposed products in the MLP backward.
+template <class T>
+constexpr int backward_cpt() {
+  return sizeof(T) == 4 ? 4 : 2;
+}
+
 // MLP backward over the chunk: from grad_w (in wts) to dE/d emb [EC][num_basis] in
-// `out`. Each layer's transposed product is split over P = blockDim / K thread
-// groups along the summed dimension, partial sums added in a fixed order.
+// `out`. Each layer's transposed product out[e][k] = sum_n g[e][n] W^T[n][k] runs on
+// G = K / CPT column groups of CPT columns, split over P = blockDim / G thread
+// groups along n; the P partial sums are added in a fixed order (deterministic).
 template <class T, int EC>
 __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts, const T* pre,
                                    T* g0, T* g1, T* part, T*& out) {
+  constexpr int CPT = backward_cpt<T>();
   const int stride = EC * c.max_hidden;
   const T* gin = wts;
   T* gout = g0;
   for (int l = c.mlp_layers - 1; l >= 0; --l) {
     const int K = c.dims[l], N = c.dims[l + 1];
-    const int P = max(1, kThreads / K);
+    const int G = (K + CPT - 1) / CPT;
+    const int P = max(1, kThreads / G);
     const int chunk = (N + P - 1) / P;
     const T* Wt = c.wt[l];
-    for (int t = threadIdx.x; t < K * P; t += blockDim.x) {
-      const int k = t % K, part_id = t / K;
+    for (int t = threadIdx.x; t < G * P; t += blockDim.x) {
+      const int kb = t % G, part_id = t / G;
       const int n0 = part_id * chunk, n1 = min(N, n0 + chunk);
-      T acc[EC];
+      T acc[CPT][EC];
 #pragma unroll
-      for (int e = 0; e < EC; ++e) acc[e] = T(0);
+      for (int j = 0; j < CPT; ++j)
+#pragma unroll
+        for (int e = 0; e < EC; ++e) acc[j][e] = T(0);
       for (int nn = n0; nn < n1; ++nn) {
-        const T w = __ldg(Wt + static_cast<size_t>(nn) * K + k);
+        T w[CPT];
 #pragma unroll
-        for (int e = 0; e < EC; ++e) acc[e] += gin[e * N + nn] * w;
+        for (int j = 0; j < CPT; ++j) {
+          const int k = kb + j * G;
+          w[j] = k < K ? __ldg(Wt + static_cast<size_t>(nn) * K + k) : T(0);
+        }
+#pragma unroll
+        for (int e = 0; e < EC; ++e) {
+          const T gv = gin[e * N + nn];
+#pragma unroll
+          for (int j = 0; j < CPT; ++j) acc[j][e] += gv * w[j];
+        }
       }
 #pragma unroll
-      for (int e = 0; e < EC; ++e) part[(part_id * EC + e) * K + k] = acc[e];
+      for (int j = 0; j < CPT; ++j) {
+        const int k = kb + j * G;
+        if (k < K)
+#pragma unroll
+          for (int e = 0; e < EC; ++e) part[(part_id * EC + e) * K + k] = acc[j][e];
+      }
     }
     __syncthreads();
     for (int q = threadIdx.x; q < EC * K; q += blockDim.x) {
