@@ -12,7 +12,7 @@
 
 #include <cmath>
 #include <cstring>
-#include <sstream>
+#include <cstdio>
 #include <vector>
 
 #include "cpu/mace.h"
@@ -496,20 +496,19 @@ void Engine::compute(const GraphView& g, ComputeOutput& out) {
   omp_set_num_threads(saved);
 }
 
+// Built without iostreams: a process that also loads another C++ runtime (torch)
+// crashed inside ostream's number formatting on the GPU machine.
 std::string Engine::describe() const {
-  std::ostringstream s;
-  s << "e3fuse " << version() << ": " << model_->family() << " model (" << model_->num_layers()
-    << " layers, cutoff " << model_->cutoff() << " A, " << model_->atomic_numbers().size()
-    << " elements), device " << to_string(device_) << ", precision " << to_string(precision_)
-    << ", ";
+  char cutoff[32];
+  std::snprintf(cutoff, sizeof cutoff, "%g", model_->cutoff());
+  std::string s = std::string("e3fuse ") + version() + ": " + model_->family() + " model (" +
+                  std::to_string(model_->num_layers()) + " layers, cutoff " + cutoff + " A, " +
+                  std::to_string(model_->atomic_numbers().size()) + " elements), device " +
+                  to_string(device_) + ", precision " + to_string(precision_) + ", ";
 #ifdef E3FUSE_WITH_CUDA
-  if (impl_->gpu) {
-    s << "GPU " << impl_->gpu->device_name();
-    return s.str();
-  }
+  if (impl_->gpu) return s + "GPU " + impl_->gpu->device_name();
 #endif
-  s << impl_->num_threads << " CPU threads";
-  return s.str();
+  return s + std::to_string(impl_->num_threads) + " CPU threads";
 }
 
 }  // namespace e3fuse

@@ -24,6 +24,7 @@
 // check run on OpenMP threads, and the list is the same for any number of them.
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -84,10 +85,9 @@ inline void ShiftVector(int64_t n0, int64_t n1, int64_t n2, const double* cell, 
 }
 
 std::string FormatNumber(double x, int precision = 6) {
-  std::ostringstream s;
-  s.precision(precision);
-  s << x;
-  return s.str();
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", precision, x);
+  return buf;
 }
 
 int NumThreads(int64_t work_items) {

@@ -27,6 +27,7 @@
 //      A count pass, an exclusive scan into row_offsets (int64), a fill pass.
 
 #include <algorithm>
+#include <cstdio>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -57,10 +58,9 @@ constexpr unsigned long long kNone = ~0ull;
 constexpr long long kNoAtom = LLONG_MAX;
 
 std::string format_number(double x, int precision = 6) {
-  std::ostringstream s;
-  s.precision(precision);
-  s << x;
-  return s.str();
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", precision, x);
+  return buf;
 }
 
 double dot3(const double* a, const double* b) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]; }
