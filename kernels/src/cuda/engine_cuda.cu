@@ -7,6 +7,9 @@
 // the virial come back once. The global virial and energy are summed in a fixed
 // order (deterministic).
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,6 +103,76 @@ __global__ void virial_sum_kernel(int64_t n, const double* atom_virials, double*
 
 int grid(int64_t work) { return static_cast<int>(blocks_for(work, kThreads)); }
 
+// E3FUSE_PROFILE=1: device time of each stage (events around it, summed over calls),
+// printed to stderr when the engine is destroyed. Off by default (no events recorded).
+class StageProfiler {
+ public:
+  StageProfiler() : enabled_(std::getenv("E3FUSE_PROFILE") != nullptr) {}
+  ~StageProfiler() {
+    if (!enabled_ || totals_.empty()) return;
+    collect();
+    double sum = 0.0;
+    for (const auto& [name, t] : totals_) sum += t.ms;
+    std::fprintf(stderr, "e3fuse profile (device ms summed over %lld calls):\n",
+                 static_cast<long long>(calls_));
+    for (const auto& [name, t] : totals_)
+      std::fprintf(stderr, "  %-24s %10.3f ms  %5.1f %%  (%lld launches)\n", name.c_str(), t.ms,
+                   100.0 * t.ms / (sum > 0 ? sum : 1), static_cast<long long>(t.count));
+    for (auto& e : pool_) cudaEventDestroy(e);
+  }
+  bool enabled() const { return enabled_; }
+  void begin_call() {
+    if (enabled_) ++calls_;
+  }
+  // Marks the start of stage `name` on `stream`; the stage ends at the next mark or end().
+  void mark(const char* name, cudaStream_t stream) {
+    if (!enabled_) return;
+    cudaEvent_t e = event();
+    cudaEventRecord(e, stream);
+    pending_.push_back({name, e});
+  }
+  void end(cudaStream_t stream) { mark(nullptr, stream); }
+  // After the stream is synchronized: add the elapsed times of the marks.
+  void collect() {
+    for (size_t q = 0; q + 1 < pending_.size(); ++q) {
+      if (!pending_[q].name) continue;
+      float ms = 0.0f;
+      cudaEventElapsedTime(&ms, pending_[q].event, pending_[q + 1].event);
+      Total& t = totals_[pending_[q].name];
+      t.ms += ms;
+      ++t.count;
+    }
+    for (const auto& m : pending_) free_.push_back(m.event);
+    pending_.clear();
+  }
+
+ private:
+  struct Mark {
+    const char* name;
+    cudaEvent_t event;
+  };
+  struct Total {
+    double ms = 0.0;
+    int64_t count = 0;
+  };
+  cudaEvent_t event() {
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    check(cudaEventCreate(&e), "cudaEventCreate");
+    pool_.push_back(e);
+    return e;
+  }
+  bool enabled_;
+  int64_t calls_ = 0;
+  std::vector<Mark> pending_;
+  std::vector<cudaEvent_t> pool_, free_;
+  std::map<std::string, Total> totals_;
+};
+
 // What every runner keeps on the device: the graph it was given, outputs, flags.
 class DeviceState {
  public:
@@ -111,6 +184,7 @@ class DeviceState {
   DeviceArray<int32_t> species, neighbors, shift_index;
   DeviceArray<int64_t> row_offsets, error_node;
   DeviceArray<double> shifts;
+  StageProfiler profiler;
 
  private:
   cudaStream_t stream_ = nullptr;
@@ -159,18 +233,23 @@ class SevennetModel : public Model {
     check_launch("embed_kernel");
     for (int t = 0; t < L; ++t) {
       const Layer& l = layers_[t];
+      s.profiler.mark("linear forward", st);
       sc_.resize(static_cast<size_t>(n) * l.self_connection.dim_out);
       linear_forward(l.self_connection, n, x_.data(), sc_.data(), st);
       x1_[t].resize(static_cast<size_t>(n) * l.linear_1.dim_out);
       linear_forward(l.linear_1, n, x_.data(), x1_[t].data(), st);
       y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
+      s.profiler.mark("conv forward", st);
       conv_forward(geom_, l.conv, g, x1_[t].data(), y_.data(), s.error_node.data(), st);
+      s.profiler.mark("linear forward", st);
       pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
       linear_forward(l.linear_2, n, y_.data(), pre_gate_[t].data(), st);
       add_inplace(static_cast<int64_t>(pre_gate_[t].size()), sc_.data(), pre_gate_[t].data(), st);
       x_.resize(static_cast<size_t>(n) * l.gate.dim_out);
+      s.profiler.mark("gate", st);
       gate_forward(l.gate, n, pre_gate_[t].data(), x_.data(), st);
     }
+    s.profiler.mark("readout, energy", st);
     const T* h = x_.data();
     for (size_t r = 0; r < readout_.size(); ++r) {
       DeviceArray<T>& next = (r % 2 == 0) ? h0_ : h1_;
@@ -194,16 +273,20 @@ class SevennetModel : public Model {
     }
     for (int t = L - 1; t >= 0; --t) {
       const Layer& l = layers_[t];
+      s.profiler.mark("gate", st);
       grad_p_.resize(static_cast<size_t>(n) * l.gate.dim_in);
       gate_backward(l.gate, n, pre_gate_[t].data(), grad_.data(), grad_p_.data(), st);
+      s.profiler.mark("linear backward", st);
       grad_.resize(static_cast<size_t>(n) * l.self_connection.dim_in);
       linear_backward(l.self_connection, n, grad_p_.data(), grad_.data(), false, st);
       grad_y_.resize(static_cast<size_t>(n) * l.linear_2.dim_in);
       linear_backward(l.linear_2, n, grad_p_.data(), grad_y_.data(), false, st);
       grad_x1_.resize(static_cast<size_t>(n) * l.conv.view.dim_in);
+      s.profiler.mark("conv backward", st);
       conv_backward(geom_, l.conv, g, x1_[t].data(), grad_y_.data(), grad_x1_.data(),
                     s.forces.data(), want_virial ? s.atom_virials.data() : nullptr,
                     s.error_node.data(), st);
+      s.profiler.mark("linear backward", st);
       if (t > 0) linear_backward(l.linear_1, n, grad_x1_.data(), grad_.data(), true, st);
     }
   }
@@ -280,6 +363,7 @@ class MaceModel : public Model {
     inter_.zero(st);
     for (int t = 0; t < L; ++t) {
       const Layer& l = layers_[t];
+      s.profiler.mark("linear forward", st);
       if (l.residual) {
         sc_.resize(N * l.skip.dim_out);
         element_linear_forward(l.skip, n, g.species, x_.data(), sc_.data(), st);
@@ -287,7 +371,9 @@ class MaceModel : public Model {
       up_[t].resize(N * l.linear_up.dim_out);
       linear_forward(l.linear_up, n, x_.data(), up_[t].data(), st);
       y_.resize(N * l.conv.view.dim_out);
+      s.profiler.mark("conv forward", st);
       conv_forward(geom_, l.conv, g, up_[t].data(), y_.data(), s.error_node.data(), st);
+      s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.residual) {
         linear_forward(l.linear, n, y_.data(), m_[t].data(), st);
@@ -297,8 +383,10 @@ class MaceModel : public Model {
         element_linear_forward(l.skip, n, g.species, mlin_.data(), m_[t].data(), st);
       }
       p_.resize(N * l.product.dim_out);
+      s.profiler.mark("symmetric contraction", st);
       symmetric_contraction_forward(l.product, n, g.species, m_[t].data(), p_.data(), st);
       x_.resize(N * l.product_linear.dim_out);
+      s.profiler.mark("linear forward", st);
       linear_forward(l.product_linear, n, p_.data(), x_.data(), st);
       if (l.add_sc) add_inplace(static_cast<int64_t>(x_.size()), sc_.data(), x_.data(), st);
       r_.resize(N);
@@ -329,6 +417,7 @@ class MaceModel : public Model {
     gx_.zero(st);
     for (int t = L - 1; t >= 0; --t) {
       const Layer& l = layers_[t];
+      s.profiler.mark("readout, energy", st);
       if (l.nonlinear) {
         gh_.resize(N * l.readout_2.dim_in);
         linear_backward(l.readout_2, n, seed_.data(), gh_.data(), false, st);
@@ -341,6 +430,7 @@ class MaceModel : public Model {
       gp_.resize(N * l.product_linear.dim_in);
       linear_backward(l.product_linear, n, gx_.data(), gp_.data(), false, st);
       gm_.resize(N * l.product.dim_in);
+      s.profiler.mark("symmetric contraction", st);
       symmetric_contraction_backward(l.product, n, g.species, m_[t].data(), gp_.data(), gm_.data(),
                                      st);
       if (!l.residual) {
@@ -348,11 +438,14 @@ class MaceModel : public Model {
         element_linear_backward(l.skip, n, g.species, gm_.data(), gmlin_.data(), false, st);
         std::swap(gm_, gmlin_);
       }
+      s.profiler.mark("linear backward", st);
       gy_.resize(N * l.linear.dim_in);
       linear_backward(l.linear, n, gm_.data(), gy_.data(), false, st);
       gup_.resize(N * l.conv.view.dim_in);
+      s.profiler.mark("conv backward", st);
       conv_backward(geom_, l.conv, g, up_[t].data(), gy_.data(), gup_.data(), s.forces.data(),
                     want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
+      s.profiler.mark("linear backward", st);
       if (t == 0) break;
       gprev_.resize(N * l.linear_up.dim_in);
       linear_backward(l.linear_up, n, gup_.data(), gprev_.data(), false, st);
@@ -435,6 +528,7 @@ class BackendImpl : public Backend {
     }
     s.positions.upload(sys.positions, 3 * n, st);
     s.species.upload(sys.species, n, st);
+    s.profiler.mark("neighbor list", st);
     neighbors_->update(n, s.positions.data(), sys.cell, sys.pbc, min_distance, st);
     GraphView g = neighbors_->view(s.positions.data(), s.species.data());
     g.num_nodes = g.num_energy_nodes = n;
@@ -478,7 +572,9 @@ class BackendImpl : public Backend {
       s.atom_virials.resize(9 * n);
       s.atom_virials.zero(st);
     }
+    s.profiler.begin_call();
     model_->run(g, want_grad, want_virial, s);
+    s.profiler.mark("virial, copies", st);
     if (out.virial) {
       virial_sum_kernel<<<1, kThreads, 0, st>>>(n, s.atom_virials.data(), s.virial.data());
       check_launch("virial_sum_kernel");
@@ -490,7 +586,9 @@ class BackendImpl : public Backend {
     if (out.forces) s.forces.download(out.forces, 3 * n, st);
     if (out.atom_virials) s.atom_virials.download(out.atom_virials, 9 * n, st);
     if (out.virial) s.virial.download(out.virial, 9, st);
+    s.profiler.end(st);
     check(cudaStreamSynchronize(st), "the GPU computation");
+    s.profiler.collect();
     if (error_node > 0) {
       throw Error("two atoms are at the same position (atom " + std::to_string(error_node - 1) +
                   " and a neighbor at distance 0)");
