@@ -120,7 +120,6 @@ class StageProfiler {
                    100.0 * t.ms / (sum > 0 ? sum : 1), static_cast<long long>(t.count));
     for (auto& e : pool_) cudaEventDestroy(e);
   }
-  bool enabled() const { return enabled_; }
   void begin_call() {
     if (enabled_) ++calls_;
   }
