@@ -3,7 +3,7 @@
 #include "e3fuse/model.h"
 
 #include <cmath>
-#include <sstream>
+#include <cstdio>
 
 #include "e3fuse/engine.h"
 #include "e3fuse/error.h"
@@ -225,11 +225,9 @@ class PlanBuilder {
     return static_cast<int>(i);
   }
   static std::string shape_string(const std::vector<int64_t>& shape) {
-    std::ostringstream s;
-    s << "[";
-    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
-    s << "]";
-    return s.str();
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
   }
 
   const SafetensorsFile& file_;
@@ -548,51 +546,63 @@ static std::string irreps_string(const Irreps& irreps) {
   return s.empty() ? "0" : s;
 }
 
+namespace {
+
+// Text without iostreams (see Engine::describe): "%g" formats like ostream's default.
+std::string num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+}  // namespace
+
 std::string Model::summary() const {
   const ModelPlan& p = *plan_;
-  std::ostringstream s;
-  s << "family:        " << p.family << "\n";
-  s << "format:        " << p.format_version << "\n";
-  if (!p.source_description.empty()) s << "source:        " << p.source_description << "\n";
-  s << "cutoff:        " << p.cutoff << " A\n";
-  s << "layers:        " << (p.family == "mace" ? p.mace_layers.size() : p.layers.size()) << "\n";
-  s << "radial basis:  bessel x" << p.radial.num_basis << ", envelope "
-    << (p.radial.envelope == EnvelopeKind::xplor
-            ? "xplor (r_on " + std::to_string(p.radial.r_on) + ")"
-            : "polynomial (p " + std::to_string(p.radial.p) + ")")
-    << "\n";
-  s << "sph. harmonics: lmax " << p.sh.lmax << "\n";
+  using std::to_string;
+  std::string s;
+  s += "family:        " + p.family + "\n";
+  s += "format:        " + to_string(p.format_version) + "\n";
+  if (!p.source_description.empty()) s += "source:        " + p.source_description + "\n";
+  s += "cutoff:        " + num(p.cutoff) + " A\n";
+  s += "layers:        " + to_string(p.family == "mace" ? p.mace_layers.size() : p.layers.size()) +
+       "\n";
+  s += "radial basis:  bessel x" + to_string(p.radial.num_basis) + ", envelope " +
+       (p.radial.envelope == EnvelopeKind::xplor ? "xplor (r_on " + to_string(p.radial.r_on) + ")"
+                                                 : "polynomial (p " + to_string(p.radial.p) + ")") +
+       "\n";
+  s += "sph. harmonics: lmax " + to_string(p.sh.lmax) + "\n";
   for (size_t t = 0; t < p.layers.size(); ++t) {
     const SevennetLayer& l = p.layers[t];
-    s << "layer " << t << ":       " << irreps_string(l.linear_1.in) << " -> conv "
-      << irreps_string(l.conv.out) << " (" << l.conv.paths.size() << " paths, radial MLP";
-    for (int d : l.conv.mlp.dims) s << " " << d;
-    s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear_2.out) << " -> gate "
-      << l.gate.dim_out << "\n";
+    s += "layer " + to_string(t) + ":       " + irreps_string(l.linear_1.in) + " -> conv " +
+         irreps_string(l.conv.out) + " (" + to_string(l.conv.paths.size()) + " paths, radial MLP";
+    for (int d : l.conv.mlp.dims) s += " " + to_string(d);
+    s += ", 1/" + num(l.conv.denominator) + ") -> " + irreps_string(l.linear_2.out) + " -> gate " +
+         to_string(l.gate.dim_out) + "\n";
   }
   for (size_t t = 0; t < p.mace_layers.size(); ++t) {
     const MaceLayer& l = p.mace_layers[t];
-    s << "layer " << t << ":       " << irreps_string(l.linear_up.in) << " -> conv "
-      << irreps_string(l.conv.out) << " (" << l.conv.paths.size() << " paths, radial MLP";
-    for (int d : l.conv.mlp.dims) s << " " << d;
-    s << ", 1/" << l.conv.denominator << ") -> " << irreps_string(l.linear.out)
-      << " -> product (correlation";
+    s += "layer " + to_string(t) + ":       " + irreps_string(l.linear_up.in) + " -> conv " +
+         irreps_string(l.conv.out) + " (" + to_string(l.conv.paths.size()) + " paths, radial MLP";
+    for (int d : l.conv.mlp.dims) s += " " + to_string(d);
+    s += ", 1/" + num(l.conv.denominator) + ") -> " + irreps_string(l.linear.out) +
+         " -> product (correlation";
     for (const auto& c : l.product.contractions)
-      s << " " << (c.terms.empty() ? 0 : c.terms.back().nu);
-    s << ") -> " << irreps_string(l.product_linear.out) << (l.residual ? ", residual" : "")
-      << (l.readout.nonlinear ? ", MLP readout" : ", linear readout") << "\n";
+      s += " " + to_string(c.terms.empty() ? 0 : c.terms.back().nu);
+    s += ") -> " + irreps_string(l.product_linear.out) + (l.residual ? ", residual" : "") +
+         (l.readout.nonlinear ? ", MLP readout" : ", linear readout") + "\n";
   }
-  s << "elements:      " << p.atomic_numbers.size() << " (Z =";
+  s += "elements:      " + to_string(p.atomic_numbers.size()) + " (Z =";
   for (size_t i = 0; i < p.atomic_numbers.size(); ++i) {
     if (i == 12) {
-      s << " ...";
+      s += " ...";
       break;
     }
-    s << " " << p.atomic_numbers[i];
+    s += " " + to_string(p.atomic_numbers[i]);
   }
-  s << ")\n";
-  s << "parameters:    " << p.num_parameters << "\n";
-  return s.str();
+  s += ")\n";
+  s += "parameters:    " + to_string(p.num_parameters) + "\n";
+  return s;
 }
 
 }  // namespace e3fuse
