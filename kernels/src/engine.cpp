@@ -11,8 +11,8 @@
 #include <omp.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "cpu/mace.h"

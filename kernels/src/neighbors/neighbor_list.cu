@@ -27,9 +27,9 @@
 //      A count pass, an exclusive scan into row_offsets (int64), a fill pass.
 
 #include <algorithm>
-#include <cstdio>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <cub/cub.cuh>
 #include <limits>
