@@ -1,6 +1,7 @@
 // cuda/conv.cu: fused convolution forward and backward (see conv.cuh for the
 // scheme; the math is cpu/conv.cpp's, the per-edge pieces are ops/*.h).
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -804,10 +805,26 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   return c;
 }
 
+// Largest edge chunk to try: 8 unless E3FUSE_EDGE_CHUNK_FORWARD / _BACKWARD say
+// otherwise (2, 4, 8 or 16; a larger chunk reads the radial MLP's weights fewer times
+// but takes more shared memory, so fewer blocks share an SM).
+int max_edge_chunk(bool backward) {
+  static const int forward = [] {
+    const char* v = std::getenv("E3FUSE_EDGE_CHUNK_FORWARD");
+    return v ? std::atoi(v) : 8;
+  }();
+  static const int backward_chunk = [] {
+    const char* v = std::getenv("E3FUSE_EDGE_CHUNK_BACKWARD");
+    return v ? std::atoi(v) : 8;
+  }();
+  return backward ? backward_chunk : forward;
+}
+
 // Launches with the largest edge chunk (EC) whose workspace fits in shared memory.
 template <class T, int EC, class Launch>
 bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, size_t& bytes,
                  Launch&& launch) {
+  if (EC > max_edge_chunk(backward)) return false;
   bytes = smem_layout<T>(conv.view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
   if (bytes > shared_limit()) return false;
   launch(std::integral_constant<int, EC>{}, bytes);
@@ -827,7 +844,8 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
     conv_forward_kernel<T, EC>
         <<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
   };
-  if (!launch_with<T, 8>(geom, conv, false, bytes, launch) &&
+  if (!launch_with<T, 16>(geom, conv, false, bytes, launch) &&
+      !launch_with<T, 8>(geom, conv, false, bytes, launch) &&
       !launch_with<T, 4>(geom, conv, false, bytes, launch) &&
       !launch_with<T, 2>(geom, conv, false, bytes, launch)) {
     throw Error("the convolution does not fit in shared memory (" + std::to_string(bytes) +
@@ -850,7 +868,8 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
     conv_backward_kernel<T, EC><<<g.num_nodes, kThreads, smem, stream>>>(
         geom.view, conv.view, g, x, grad_y, grad_x, forces, atom_virials, error_node);
   };
-  if (!launch_with<T, 8>(geom, conv, true, bytes, launch) &&
+  if (!launch_with<T, 16>(geom, conv, true, bytes, launch) &&
+      !launch_with<T, 8>(geom, conv, true, bytes, launch) &&
       !launch_with<T, 4>(geom, conv, true, bytes, launch) &&
       !launch_with<T, 2>(geom, conv, true, bytes, launch)) {
     throw Error("the convolution backward does not fit in shared memory (" + std::to_string(bytes) +
