@@ -104,7 +104,7 @@ void PairE3fuse::allocate() {
 }
 
 /* ----------------------------------------------------------------------
-   pair_style e3fuse [device cpu|cuda] [precision float32|float64] [threads N]
+   pair_style e3fuse [device cpu|cuda|cuda:N] [precision float32|float64] [threads N]
                      [mode auto|images|shell]
 ------------------------------------------------------------------------- */
 
@@ -114,6 +114,7 @@ void PairE3fuse::settings(int narg, char **arg) {
                update->unit_style);
 
   device_name_ = "cpu";
+  gpu_index_ = -1;
   precision_name_.clear();
   num_threads_ = 0;
   mode_requested_ = Mode::AUTO;
@@ -126,6 +127,7 @@ void PairE3fuse::settings(int narg, char **arg) {
     if (key == "device") {
       try {
         device_name_ = e3fuse::to_string(e3fuse::parse_device(value));
+        gpu_index_ = e3fuse::parse_gpu_index(value);
       } catch (std::exception &e) {
         error->all(FLERR, "pair_style e3fuse: {}", e.what());
       }
@@ -165,6 +167,31 @@ void PairE3fuse::settings(int narg, char **arg) {
 }
 
 /* ----------------------------------------------------------------------
+   The GPU of this rank: "device cuda:N" as given; "device cuda" with several
+   GPUs visible: the rank's index among the ranks of its node, modulo the GPUs.
+------------------------------------------------------------------------- */
+
+int PairE3fuse::choose_gpu() {
+  if (device_name_ == "cpu") return -1;
+  if (gpu_index_ >= 0) return gpu_index_;
+  const int count = e3fuse::cuda_device_count();
+  if (count <= 1) return -1;
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, comm->me, MPI_INFO_NULL, &node);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  const int gpu = local_rank % count;
+  if (comm->me == 0)
+    utils::logmesg(lmp,
+                   "pair e3fuse: {} GPUs per node, {} ranks on rank 0's node: rank r uses GPU "
+                   "(local rank mod {})\n",
+                   count, local_size, count);
+  return gpu;
+}
+
+/* ----------------------------------------------------------------------
    pair_coeff * * model.e3f El1 El2 ... (one element or NULL per atom type)
 ------------------------------------------------------------------------- */
 
@@ -180,11 +207,12 @@ void PairE3fuse::coeff(int narg, char **arg) {
   if (!allocated) allocate();
 
   model_path_ = arg[2];
+  const int gpu = choose_gpu();
   try {
     model_ = e3fuse::Model::load(model_path_);
-    engine_ =
-        std::make_unique<e3fuse::Engine>(model_, e3fuse::parse_device(device_name_),
-                                         e3fuse::parse_precision(precision_name_), num_threads_);
+    engine_ = std::make_unique<e3fuse::Engine>(model_, e3fuse::parse_device(device_name_),
+                                               e3fuse::parse_precision(precision_name_),
+                                               num_threads_, gpu);
   } catch (std::exception &e) {
     engine_.reset();
     model_.reset();

@@ -54,6 +54,7 @@ class PairE3fuse : public Pair {
   double init_one(int, int) override;
 
  protected:
+  int choose_gpu();
   enum class Mode { AUTO, IMAGES, SHELL };
 
   void allocate();
@@ -64,6 +65,7 @@ class PairE3fuse : public Pair {
 
   // settings
   std::string device_name_ = "cpu";
+  int gpu_index_ = -1;          // N of "device cuda:N", -1: chosen per node-local rank
   std::string precision_name_;  // empty: float64 on cpu, float32 on cuda
   int num_threads_ = 0;
   Mode mode_requested_ = Mode::AUTO;

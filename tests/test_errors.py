@@ -159,9 +159,18 @@ def test_bad_calculator_arguments(sevennet0_path: Path) -> None:
         calculator(sevennet0_path, dtype="float16")
     with pytest.raises(E3fuseError, match="unknown device 'tpu'"):
         calculator(sevennet0_path, device="tpu")
+    for bad in ("cuda:", "cuda:x", "cuda:-1", "cudaa"):
+        with pytest.raises(E3fuseError, match="unknown device"):
+            calculator(sevennet0_path, device=bad)
     if not _core.cuda_available():
-        with pytest.raises(E3fuseError, match="without CUDA|no CUDA device"):
-            calculator(sevennet0_path, device="cuda")
+        assert _core.cuda_device_count() == 0
+        for device in ("cuda", "cuda:0"):
+            with pytest.raises(E3fuseError, match="without CUDA|no CUDA device"):
+                calculator(sevennet0_path, device=device)
+    else:
+        count = _core.cuda_device_count()
+        with pytest.raises(E3fuseError, match=f"GPU {count} requested"):
+            calculator(sevennet0_path, device=f"cuda:{count}")
 
 
 # --------------------------------------------------------------------------------------

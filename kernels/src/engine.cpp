@@ -42,10 +42,33 @@ bool cuda_available() {
 #endif
 }
 
+int parse_gpu_index(const std::string& name) {
+  for (const char* prefix : {"cuda:", "gpu:"}) {
+    const std::string p = prefix;
+    if (name.compare(0, p.size(), p) == 0) {
+      const std::string digits = name.substr(p.size());
+      if (digits.empty() || digits.size() > 4 ||
+          digits.find_first_not_of("0123456789") != std::string::npos)
+        throw Error("unknown device '" + name + "' (expected 'cpu', 'cuda' or 'cuda:N')");
+      return std::stoi(digits);
+    }
+  }
+  return -1;
+}
+
 Device parse_device(const std::string& name) {
   if (name == "cpu") return Device::cpu;
   if (name == "cuda" || name == "gpu") return Device::cuda;
-  throw Error("unknown device '" + name + "' (expected 'cpu' or 'cuda')");
+  if (parse_gpu_index(name) >= 0) return Device::cuda;
+  throw Error("unknown device '" + name + "' (expected 'cpu', 'cuda' or 'cuda:N')");
+}
+
+int cuda_device_count() {
+#ifdef E3FUSE_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
 }
 
 Precision parse_precision(const std::string& name) {
@@ -350,7 +373,7 @@ struct Engine::Impl {
 };
 
 Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision precision,
-               int num_threads)
+               int num_threads, int gpu)
     : model_(std::move(model)),
       device_(device),
       precision_(precision),
@@ -362,9 +385,10 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   if (device == Device::cuda) {
 #ifdef E3FUSE_WITH_CUDA
-    impl_->gpu = cuda::make_backend(model_->plan(), precision);
+    impl_->gpu = cuda::make_backend(model_->plan(), precision, gpu);
     return;
 #else
+    (void)gpu;
     throw Error("this e3fuse was built without CUDA; use device 'cpu'");
 #endif
   }

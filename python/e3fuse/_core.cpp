@@ -1,11 +1,10 @@
 // _core.cpp: the pybind11 module over the core. An adapter only: numpy arrays
 // in, pointers to the core, numpy arrays out; e3fuse::Error -> E3fuseError.
 #include <pybind11/numpy.h>
-#include <array>
-
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -141,7 +140,6 @@ GraphView open_graph(const Array<double>& positions, const Array<int64_t>& row_o
   return g;
 }
 
-
 // The GPU neighbor list on host arrays (tests): update() on each of num_frames
 // frames (num_frames x n x 3) with one list; returns (rebuilt flags, row_offsets,
 // neighbors, images[E, 3]) after the last frame.
@@ -191,6 +189,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = version();
   m.attr("FORMAT_VERSION") = kModelFormatVersion;
   m.def("cuda_available", &cuda_available);
+  m.def("cuda_device_count", &cuda_device_count);
   // The GPU neighbor list (tests): (row_offsets, neighbors, images[E, 3]) of one build,
   // and (rebuilt flags, row_offsets, neighbors, images) of one list over frames [F, N, 3].
   m.def(
@@ -212,8 +211,8 @@ PYBIND11_MODULE(_core, m) {
         return gpu_neighbor_run(frames.data(), frames.shape(0), frames.shape(1), cell, pbc, cutoff,
                                 skin, min_distance);
       },
-      py::arg("frames"), py::arg("cell"), py::arg("pbc"), py::arg("cutoff"),
-      py::arg("skin") = 0.0, py::arg("min_distance") = 1e-4);
+      py::arg("frames"), py::arg("cell"), py::arg("pbc"), py::arg("cutoff"), py::arg("skin") = 0.0,
+      py::arg("min_distance") = 1e-4);
   m.def("set_log_callback", [](py::object callback) {
     if (callback.is_none()) {
       set_log_callback(nullptr);
@@ -298,7 +297,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](std::shared_ptr<Model> model, const std::string& device,
                        const std::string& precision, int num_threads) {
              return std::make_unique<Engine>(model, parse_device(device),
-                                             parse_precision(precision), num_threads);
+                                             parse_precision(precision), num_threads,
+                                             parse_gpu_index(device));
            }),
            py::arg("model"), py::arg("device") = "cpu", py::arg("precision") = "float64",
            py::arg("num_threads") = 0)

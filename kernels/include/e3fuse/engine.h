@@ -13,11 +13,15 @@ namespace e3fuse {
 enum class Device { cpu, cuda };
 enum class Precision { float32, float64 };
 
+// "cpu", "cuda" or "cuda:N" (GPU N of this process's visible devices).
 Device parse_device(const std::string& name);
+// The N of "cuda:N"; -1 for "cuda" (the current device, normally 0) and "cpu".
+int parse_gpu_index(const std::string& name);
 Precision parse_precision(const std::string& name);
 const char* to_string(Device device);
 const char* to_string(Precision precision);
 bool cuda_available();
+int cuda_device_count();  // GPUs this process can use (0 without CUDA)
 const char* version();
 
 // Caller-owned output buffers; a null pointer means "not wanted".
@@ -35,8 +39,9 @@ struct ComputeOutput {
 
 class Engine {
  public:
+  // gpu: index of the GPU for Device::cuda (-1: the current device).
   Engine(std::shared_ptr<const Model> model, Device device, Precision precision,
-         int num_threads = 0);
+         int num_threads = 0, int gpu = -1);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -26,11 +26,12 @@ class Backend {
   virtual std::string device_name() const = 0;
 };
 
-// Throws Error when no GPU can be used.
-std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision);
+// Throws Error when no GPU can be used. gpu: device index, -1 for the current device.
+std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision, int gpu);
 
-// Whether a CUDA device can be used by this process (false without a GPU).
+// Whether a CUDA device can be used by this process (false without a GPU), and how many.
 bool device_available();
+int device_count();
 
 // Bytes this process holds in e3fuse device arrays: now, and the peak since the last reset.
 size_t device_bytes_in_use();

@@ -25,14 +25,16 @@
 
 namespace e3fuse::cuda {
 
-bool device_available() {
+int device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  return count > 0;
+  return count;
 }
+
+bool device_available() { return device_count() > 0; }
 
 size_t device_bytes_in_use() { return DeviceBytes::in_use().load(); }
 size_t device_bytes_peak() { return DeviceBytes::peak().load(); }
@@ -175,7 +177,11 @@ class StageProfiler {
 // What every runner keeps on the device: the graph it was given, outputs, flags.
 class DeviceState {
  public:
-  DeviceState() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"); }
+  // Makes `device` current (every allocation of this engine lives there), then a stream on it.
+  explicit DeviceState(int device) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+  }
   ~DeviceState() { cudaStreamDestroy(stream_); }
   cudaStream_t stream() const { return stream_; }
 
@@ -468,9 +474,8 @@ class MaceModel : public Model {
 
 class BackendImpl : public Backend {
  public:
-  BackendImpl(const ModelPlan& plan, Precision precision) : cutoff_(plan.cutoff) {
-    if (!device_available()) throw Error("no CUDA device is available to this process");
-    check(cudaGetDevice(&device_), "cudaGetDevice");
+  BackendImpl(const ModelPlan& plan, Precision precision, int device)
+      : cutoff_(plan.cutoff), device_(device), state_(device) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     name_ = prop.name;
@@ -488,8 +493,10 @@ class BackendImpl : public Backend {
     state_.error_node.resize(1);
     state_.virial.resize(9);
   }
+  ~BackendImpl() override { cudaSetDevice(device_); }  // the arrays are freed on their GPU
 
   void compute(const GraphView& h, ComputeOutput& out) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
     DeviceState& s = state_;
     const cudaStream_t st = s.stream();
     const int64_t n = h.num_nodes;
@@ -518,6 +525,7 @@ class BackendImpl : public Backend {
 
   void compute_system(const SystemView& sys, double skin, double min_distance,
                       ComputeOutput& out) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
     DeviceState& s = state_;
     const cudaStream_t st = s.stream();
     const int64_t n = sys.num_atoms;
@@ -536,7 +544,9 @@ class BackendImpl : public Backend {
 
   int64_t num_neighbor_builds() const override { return neighbors_ ? neighbors_->num_builds() : 0; }
   int64_t num_neighbor_edges() const override { return neighbors_ ? neighbors_->num_edges() : 0; }
-  std::string device_name() const override { return name_; }
+  std::string device_name() const override {
+    return name_ + " (GPU " + std::to_string(device_) + ")";
+  }
 
  private:
   template <class T>
@@ -610,9 +620,14 @@ class BackendImpl : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision) {
-  if (!device_available()) throw Error("no CUDA device is available to this process");
-  return std::make_unique<BackendImpl>(plan, precision);
+std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision, int gpu) {
+  const int count = device_count();
+  if (count == 0) throw Error("no CUDA device is available to this process");
+  if (gpu >= count)
+    throw Error("GPU " + std::to_string(gpu) + " requested, but this process sees " +
+                std::to_string(count) + " GPU(s) (CUDA_VISIBLE_DEVICES)");
+  if (gpu < 0) check(cudaGetDevice(&gpu), "cudaGetDevice");
+  return std::make_unique<BackendImpl>(plan, precision, gpu);
 }
 
 }  // namespace e3fuse::cuda
