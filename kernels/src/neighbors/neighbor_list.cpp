@@ -24,13 +24,12 @@
 // check run on OpenMP threads, and the list is the same for any number of them.
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -38,6 +37,7 @@
 
 #include "e3fuse/error.h"
 #include "e3fuse/neighbors.h"
+#include "neighbors/lattice.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -49,46 +49,13 @@
 namespace e3fuse {
 namespace {
 
-// Cells whose periodic vectors span less than this fraction of the volume (area,
-// length) of a box with the same edge lengths are considered degenerate.
-constexpr double kDegenerateCell = 1e-10;
-// Fractional coordinates beyond this many cell lengths are refused, which keeps
-// every integer shift well inside int32.
-constexpr double kMaxWraps = 268435456.0;  // 2^28
-// Upper bound on the number of image offsets considered per atom.
-constexpr int64_t kMaxImageBox = int64_t{1} << 24;
+using namespace lattice;  // NOLINT: the shared cell geometry (neighbors/lattice.h)
+
 // Integer shifts are numbered through a dense table up to this size, through a
 // hash map beyond it (positions spread over very many cells).
 constexpr int64_t kMaxDenseShiftBox = int64_t{1} << 20;
 // Below this many atoms the build runs on one thread.
 constexpr int64_t kMinAtomsPerThread = 2048;
-
-double Dot(const double* a, const double* b) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]; }
-
-void Cross(const double* a, const double* b, double* out) {
-  out[0] = a[1] * b[2] - a[2] * b[1];
-  out[1] = a[2] * b[0] - a[0] * b[2];
-  out[2] = a[0] * b[1] - a[1] * b[0];
-}
-
-double Norm(const double* a) { return std::sqrt(Dot(a, a)); }
-
-// The Cartesian shift of integer cell shift n, evaluated as
-// n0 * cell[0..2] + n1 * cell[3..5] + n2 * cell[6..8] in this order. Integer
-// negation is exact and so is every step here under negation, so the shift of
-// -n is exactly the negation of the shift of n.
-inline void ShiftVector(int64_t n0, int64_t n1, int64_t n2, const double* cell, double* out) {
-  const double a = static_cast<double>(n0);
-  const double b = static_cast<double>(n1);
-  const double c = static_cast<double>(n2);
-  for (int k = 0; k < 3; ++k) out[k] = a * cell[k] + b * cell[3 + k] + c * cell[6 + k];
-}
-
-std::string FormatNumber(double x, int precision = 6) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.*g", precision, x);
-  return buf;
-}
 
 int NumThreads(int64_t work_items) {
 #ifdef _OPENMP
@@ -131,82 +98,6 @@ class ParallelErrors {
  private:
   std::exception_ptr error_;
 };
-
-// The lattice: the periodic cell vectors completed into a full-rank basis.
-struct Lattice {
-  double cell[9] = {};     // rows of periodic directions as given, other rows zero
-  double recip[9] = {};    // rows r_a with r_a . basis_b = delta_ab
-  double spacing[3] = {};  // distance between lattice planes of direction a
-  bool periodic[3] = {false, false, false};
-};
-
-Lattice MakeLattice(const double* cell, const bool pbc[3]) {
-  Lattice lat;
-  double basis[9] = {};
-  int periodic_axes[3];
-  int free_axes[3];
-  int num_periodic = 0;
-  int num_free = 0;
-  for (int a = 0; a < 3; ++a) {
-    lat.periodic[a] = pbc[a];
-    if (pbc[a]) {
-      periodic_axes[num_periodic++] = a;
-      for (int k = 0; k < 3; ++k) lat.cell[3 * a + k] = basis[3 * a + k] = cell[3 * a + k];
-    } else {
-      free_axes[num_free++] = a;
-    }
-  }
-  const std::string degenerate =
-      "cell has zero volume along its periodic directions (the cell vectors of the periodic "
-      "directions are zero or linearly dependent)";
-  if (num_periodic == 0) {
-    for (int a = 0; a < 3; ++a) basis[4 * a] = 1.0;
-  } else if (num_periodic == 1) {
-    // Two unit vectors orthogonal to the periodic vector and to each other.
-    const double* v = basis + 3 * periodic_axes[0];
-    const double length = Norm(v);
-    if (!(length > 0.0)) throw Error(degenerate);
-    const double u[3] = {v[0] / length, v[1] / length, v[2] / length};
-    int least = 0;  // the Cartesian axis least aligned with u
-    for (int k = 1; k < 3; ++k) {
-      if (std::abs(u[k]) < std::abs(u[least])) least = k;
-    }
-    double axis[3] = {0.0, 0.0, 0.0};
-    axis[least] = 1.0;
-    double* e1 = basis + 3 * free_axes[0];
-    double* e2 = basis + 3 * free_axes[1];
-    Cross(u, axis, e1);
-    const double n1 = Norm(e1);
-    for (int k = 0; k < 3; ++k) e1[k] /= n1;
-    Cross(u, e1, e2);
-  } else if (num_periodic == 2) {
-    const double* v1 = basis + 3 * periodic_axes[0];
-    const double* v2 = basis + 3 * periodic_axes[1];
-    double* e = basis + 3 * free_axes[0];
-    Cross(v1, v2, e);
-    const double area = Norm(e);
-    if (!(area > kDegenerateCell * Norm(v1) * Norm(v2))) throw Error(degenerate);
-    for (int k = 0; k < 3; ++k) e[k] /= area;
-  } else {
-    double c12[3];
-    Cross(basis + 3, basis + 6, c12);
-    const double volume = std::abs(Dot(basis, c12));
-    if (!(volume > kDegenerateCell * Norm(basis) * Norm(basis + 3) * Norm(basis + 6))) {
-      throw Error(degenerate);
-    }
-  }
-  // Reciprocal vectors r_a = (b_{a+1} x b_{a+2}) / det; fractional coordinates
-  // are f_a = x . r_a, and 1 / |r_a| is the spacing of the planes f_a = const.
-  double c12[3];
-  Cross(basis + 3, basis + 6, c12);
-  const double det = Dot(basis, c12);
-  for (int a = 0; a < 3; ++a) {
-    Cross(basis + 3 * ((a + 1) % 3), basis + 3 * ((a + 2) % 3), lat.recip + 3 * a);
-    for (int k = 0; k < 3; ++k) lat.recip[3 * a + k] /= det;
-    lat.spacing[a] = 1.0 / Norm(lat.recip + 3 * a);
-  }
-  return lat;
-}
 
 // A point of the cell list: a wrapped atom or one of its periodic images.
 struct Point {
@@ -499,10 +390,10 @@ void SortRow(uint64_t* keys, int64_t count, uint64_t* scratch, int32_t* js, int3
 
 NeighborList::NeighborList(double cutoff, double skin) : cutoff_(cutoff), skin_(skin) {
   if (!std::isfinite(cutoff) || cutoff <= 0.0) {
-    throw Error("neighbor list cutoff must be positive and finite, got " + FormatNumber(cutoff));
+    throw Error("neighbor list cutoff must be positive and finite, got " + format_number(cutoff));
   }
   if (!std::isfinite(skin) || skin < 0.0) {
-    throw Error("neighbor list skin must be non-negative and finite, got " + FormatNumber(skin));
+    throw Error("neighbor list skin must be non-negative and finite, got " + format_number(skin));
   }
 }
 
@@ -576,7 +467,7 @@ GraphView NeighborList::view(const double* positions, const int32_t* species) co
 void NeighborList::build(int64_t num_atoms, const double* positions, const double* cell,
                          const bool pbc[3]) {
   valid_ = false;
-  const Lattice lat = MakeLattice(cell, pbc);
+  const Lattice lat = make_lattice(cell, pbc);
   const int64_t n = num_atoms;
   const double radius = cutoff_ + skin_;
   const double radius2 = radius * radius;
@@ -591,10 +482,10 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
     const double* x = positions + 3 * i;
     for (int a = 0; a < 3; ++a) {
       max_abs_position = std::max(max_abs_position, std::abs(x[a]));
-      double f = Dot(x, lat.recip + 3 * a);
+      double f = dot3(x, lat.recip + 3 * a);
       if (lat.periodic[a]) {
         if (!(std::abs(f) < kMaxWraps)) {
-          throw Error("atom " + std::to_string(i) + " lies " + FormatNumber(f) +
+          throw Error("atom " + std::to_string(i) + " lies " + format_number(f) +
                       " cell lengths from the cell along periodic direction " + std::to_string(a) +
                       "; wrap the positions");
         }
@@ -621,7 +512,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
       // Bounds |w . cell| + |m . cell| along this direction.
       const double max_cells =
           static_cast<double>(std::max(max_wrap[a], -min_wrap[a])) + radius / lat.spacing[a] + 3.0;
-      cell_length_sum += Norm(lat.cell + 3 * a) * max_cells;
+      cell_length_sum += norm3(lat.cell + 3 * a) * max_cells;
     }
   }
   const double search = radius + 1e-9 * (radius + max_abs_position + cell_length_sum);
@@ -636,7 +527,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
       const double k = std::ceil(search / lat.spacing[a]) + 1.0;
       if (!(k < static_cast<double>(kMaxImageBox))) {
         throw Error("cell is too small for the cutoff: direction " + std::to_string(a) +
-                    " would need " + FormatNumber(k) + " periodic images per side");
+                    " would need " + format_number(k) + " periodic images per side");
       }
       reach[a] = static_cast<int64_t>(k);
     }
@@ -713,7 +604,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
     const int32_t* w = wrap.data() + 3 * i;
     const int32_t* r = image_range.data() + 6 * i;
     double unwrap[3];
-    ShiftVector(w[0], w[1], w[2], lat.cell, unwrap);
+    shift_vector(w[0], w[1], w[2], lat.cell, unwrap);
     const double base[3] = {positions[3 * i] - unwrap[0], positions[3 * i + 1] - unwrap[1],
                             positions[3 * i + 2] - unwrap[2]};
     int64_t k = point_begin[i];
@@ -722,7 +613,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
         for (int64_t m2 = r[4]; m2 <= r[5]; ++m2, ++k) {
           Point& p = points[k];
           double s[3];
-          ShiftVector(m0, m1, m2, lat.cell, s);
+          shift_vector(m0, m1, m2, lat.cell, s);
           p.x = base[0] + s[0];
           p.y = base[1] + s[1];
           p.z = base[2] + s[2];
@@ -884,7 +775,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
             int64_t shift[3];
             key_shift(i, key, shift);
             double s[3];
-            ShiftVector(shift[0], shift[1], shift[2], lat.cell, s);
+            shift_vector(shift[0], shift[1], shift[2], lat.cell, s);
             const double* xj = positions + 3 * (key >> 32);
             const double vx = (xj[0] - xi[0]) + s[0];
             const double vy = (xj[1] - xi[1]) + s[1];
@@ -969,7 +860,7 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
   for (int64_t s = 0; s < num_shifts; ++s) {
     const int64_t c[3] = {used[s].n[0], used[s].n[1], used[s].n[2]};
     for (int a = 0; a < 3; ++a) shift_cells_[3 * s + a] = used[s].n[a];
-    ShiftVector(c[0], c[1], c[2], lat.cell, shifts_.data() + 3 * s);
+    shift_vector(c[0], c[1], c[2], lat.cell, shifts_.data() + 3 * s);
     if (dense) {
       dense_index[numbering.Code(c)] = static_cast<int32_t>(s);
     } else {
@@ -1055,8 +946,8 @@ void NeighborList::check_min_distance(const double* positions) const {
     d2 += v * v;
   }
   std::string message = "atoms " + std::to_string(i) + " and " + std::to_string(j) + " are " +
-                        FormatNumber(std::sqrt(d2)) + " Å apart, closer than the minimum " +
-                        FormatNumber(min_distance_) + " Å";
+                        format_number(std::sqrt(d2)) + " Å apart, closer than the minimum " +
+                        format_number(min_distance_) + " Å";
   if (cells[0] != 0 || cells[1] != 0 || cells[2] != 0) {
     message += " (through the periodic image shifted by cell vectors (" + std::to_string(cells[0]) +
                ", " + std::to_string(cells[1]) + ", " + std::to_string(cells[2]) + "))";

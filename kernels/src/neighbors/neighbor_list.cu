@@ -33,127 +33,27 @@
 #include <cstring>
 #include <cub/cub.cuh>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "e3fuse/error.h"
+#include "neighbors/lattice.h"
 #include "neighbors/neighbor_list.cuh"
 
 namespace e3fuse::cuda {
 namespace {
 
+using namespace lattice;  // NOLINT: the shared cell geometry (neighbors/lattice.h)
+
 constexpr int kBlock = 256;
 // Blocks of the grid-stride kernels, and of the per-block reduction.
 constexpr int64_t kMaxBlocks = 16384;
 constexpr int64_t kMaxReduceBlocks = 1024;
-// Same limits as the CPU list.
-constexpr double kDegenerateCell = 1e-10;
-constexpr double kMaxWraps = 268435456.0;  // 2^28
-constexpr int64_t kMaxImageBox = int64_t{1} << 24;
 // Largest shift table (entries of 24 bytes): positions spread over very many
 // periodic cells need more and are refused.
 constexpr int64_t kMaxShiftTable = int64_t{1} << 22;
 constexpr int64_t kMaxBinsPerAxis = int64_t{1} << 20;
 constexpr unsigned long long kNone = ~0ull;
 constexpr long long kNoAtom = LLONG_MAX;
-
-std::string format_number(double x, int precision = 6) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.*g", precision, x);
-  return buf;
-}
-
-double dot3(const double* a, const double* b) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]; }
-
-void cross3(const double* a, const double* b, double* out) {
-  out[0] = a[1] * b[2] - a[2] * b[1];
-  out[1] = a[2] * b[0] - a[0] * b[2];
-  out[2] = a[0] * b[1] - a[1] * b[0];
-}
-
-double norm3(const double* a) { return std::sqrt(dot3(a, a)); }
-
-// n0 * cell[0..2] + n1 * cell[3..5] + n2 * cell[6..8], in this order (as the CPU
-// list): exactly negated for -n.
-void shift_vector(int64_t n0, int64_t n1, int64_t n2, const double* cell, double* out) {
-  const double a = static_cast<double>(n0);
-  const double b = static_cast<double>(n1);
-  const double c = static_cast<double>(n2);
-  for (int k = 0; k < 3; ++k) out[k] = a * cell[k] + b * cell[3 + k] + c * cell[6 + k];
-}
-
-// The periodic cell vectors completed into a full-rank basis (the CPU list's).
-struct Lattice {
-  double cell[9] = {};     // rows of periodic directions, other rows zero
-  double recip[9] = {};    // r_a . basis_b = delta_ab
-  double spacing[3] = {};  // distance between lattice planes of direction a
-  bool periodic[3] = {false, false, false};
-};
-
-Lattice make_lattice(const double* cell, const bool pbc[3]) {
-  Lattice lat;
-  double basis[9] = {};
-  int periodic_axes[3];
-  int free_axes[3];
-  int num_periodic = 0;
-  int num_free = 0;
-  for (int a = 0; a < 3; ++a) {
-    lat.periodic[a] = pbc[a];
-    if (pbc[a]) {
-      periodic_axes[num_periodic++] = a;
-      for (int k = 0; k < 3; ++k) lat.cell[3 * a + k] = basis[3 * a + k] = cell[3 * a + k];
-    } else {
-      free_axes[num_free++] = a;
-    }
-  }
-  const std::string degenerate =
-      "cell has zero volume along its periodic directions (the cell vectors of the periodic "
-      "directions are zero or linearly dependent)";
-  if (num_periodic == 0) {
-    for (int a = 0; a < 3; ++a) basis[4 * a] = 1.0;
-  } else if (num_periodic == 1) {
-    const double* v = basis + 3 * periodic_axes[0];
-    const double length = norm3(v);
-    if (!(length > 0.0)) throw Error(degenerate);
-    const double u[3] = {v[0] / length, v[1] / length, v[2] / length};
-    int least = 0;
-    for (int k = 1; k < 3; ++k) {
-      if (std::abs(u[k]) < std::abs(u[least])) least = k;
-    }
-    double axis[3] = {0.0, 0.0, 0.0};
-    axis[least] = 1.0;
-    double* e1 = basis + 3 * free_axes[0];
-    double* e2 = basis + 3 * free_axes[1];
-    cross3(u, axis, e1);
-    const double n1 = norm3(e1);
-    for (int k = 0; k < 3; ++k) e1[k] /= n1;
-    cross3(u, e1, e2);
-  } else if (num_periodic == 2) {
-    const double* v1 = basis + 3 * periodic_axes[0];
-    const double* v2 = basis + 3 * periodic_axes[1];
-    double* e = basis + 3 * free_axes[0];
-    cross3(v1, v2, e);
-    const double area = norm3(e);
-    if (!(area > kDegenerateCell * norm3(v1) * norm3(v2))) throw Error(degenerate);
-    for (int k = 0; k < 3; ++k) e[k] /= area;
-  } else {
-    double c12[3];
-    cross3(basis + 3, basis + 6, c12);
-    const double volume = std::abs(dot3(basis, c12));
-    if (!(volume > kDegenerateCell * norm3(basis) * norm3(basis + 3) * norm3(basis + 6))) {
-      throw Error(degenerate);
-    }
-  }
-  double c12[3];
-  cross3(basis + 3, basis + 6, c12);
-  const double det = dot3(basis, c12);
-  for (int a = 0; a < 3; ++a) {
-    cross3(basis + 3 * ((a + 1) % 3), basis + 3 * ((a + 2) % 3), lat.recip + 3 * a);
-    for (int k = 0; k < 3; ++k) lat.recip[3 * a + k] /= det;
-    lat.spacing[a] = 1.0 / norm3(lat.recip + 3 * a);
-  }
-  return lat;
-}
 
 int grid_blocks(int64_t work, int64_t max_blocks = kMaxBlocks) {
   return static_cast<int>(std::max<int64_t>(1, std::min(blocks_for(work, kBlock), max_blocks)));
