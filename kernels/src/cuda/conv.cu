@@ -202,41 +202,49 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo, const Grap
   }
 }
 
+// The register-blocked tile of the chunk GEMMs: for columns c = c0 + j * cstride
+// (j < CPT, c < ncols) and the chunk's EC rows,
+//   out[e * out_stride + c] = sum_{r0 <= r < r1} in[e * in_stride + r] * W[r * ncols + c].
+// Every thread keeps CPT x EC accumulators, so one shared-memory read of in[e][r]
+// feeds CPT multiply-adds (columns stay coalesced across the warp).
+template <class T, int EC, int CPT>
+__device__ void gemm_tile(const T* in, int in_stride, const T* __restrict__ W, int r0, int r1,
+                          int c0, int cstride, int ncols, T* out, int out_stride) {
+  T acc[CPT][EC];
+#pragma unroll
+  for (int j = 0; j < CPT; ++j)
+#pragma unroll
+    for (int e = 0; e < EC; ++e) acc[j][e] = T(0);
+  for (int r = r0; r < r1; ++r) {
+    T w[CPT];
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int col = c0 + j * cstride;
+      w[j] = col < ncols ? __ldg(W + static_cast<size_t>(r) * ncols + col) : T(0);
+    }
+#pragma unroll
+    for (int e = 0; e < EC; ++e) {
+      const T h = in[e * in_stride + r];
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) acc[j][e] += h * w[j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) {
+    const int col = c0 + j * cstride;
+    if (col < ncols)
+#pragma unroll
+      for (int e = 0; e < EC; ++e) out[e * out_stride + col] = acc[j][e];
+  }
+}
+
 // out[e][col] = sum_k in[e][k] W[k][col] for the chunk's EC rows (a small GEMM;
-// each weight is read once per chunk). Register blocking: every thread keeps
-// CPT columns x EC edges of accumulators, so one shared-memory read of in[e][k]
-// feeds CPT multiply-adds (columns c, c + B, ... stay coalesced across the warp).
+// each weight is read once per chunk), CPT columns per thread.
 template <class T, int EC, int CPT>
 __device__ void chunk_gemm_blocked(const T* in, int K, const T* __restrict__ W, int N, T* out) {
   const int B = blockDim.x;
-  for (int c0 = threadIdx.x; c0 < N; c0 += B * CPT) {
-    T acc[CPT][EC];
-#pragma unroll
-    for (int j = 0; j < CPT; ++j)
-#pragma unroll
-      for (int e = 0; e < EC; ++e) acc[j][e] = T(0);
-    for (int k = 0; k < K; ++k) {
-      T w[CPT];
-#pragma unroll
-      for (int j = 0; j < CPT; ++j) {
-        const int col = c0 + j * B;
-        w[j] = col < N ? __ldg(W + static_cast<size_t>(k) * N + col) : T(0);
-      }
-#pragma unroll
-      for (int e = 0; e < EC; ++e) {
-        const T h = in[e * K + k];
-#pragma unroll
-        for (int j = 0; j < CPT; ++j) acc[j][e] += h * w[j];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < CPT; ++j) {
-      const int col = c0 + j * B;
-      if (col < N)
-#pragma unroll
-        for (int e = 0; e < EC; ++e) out[e * N + col] = acc[j][e];
-    }
-  }
+  for (int c0 = threadIdx.x; c0 < N; c0 += B * CPT)
+    gemm_tile<T, EC, CPT>(in, K, W, 0, K, c0, B, N, out, N);
 }
 
 template <class T, int EC>
@@ -304,6 +312,26 @@ __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh
 
 // ---------------------------------------------------------------------------
 // Tensor product, one input channel (block b, channel u) per thread.
+
+// Calls f(std::integral_constant<int, D>{}) for an irrep dimension d = 2l + 1, l <= 3,
+// so the per-channel loops below unroll over compile-time sizes.
+template <class F>
+__device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
+  switch (d) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      break;
+    case 5:
+      f(std::integral_constant<int, 5>{});
+      break;
+    default:
+      f(std::integral_constant<int, 7>{});
+      break;
+  }
+}
 
 template <class T, int D1>
 __device__ void tp_forward_channel(const typename Conv<T>::View& c,
@@ -416,24 +444,10 @@ __device__ void tp_backward_channel(const typename Conv<T>::View& c,
       const T w = *slot;
       const T* Mp = Me + P.m_offset;
       const T* Kp = Ke + 3 * P.m_offset;
-      switch (P.d3) {
-        case 1:
-          tp_backward_path<T, D1, 1>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp, Kp, slot, gxa,
-                                     fe);
-          break;
-        case 3:
-          tp_backward_path<T, D1, 3>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp, Kp, slot, gxa,
-                                     fe);
-          break;
-        case 5:
-          tp_backward_path<T, D1, 5>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp, Kp, slot, gxa,
-                                     fe);
-          break;
-        default:
-          tp_backward_path<T, D1, 7>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp, Kp, slot, gxa,
-                                     fe);
-          break;
-      }
+      with_irrep_dim(P.d3, [&](auto d3) {
+        tp_backward_path<T, D1, decltype(d3)::value>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp,
+                                                     Kp, slot, gxa, fe);
+      });
     }
     acc.add(vec + 3 * e, fe);
   }
@@ -506,20 +520,9 @@ __global__ void __launch_bounds__(kThreads)
       while (ch >= c.blocks[b].chan_begin + c.blocks[b].mul) ++b;
       const typename Conv<T>::InBlock B = c.blocks[b];
       const int u = ch - B.chan_begin;
-      switch (B.d1) {
-        case 1:
-          tp_forward_channel<T, 1>(c, B, u, n, s_sender, x, wts, M, yacc);
-          break;
-        case 3:
-          tp_forward_channel<T, 3>(c, B, u, n, s_sender, x, wts, M, yacc);
-          break;
-        case 5:
-          tp_forward_channel<T, 5>(c, B, u, n, s_sender, x, wts, M, yacc);
-          break;
-        default:
-          tp_forward_channel<T, 7>(c, B, u, n, s_sender, x, wts, M, yacc);
-          break;
-      }
+      with_irrep_dim(B.d1, [&](auto d1) {
+        tp_forward_channel<T, decltype(d1)::value>(c, B, u, n, s_sender, x, wts, M, yacc);
+      });
     }
     __syncthreads();
   }
@@ -553,32 +556,7 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
     for (int t = threadIdx.x; t < G * P; t += blockDim.x) {
       const int kb = t % G, part_id = t / G;
       const int n0 = part_id * chunk, n1 = min(N, n0 + chunk);
-      T acc[CPT][EC];
-#pragma unroll
-      for (int j = 0; j < CPT; ++j)
-#pragma unroll
-        for (int e = 0; e < EC; ++e) acc[j][e] = T(0);
-      for (int nn = n0; nn < n1; ++nn) {
-        T w[CPT];
-#pragma unroll
-        for (int j = 0; j < CPT; ++j) {
-          const int k = kb + j * G;
-          w[j] = k < K ? __ldg(Wt + static_cast<size_t>(nn) * K + k) : T(0);
-        }
-#pragma unroll
-        for (int e = 0; e < EC; ++e) {
-          const T gv = gin[e * N + nn];
-#pragma unroll
-          for (int j = 0; j < CPT; ++j) acc[j][e] += gv * w[j];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < CPT; ++j) {
-        const int k = kb + j * G;
-        if (k < K)
-#pragma unroll
-          for (int e = 0; e < EC; ++e) part[(part_id * EC + e) * K + k] = acc[j][e];
-      }
+      gemm_tile<T, EC, CPT>(gin, N, Wt, n0, n1, kb, G, K, part + part_id * EC * K, K);
     }
     __syncthreads();
     for (int q = threadIdx.x; q < EC * K; q += blockDim.x) {
@@ -644,20 +622,10 @@ __global__ void __launch_bounds__(kThreads)
       while (ch >= c.blocks[b].chan_begin + c.blocks[b].mul) ++b;
       const typename Conv<T>::InBlock B = c.blocks[b];
       const int uu = ch - B.chan_begin;
-      switch (B.d1) {
-        case 1:
-          tp_backward_channel<T, 1>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K, vec, gx, acc);
-          break;
-        case 3:
-          tp_backward_channel<T, 3>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K, vec, gx, acc);
-          break;
-        case 5:
-          tp_backward_channel<T, 5>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K, vec, gx, acc);
-          break;
-        default:
-          tp_backward_channel<T, 7>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K, vec, gx, acc);
-          break;
-      }
+      with_irrep_dim(B.d1, [&](auto d1) {
+        tp_backward_channel<T, decltype(d1)::value>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K,
+                                                    vec, gx, acc);
+      });
     }
     __syncthreads();
     // Radial part: dE/dr per edge through the MLP, f += dr * u.
@@ -809,14 +777,12 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
 // otherwise (2, 4, 8 or 16; a larger chunk reads the radial MLP's weights fewer times
 // but takes more shared memory, so fewer blocks share an SM).
 int max_edge_chunk(bool backward) {
-  static const int forward = [] {
-    const char* v = std::getenv("E3FUSE_EDGE_CHUNK_FORWARD");
+  auto from_env = [](const char* name) {
+    const char* v = std::getenv(name);
     return v ? std::atoi(v) : 8;
-  }();
-  static const int backward_chunk = [] {
-    const char* v = std::getenv("E3FUSE_EDGE_CHUNK_BACKWARD");
-    return v ? std::atoi(v) : 8;
-  }();
+  };
+  static const int forward = from_env("E3FUSE_EDGE_CHUNK_FORWARD");
+  static const int backward_chunk = from_env("E3FUSE_EDGE_CHUNK_BACKWARD");
   return backward ? backward_chunk : forward;
 }
 
@@ -831,27 +797,35 @@ bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, si
   return true;
 }
 
+// Tries chunks of 16, 8, 4 and 2 edges; `launch(ec, bytes)` starts the kernel.
+template <class T, class Launch>
+void launch_largest_chunk(const Geometry<T>& geom, const Conv<T>& conv, bool backward,
+                          const char* what, const char* kernel, Launch&& launch) {
+  size_t bytes = 0;
+  if (!launch_with<T, 16>(geom, conv, backward, bytes, launch) &&
+      !launch_with<T, 8>(geom, conv, backward, bytes, launch) &&
+      !launch_with<T, 4>(geom, conv, backward, bytes, launch) &&
+      !launch_with<T, 2>(geom, conv, backward, bytes, launch)) {
+    throw Error(std::string("the ") + what + " does not fit in shared memory (" +
+                std::to_string(bytes) + " bytes for 2 edges)");
+  }
+  check_launch(kernel);
+}
+
 template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
                   T* y, int64_t* error_node, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  size_t bytes = 0;
-  auto launch = [&](auto ec, size_t smem) {
-    constexpr int EC = decltype(ec)::value;
-    check(cudaFuncSetAttribute(conv_forward_kernel<T, EC>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-          "cudaFuncSetAttribute");
-    conv_forward_kernel<T, EC>
-        <<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
-  };
-  if (!launch_with<T, 16>(geom, conv, false, bytes, launch) &&
-      !launch_with<T, 8>(geom, conv, false, bytes, launch) &&
-      !launch_with<T, 4>(geom, conv, false, bytes, launch) &&
-      !launch_with<T, 2>(geom, conv, false, bytes, launch)) {
-    throw Error("the convolution does not fit in shared memory (" + std::to_string(bytes) +
-                " bytes for 2 edges)");
-  }
-  check_launch("conv_forward_kernel");
+  launch_largest_chunk(
+      geom, conv, false, "convolution", "conv_forward_kernel", [&](auto ec, size_t smem) {
+        constexpr int EC = decltype(ec)::value;
+        check(cudaFuncSetAttribute(conv_forward_kernel<T, EC>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(smem)),
+              "cudaFuncSetAttribute");
+        conv_forward_kernel<T, EC>
+            <<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
+      });
 }
 
 template <class T>
@@ -859,23 +833,16 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
                    const T* grad_y, T* grad_x, double* forces, double* atom_virials,
                    int64_t* error_node, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  size_t bytes = 0;
-  auto launch = [&](auto ec, size_t smem) {
-    constexpr int EC = decltype(ec)::value;
-    check(cudaFuncSetAttribute(conv_backward_kernel<T, EC>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-          "cudaFuncSetAttribute");
-    conv_backward_kernel<T, EC><<<g.num_nodes, kThreads, smem, stream>>>(
-        geom.view, conv.view, g, x, grad_y, grad_x, forces, atom_virials, error_node);
-  };
-  if (!launch_with<T, 16>(geom, conv, true, bytes, launch) &&
-      !launch_with<T, 8>(geom, conv, true, bytes, launch) &&
-      !launch_with<T, 4>(geom, conv, true, bytes, launch) &&
-      !launch_with<T, 2>(geom, conv, true, bytes, launch)) {
-    throw Error("the convolution backward does not fit in shared memory (" + std::to_string(bytes) +
-                " bytes for 2 edges)");
-  }
-  check_launch("conv_backward_kernel");
+  launch_largest_chunk(
+      geom, conv, true, "convolution backward", "conv_backward_kernel", [&](auto ec, size_t smem) {
+        constexpr int EC = decltype(ec)::value;
+        check(cudaFuncSetAttribute(conv_backward_kernel<T, EC>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(smem)),
+              "cudaFuncSetAttribute");
+        conv_backward_kernel<T, EC><<<g.num_nodes, kThreads, smem, stream>>>(
+            geom.view, conv.view, g, x, grad_y, grad_x, forces, atom_virials, error_node);
+      });
 }
 
 #define E3FUSE_INSTANTIATE(T)                                                                    \
