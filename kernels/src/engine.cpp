@@ -107,21 +107,12 @@ void embed_species(const cpu::TypedPlan<T>& plan, const GraphView& g, std::vecto
   }
 }
 
-// The convolution works in the ir_mul layout: the linear before it writes that
-// layout and the linear after it reads it, cut along the convolution's blocks.
-template <class T>
-void wire_conv_layout(cpu::Linear<T>& before, const cpu::Conv<T>& conv, cpu::Linear<T>& after) {
-  cpu::split_linear_side(before, conv.in_blocks, false);
-  cpu::split_linear_side(after, conv.out_blocks, true);
-  before.out_ir_mul = true;
-  after.in_ir_mul = true;
-}
-
 template <class T>
 class CpuRunner {
  public:
   explicit CpuRunner(const ModelPlan& plan) : plan_(cpu::make_typed_plan<T>(plan)) {
-    for (auto& layer : plan_.layers) wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
+    for (auto& layer : plan_.layers)
+      cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
   }
 
   void run(const GraphView& g, ComputeOutput& out) {
@@ -211,36 +202,10 @@ class CpuRunner {
 template <class T>
 class MaceRunner {
  public:
-  struct Layer {
-    bool residual = false, add_sc = false;
-    cpu::ElementLinear<T> skip;
-    cpu::Linear<T> linear_up, linear, product_linear, readout_1, readout_2;
-    cpu::Conv<T> conv;
-    cpu::SymmetricContraction<T> product;
-    bool nonlinear = false;
-    Activation act = Activation::identity;
-    T act_scale = T(1);
-  };
+  using Layer = cpu::MaceBlock<T>;
 
   explicit MaceRunner(const ModelPlan& plan) : geom_(cpu::make_typed_plan<T>(plan)) {
-    for (const MaceLayer& l : plan.mace_layers) {
-      Layer q;
-      q.residual = l.residual;
-      q.add_sc = l.residual && l.product_sc;
-      q.skip = cpu::make_element_linear<T>(l.skip);
-      q.linear_up = cpu::make_linear<T>(l.linear_up);
-      q.linear = cpu::make_linear<T>(l.linear);
-      q.conv = cpu::make_conv<T>(l.conv);
-      q.product = cpu::make_symmetric_contraction<T>(l.product);
-      q.product_linear = cpu::make_linear<T>(l.product_linear);
-      q.readout_1 = cpu::make_linear<T>(l.readout.linear_1);
-      q.nonlinear = l.readout.nonlinear;
-      if (q.nonlinear) q.readout_2 = cpu::make_linear<T>(l.readout.linear_2);
-      q.act = l.readout.act;
-      q.act_scale = static_cast<T>(l.readout.act_scale);
-      wire_conv_layout(q.linear_up, q.conv, q.linear);
-      layers_.push_back(std::move(q));
-    }
+    for (const MaceLayer& l : plan.mace_layers) layers_.push_back(cpu::make_mace_block<T>(l));
     e0_ = plan.e0;
     scale_ = plan.mace_scale;
     shift_ = plan.mace_shift;

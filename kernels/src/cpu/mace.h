@@ -78,6 +78,39 @@ SymmetricContraction<T> make_symmetric_contraction(const SymmetricContractionPla
   return s;
 }
 
+// One MACE interaction + product + readout as typed ops (see MaceRunner in
+// engine.cpp), the convolution's neighbours wired to its ir_mul layout.
+template <class T>
+struct MaceBlock {
+  bool residual = false, add_sc = false, nonlinear = false;
+  ElementLinear<T> skip;
+  Linear<T> linear_up, linear, product_linear, readout_1, readout_2;
+  Conv<T> conv;
+  SymmetricContraction<T> product;
+  Activation act = Activation::identity;
+  T act_scale = T(1);
+};
+
+template <class T>
+MaceBlock<T> make_mace_block(const MaceLayer& l) {
+  MaceBlock<T> q;
+  q.residual = l.residual;
+  q.add_sc = l.residual && l.product_sc;
+  q.skip = make_element_linear<T>(l.skip);
+  q.linear_up = make_linear<T>(l.linear_up);
+  q.linear = make_linear<T>(l.linear);
+  q.conv = make_conv<T>(l.conv);
+  q.product = make_symmetric_contraction<T>(l.product);
+  q.product_linear = make_linear<T>(l.product_linear);
+  q.readout_1 = make_linear<T>(l.readout.linear_1);
+  q.nonlinear = l.readout.nonlinear;
+  if (q.nonlinear) q.readout_2 = make_linear<T>(l.readout.linear_2);
+  q.act = l.readout.act;
+  q.act_scale = static_cast<T>(l.readout.act_scale);
+  wire_conv_layout(q.linear_up, q.conv, q.linear);
+  return q;
+}
+
 // out = W_{s_n} x_n for every node n (mul_ir layout both sides, out overwritten).
 template <class T>
 void element_linear_forward(const ElementLinear<T>& lin, int64_t num_nodes, const int32_t* species,

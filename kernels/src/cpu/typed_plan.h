@@ -201,6 +201,16 @@ void split_linear_side(Linear<T>& lin, const std::vector<Block>& blocks, bool in
   lin.paths = std::move(out);
 }
 
+// The convolution works in the ir_mul layout: the linear before it writes that
+// layout and the linear after it reads it, cut along the convolution's blocks.
+template <class T>
+void wire_conv_layout(Linear<T>& before, const Conv<T>& conv, Linear<T>& after) {
+  split_linear_side(before, conv.in_blocks, false);
+  split_linear_side(after, conv.out_blocks, true);
+  before.out_ir_mul = true;
+  after.in_ir_mul = true;
+}
+
 template <class T>
 TypedPlan<T> make_typed_plan(const ModelPlan& p) {
   TypedPlan<T> t;

@@ -324,27 +324,21 @@ class MaceModel : public Model {
     embedding_dim_ = typed.embedding_dim;
     embedding_.upload(typed.embedding);
     for (const MaceLayer& l : plan.mace_layers) {
-      cpu::Linear<T> up = cpu::make_linear<T>(l.linear_up);
-      cpu::Linear<T> lin = cpu::make_linear<T>(l.linear);
-      cpu::Conv<T> conv = cpu::make_conv<T>(l.conv);
-      cpu::split_linear_side(up, conv.in_blocks, false);
-      cpu::split_linear_side(lin, conv.out_blocks, true);
-      up.out_ir_mul = true;
-      lin.in_ir_mul = true;
+      const cpu::MaceBlock<T> h = cpu::make_mace_block<T>(l);
       Layer q;
-      q.residual = l.residual;
-      q.add_sc = l.residual && l.product_sc;
-      q.nonlinear = l.readout.nonlinear;
-      q.skip = make_element_linear<T>(cpu::make_element_linear<T>(l.skip));
-      q.linear_up = make_linear<T>(up);
-      q.linear = make_linear<T>(lin);
-      q.conv = make_conv<T>(conv);
-      q.product = make_symmetric_contraction<T>(cpu::make_symmetric_contraction<T>(l.product));
-      q.product_linear = make_linear<T>(cpu::make_linear<T>(l.product_linear));
-      q.readout_1 = make_linear<T>(cpu::make_linear<T>(l.readout.linear_1));
-      if (q.nonlinear) q.readout_2 = make_linear<T>(cpu::make_linear<T>(l.readout.linear_2));
-      q.act = l.readout.act;
-      q.act_scale = static_cast<T>(l.readout.act_scale);
+      q.residual = h.residual;
+      q.add_sc = h.add_sc;
+      q.nonlinear = h.nonlinear;
+      q.skip = make_element_linear<T>(h.skip);
+      q.linear_up = make_linear<T>(h.linear_up);
+      q.linear = make_linear<T>(h.linear);
+      q.conv = make_conv<T>(h.conv);
+      q.product = make_symmetric_contraction<T>(h.product);
+      q.product_linear = make_linear<T>(h.product_linear);
+      q.readout_1 = make_linear<T>(h.readout_1);
+      if (q.nonlinear) q.readout_2 = make_linear<T>(h.readout_2);
+      q.act = h.act;
+      q.act_scale = h.act_scale;
       layers_.push_back(std::move(q));
     }
     e0_.upload(plan.e0);
@@ -552,12 +546,8 @@ class BackendImpl : public Backend {
   template <class T>
   static std::unique_ptr<Model> make_sevennet(const ModelPlan& plan) {
     cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan);
-    for (auto& layer : typed.layers) {
-      cpu::split_linear_side(layer.linear_1, layer.conv.in_blocks, false);
-      cpu::split_linear_side(layer.linear_2, layer.conv.out_blocks, true);
-      layer.linear_1.out_ir_mul = true;
-      layer.linear_2.in_ir_mul = true;
-    }
+    for (auto& layer : typed.layers)
+      cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
     return std::make_unique<SevennetModel<T>>(typed);
   }
 
