@@ -174,14 +174,15 @@ void PairE3fuse::settings(int narg, char **arg) {
 int PairE3fuse::choose_gpu() {
   if (device_name_ == "cpu") return -1;
   if (gpu_index_ >= 0) return gpu_index_;
-  const int count = e3fuse::cuda_device_count();
-  if (count <= 1) return -1;
+  // The split is collective: every rank takes it, whatever GPUs its own node has.
   MPI_Comm node;
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, comm->me, MPI_INFO_NULL, &node);
   int local_rank = 0, local_size = 1;
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_size(node, &local_size);
   MPI_Comm_free(&node);
+  const int count = e3fuse::cuda_device_count();
+  if (count <= 1) return -1;
   const int gpu = local_rank % count;
   if (comm->me == 0)
     utils::logmesg(lmp,
