@@ -2,11 +2,48 @@
 #include "neighbors/lattice.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
 
 #include "e3fuse/error.h"
 
 namespace e3fuse::lattice {
+
+void check_cutoff_and_skin(double cutoff, double skin) {
+  if (!std::isfinite(cutoff) || cutoff <= 0.0) {
+    throw Error("neighbor list cutoff must be positive and finite, got " + format_number(cutoff));
+  }
+  if (!std::isfinite(skin) || skin < 0.0) {
+    throw Error("neighbor list skin must be non-negative and finite, got " + format_number(skin));
+  }
+}
+
+void check_update_arguments(int64_t num_atoms, const double* positions, const double* cell,
+                            const bool pbc[3], bool periodic[3], double cell_copy[9]) {
+  if (num_atoms < 0) {
+    throw Error("number of atoms must be non-negative, got " + std::to_string(num_atoms));
+  }
+  if (num_atoms > std::numeric_limits<int32_t>::max()) {
+    throw Error("too many atoms for the neighbor list: " + std::to_string(num_atoms));
+  }
+  if (num_atoms > 0 && positions == nullptr) throw Error("positions are missing (null pointer)");
+  for (int k = 0; k < 9; ++k) cell_copy[k] = 0.0;
+  for (int a = 0; a < 3; ++a) periodic[a] = pbc != nullptr && pbc[a];
+  if (cell != nullptr) {
+    std::memcpy(cell_copy, cell, 9 * sizeof(double));
+  } else if (periodic[0] || periodic[1] || periodic[2]) {
+    throw Error("a periodic system needs a cell (got a null pointer)");
+  }
+  for (int a = 0; a < 3; ++a) {
+    if (!periodic[a]) continue;
+    for (int k = 0; k < 3; ++k) {
+      if (!std::isfinite(cell_copy[3 * a + k])) {
+        throw Error("cell vector " + std::to_string(a) + " (periodic) is not finite (NaN or inf)");
+      }
+    }
+  }
+}
 
 Lattice make_lattice(const double* cell, const bool pbc[3]) {
   Lattice lat;

@@ -56,6 +56,15 @@ struct Lattice {
   bool periodic[3] = {false, false, false};
 };
 
+// The arguments of a neighbor list: a positive finite cutoff and a finite skin >= 0.
+void check_cutoff_and_skin(double cutoff, double skin);
+
+// Checks the arguments of NeighborList::update (atom count, positions pointer, cell
+// and periodicity) and returns the periodicity and a copy of the cell (zeros where
+// the cell is absent). Throws Error naming the problem.
+void check_update_arguments(int64_t num_atoms, const double* positions, const double* cell,
+                            const bool pbc[3], bool periodic[3], double cell_copy[9]);
+
 // Throws Error when the periodic vectors are zero or linearly dependent.
 Lattice make_lattice(const double* cell, const bool pbc[3]);
 

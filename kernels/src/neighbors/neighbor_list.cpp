@@ -389,39 +389,14 @@ void SortRow(uint64_t* keys, int64_t count, uint64_t* scratch, int32_t* js, int3
 }  // namespace
 
 NeighborList::NeighborList(double cutoff, double skin) : cutoff_(cutoff), skin_(skin) {
-  if (!std::isfinite(cutoff) || cutoff <= 0.0) {
-    throw Error("neighbor list cutoff must be positive and finite, got " + format_number(cutoff));
-  }
-  if (!std::isfinite(skin) || skin < 0.0) {
-    throw Error("neighbor list skin must be non-negative and finite, got " + format_number(skin));
-  }
+  check_cutoff_and_skin(cutoff, skin);
 }
 
 bool NeighborList::update(int64_t num_atoms, const double* positions, const double* cell,
                           const bool pbc[3]) {
-  if (num_atoms < 0) {
-    throw Error("number of atoms must be non-negative, got " + std::to_string(num_atoms));
-  }
-  if (num_atoms > std::numeric_limits<int32_t>::max()) {
-    throw Error("too many atoms for the neighbor list: " + std::to_string(num_atoms));
-  }
-  if (num_atoms > 0 && positions == nullptr) throw Error("positions are missing (null pointer)");
-  bool periodic[3] = {false, false, false};
-  double cell_copy[9] = {};
-  for (int a = 0; a < 3; ++a) periodic[a] = pbc != nullptr && pbc[a];
-  if (cell != nullptr) {
-    std::memcpy(cell_copy, cell, sizeof(cell_copy));
-  } else if (periodic[0] || periodic[1] || periodic[2]) {
-    throw Error("a periodic system needs a cell (got a null pointer)");
-  }
-  for (int a = 0; a < 3; ++a) {
-    if (!periodic[a]) continue;
-    for (int k = 0; k < 3; ++k) {
-      if (!std::isfinite(cell_copy[3 * a + k])) {
-        throw Error("cell vector " + std::to_string(a) + " (periodic) is not finite (NaN or inf)");
-      }
-    }
-  }
+  bool periodic[3];
+  double cell_copy[9];
+  check_update_arguments(num_atoms, positions, cell, pbc, periodic, cell_copy);
   for (int64_t i = 0; i < 3 * num_atoms; ++i) {
     if (!std::isfinite(positions[i])) {
       throw Error("position of atom " + std::to_string(i / 3) + " is not finite (NaN or inf)");

@@ -394,12 +394,7 @@ NeighborStatus download_status(const DeviceArray<NeighborStatus>& status, cudaSt
 // ---------------------------------------------------------------------------------
 
 DeviceNeighborList::DeviceNeighborList(double cutoff, double skin) : cutoff_(cutoff), skin_(skin) {
-  if (!std::isfinite(cutoff) || cutoff <= 0.0) {
-    throw Error("neighbor list cutoff must be positive and finite, got " + format_number(cutoff));
-  }
-  if (!std::isfinite(skin) || skin < 0.0) {
-    throw Error("neighbor list skin must be non-negative and finite, got " + format_number(skin));
-  }
+  check_cutoff_and_skin(cutoff, skin);
 }
 
 size_t DeviceNeighborList::bytes() const {
@@ -428,29 +423,9 @@ GraphView DeviceNeighborList::view(const double* positions, const int32_t* speci
 
 bool DeviceNeighborList::update(int64_t num_atoms, const double* positions, const double* cell,
                                 const bool pbc[3], double min_distance, cudaStream_t stream) {
-  if (num_atoms < 0) {
-    throw Error("number of atoms must be non-negative, got " + std::to_string(num_atoms));
-  }
-  if (num_atoms > std::numeric_limits<int32_t>::max()) {
-    throw Error("too many atoms for the neighbor list: " + std::to_string(num_atoms));
-  }
-  if (num_atoms > 0 && positions == nullptr) throw Error("positions are missing (null pointer)");
-  bool periodic[3] = {false, false, false};
-  double cell_copy[9] = {};
-  for (int a = 0; a < 3; ++a) periodic[a] = pbc != nullptr && pbc[a];
-  if (cell != nullptr) {
-    std::memcpy(cell_copy, cell, sizeof(cell_copy));
-  } else if (periodic[0] || periodic[1] || periodic[2]) {
-    throw Error("a periodic system needs a cell (got a null pointer)");
-  }
-  for (int a = 0; a < 3; ++a) {
-    if (!periodic[a]) continue;
-    for (int k = 0; k < 3; ++k) {
-      if (!std::isfinite(cell_copy[3 * a + k])) {
-        throw Error("cell vector " + std::to_string(a) + " (periodic) is not finite (NaN or inf)");
-      }
-    }
-  }
+  bool periodic[3];
+  double cell_copy[9];
+  check_update_arguments(num_atoms, positions, cell, pbc, periodic, cell_copy);
 
   const int64_t n = num_atoms;
   bool rebuild = !valid_ || n != num_atoms_ || periodic[0] != pbc_[0] || periodic[1] != pbc_[1] ||
