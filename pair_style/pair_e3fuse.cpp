@@ -1,5 +1,5 @@
-/* pair_style e3fuse: see pair_e3fuse.h for the syntax and the two ways of
-   handling message passing (images on one rank, a thick ghost shell on many). */
+/* pair_style e3fuse: see pair_e3fuse.h for the syntax and the three ways of
+   handling message passing (per-layer exchange, a thick ghost shell, images). */
 
 #include "pair_e3fuse.h"
 
@@ -21,10 +21,31 @@
 #include "memory.h"
 #include "neigh_list.h"
 #include "neighbor.h"
+#include "platform.h"
 #include "update.h"
 #include "utils.h"
 
 using namespace LAMMPS_NS;
+
+/* The engine's view of the halo exchange: PairE3fuse's border nodes and its
+   forward/reverse communication of node rows. */
+class PairE3fuse::Halo : public e3fuse::HaloExchange {
+ public:
+  explicit Halo(PairE3fuse *pair) : pair_(pair) {}
+  int64_t num_border_nodes() const override {
+    return static_cast<int64_t>(pair_->border_nodes_.size());
+  }
+  const int32_t *border_nodes() const override { return pair_->border_nodes_.data(); }
+  void forward(int width, const double *border_rows, double *ghost_rows) override {
+    pair_->halo_forward(width, border_rows, ghost_rows);
+  }
+  void reverse(int width, const double *ghost_rows, double *border_sums) override {
+    pair_->halo_reverse(width, ghost_rows, border_sums);
+  }
+
+ private:
+  PairE3fuse *pair_;
+};
 
 namespace {
 
@@ -74,6 +95,8 @@ PairE3fuse::PairE3fuse(LAMMPS *lmp) : Pair(lmp) {
   centroidstressflag = CENTROID_NOTAVAIL;
   ghostneigh = 0;
   cutghost = nullptr;
+  comm_forward = comm_reverse = 0;
+  halo_ = std::make_unique<Halo>(this);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -105,7 +128,7 @@ void PairE3fuse::allocate() {
 
 /* ----------------------------------------------------------------------
    pair_style e3fuse [device cpu|cuda|cuda:N] [precision float32|float64] [threads N]
-                     [mode auto|images|shell]
+                     [comm auto|exchange|shell|images]   (`mode`: the same as `comm`)
 ------------------------------------------------------------------------- */
 
 void PairE3fuse::settings(int narg, char **arg) {
@@ -141,20 +164,23 @@ void PairE3fuse::settings(int narg, char **arg) {
       num_threads_ = utils::inumeric(FLERR, value, false, lmp);
       if (num_threads_ < 0)
         error->all(FLERR, "pair_style e3fuse: threads must be >= 0 (0: OpenMP default)");
-    } else if (key == "mode") {
+    } else if (key == "comm" || key == "mode") {
       if (value == "auto")
         mode_requested_ = Mode::AUTO;
       else if (value == "images")
         mode_requested_ = Mode::IMAGES;
       else if (value == "shell")
         mode_requested_ = Mode::SHELL;
+      else if (value == "exchange")
+        mode_requested_ = Mode::EXCHANGE;
       else
-        error->all(FLERR, "pair_style e3fuse: unknown mode '{}' (expected auto, images or shell)",
-                   value);
+        error->all(FLERR,
+                   "pair_style e3fuse: unknown {} '{}' (expected auto, exchange, shell or images)",
+                   key, value);
     } else {
       error->all(
           FLERR,
-          "pair_style e3fuse: unknown keyword '{}' (expected device, precision, threads or mode)",
+          "pair_style e3fuse: unknown keyword '{}' (expected device, precision, threads or comm)",
           key);
     }
     iarg += 2;
@@ -277,23 +303,28 @@ void PairE3fuse::init_style() {
 
   mode_ = mode_requested_;
   if (mode_ == Mode::AUTO)
-    mode_ = (comm->nprocs == 1 && atom->tag_enable) ? Mode::IMAGES : Mode::SHELL;
+    mode_ = (comm->nprocs == 1 && atom->tag_enable) ? Mode::IMAGES : Mode::EXCHANGE;
+  const char *mode_name = mode_ == Mode::IMAGES  ? "images"
+                          : mode_ == Mode::SHELL ? "shell"
+                                                 : "exchange";
   if (mode_ == Mode::IMAGES) {
     if (comm->nprocs != 1)
-      error->all(
-          FLERR,
-          "pair e3fuse: mode images needs a single MPI rank (this run has {}); use mode shell",
-          comm->nprocs);
+      error->all(FLERR,
+                 "pair e3fuse: comm images needs a single MPI rank (this run has {}); use comm "
+                 "exchange",
+                 comm->nprocs);
     if (!atom->tag_enable)
-      error->all(FLERR, "pair e3fuse: mode images needs atom IDs (atom_modify id yes)");
+      error->all(FLERR, "pair e3fuse: comm images needs atom IDs (atom_modify id yes)");
   } else {
     if (force->newton_pair == 0)
-      error->all(
-          FLERR,
-          "pair e3fuse in mode shell (the default with several MPI ranks) requires newton_pair on");
+      error->all(FLERR,
+                 "pair e3fuse in comm {} (the default with several MPI ranks is exchange) "
+                 "requires newton_pair on",
+                 mode_name);
     if (comm->mode != Comm::SINGLE)
-      error->all(FLERR, "pair e3fuse (mode shell) requires comm_modify mode single");
+      error->all(FLERR, "pair e3fuse (comm {}) requires comm_modify mode single", mode_name);
   }
+  comm_forward = comm_reverse = (mode_ == Mode::EXCHANGE) ? engine_->halo_width() : 0;
 
   graph_logged_ = false;
   ghostneigh = (mode_ == Mode::SHELL) ? 1 : 0;
@@ -310,12 +341,19 @@ void PairE3fuse::init_style() {
     if (raised) comm->cutghostuser = needed;
     if (comm->me == 0)
       utils::logmesg(
-          lmp, "pair e3fuse: mode shell; ghost cutoff " + format_double(comm->cutghostuser) + " A" +
+          lmp, "pair e3fuse: comm shell; ghost cutoff " + format_double(comm->cutghostuser) + " A" +
                    (raised ? " (set to " : " (>= ") + std::to_string(num_layers_) + " layers x " +
                    format_double(cutoff_) + " A + skin " + format_double(neighbor->skin) + " A)\n");
+  } else if (mode_ == Mode::EXCHANGE) {
+    if (comm->me == 0)
+      utils::logmesg(lmp,
+                     "pair e3fuse: comm exchange; ghosts one cutoff + skin thick, node features "
+                     "({} values per atom) exchanged with the neighbor ranks before each of the "
+                     "last {} layers, their adjoints after each\n",
+                     comm_forward, num_layers_ - 1);
   } else if (comm->me == 0) {
     utils::logmesg(
-        lmp, "pair e3fuse: mode images (one rank; graph over local atoms with periodic shifts)\n");
+        lmp, "pair e3fuse: comm images (one rank; graph over local atoms with periodic shifts)\n");
   }
 }
 
@@ -489,6 +527,197 @@ void PairE3fuse::build_shell_graph() {
   }
 }
 
+/* ----------------------------------------------------------------------
+   exchange mode: nodes = local atoms (energy nodes), then the ghosts within a
+   cutoff of them, in the order first met. Local rows hold all their edges; a
+   ghost's row holds its edges to local atoms only (the transpose of the local
+   rows' edges to it): ghost-ghost edges carry no gradient of a local energy.
+   The graph is symmetric, as the engine needs.
+------------------------------------------------------------------------- */
+
+void PairE3fuse::build_exchange_graph() {
+  const int nlocal = atom->nlocal;
+  double **x = atom->x;
+  int *numneigh = list->numneigh;
+  int **firstneigh = list->firstneigh;
+  const double cut2 = cutoff_ * cutoff_;
+
+  const int inum = add_local_nodes();
+  neighbors_.clear();
+  row_offsets_.assign(static_cast<size_t>(inum) + 1, 0);
+  for (int u = 0; u < inum; ++u) {
+    const int i = node_atom_[u];
+    const int *jlist = firstneigh[i];
+    const int jnum = numneigh[i];
+    for (int jj = 0; jj < jnum; ++jj) {
+      const int j = jlist[jj] & NEIGHMASK;
+      const double dx = x[j][0] - x[i][0], dy = x[j][1] - x[i][1], dz = x[j][2] - x[i][2];
+      if (dx * dx + dy * dy + dz * dz >= cut2) continue;
+      if (atom_node_[j] < 0) {
+        if (j < nlocal)
+          error->one(FLERR,
+                     "pair e3fuse (comm exchange): local neighbor atom {} is not in the list", j);
+        atom_node_[j] = static_cast<int>(node_atom_.size());
+        node_atom_.push_back(j);
+      }
+      neighbors_.push_back(atom_node_[j]);
+    }
+    row_offsets_[u + 1] = static_cast<int64_t>(neighbors_.size());
+  }
+
+  num_nodes_ = static_cast<int64_t>(node_atom_.size());
+  const int64_t owned_edges = row_offsets_[inum];
+  row_offsets_.resize(static_cast<size_t>(num_nodes_) + 1);
+  // ghost rows by counting sort of the local -> ghost edges
+  std::vector<int64_t> fill(static_cast<size_t>(num_nodes_ - inum) + 1, 0);
+  for (int64_t e = 0; e < owned_edges; ++e)
+    if (neighbors_[e] >= inum) ++fill[neighbors_[e] - inum + 1];
+  for (size_t g = 1; g < fill.size(); ++g) fill[g] += fill[g - 1];
+  for (int64_t v = inum; v < num_nodes_; ++v)
+    row_offsets_[v + 1] = owned_edges + fill[v - inum + 1];
+  neighbors_.resize(static_cast<size_t>(row_offsets_[num_nodes_]));
+  for (int u = 0; u < inum; ++u)
+    for (int64_t e = row_offsets_[u]; e < row_offsets_[u + 1]; ++e) {
+      const int v = neighbors_[e];
+      if (v >= inum) neighbors_[owned_edges + fill[v - inum]++] = u;
+    }
+
+  positions_.resize(3 * static_cast<size_t>(num_nodes_));
+  for (int64_t u = 0; u < num_nodes_; ++u)
+    for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
+  shift_index_.clear();
+}
+
+/* ----------------------------------------------------------------------
+   Which local atoms LAMMPS's forward communication sends (to other ranks, or
+   as this rank's own periodic images): one pass with a dummy value per atom
+   that records the send lists. Those that are graph nodes are the border nodes.
+------------------------------------------------------------------------- */
+
+void PairE3fuse::find_border_nodes() {
+  const int nlocal = atom->nlocal;
+  sent_.assign(nlocal, 0);
+  phase_ = Phase::DISCOVER;
+  halo_width_ = 1;
+  comm->forward_comm(this, 1);
+  border_slot_.assign(nlocal, -1);
+  border_nodes_.clear();
+  for (int u = 0; u < list->inum; ++u) {
+    const int i = node_atom_[u];
+    if (!sent_[i]) continue;
+    border_slot_[i] = static_cast<int>(border_nodes_.size());
+    border_nodes_.push_back(u);
+  }
+}
+
+void PairE3fuse::halo_forward(int width, const double *border_rows, double *ghost_rows) {
+  const double start = platform::walltime();
+  const int nlocal = atom->nlocal;
+  const size_t w = static_cast<size_t>(width);
+  phase_ = Phase::FORWARD;
+  halo_width_ = width;
+  border_rows_ = border_rows;
+  ghost_stage_.resize(static_cast<size_t>(atom->nghost) * w);
+  comm->forward_comm(this, width);
+  const int inum = list->inum;
+  for (int64_t u = inum; u < num_nodes_; ++u)
+    std::memcpy(ghost_rows + (u - inum) * w, &ghost_stage_[(node_atom_[u] - nlocal) * w],
+                w * sizeof(double));
+  border_rows_ = nullptr;
+  time_halo_ += platform::walltime() - start;
+}
+
+void PairE3fuse::halo_reverse(int width, const double *ghost_rows, double *border_sums) {
+  const double start = platform::walltime();
+  const int nlocal = atom->nlocal;
+  const size_t w = static_cast<size_t>(width);
+  phase_ = Phase::REVERSE;
+  halo_width_ = width;
+  border_sums_ = border_sums;
+  std::fill(border_sums, border_sums + border_nodes_.size() * w, 0.0);
+  ghost_stage_.assign(static_cast<size_t>(atom->nghost) * w, 0.0);
+  const int inum = list->inum;
+  for (int64_t u = inum; u < num_nodes_; ++u)
+    std::memcpy(&ghost_stage_[(node_atom_[u] - nlocal) * w], ghost_rows + (u - inum) * w,
+                w * sizeof(double));
+  comm->reverse_comm(this, width);
+  border_sums_ = nullptr;
+  time_halo_ += platform::walltime() - start;
+}
+
+/* ---------------------------------------------------------------------- */
+
+int PairE3fuse::pack_forward_comm(int n, int *list_, double *buf, int /*pbc_flag*/, int * /*pbc*/) {
+  const int nlocal = atom->nlocal;
+  const size_t w = static_cast<size_t>(halo_width_);
+  double *out = buf;
+  for (int k = 0; k < n; ++k, out += w) {
+    const int j = list_[k];
+    if (phase_ == Phase::DISCOVER) {
+      if (j < nlocal) sent_[j] = 1;
+      out[0] = 0.0;
+      continue;
+    }
+    const double *row = nullptr;
+    if (j >= nlocal)
+      row = &ghost_stage_[(j - nlocal) * w];  // a ghost passed on (multi-hop)
+    else if (border_slot_[j] >= 0)
+      row = border_rows_ + border_slot_[j] * w;
+    if (row)
+      std::memcpy(out, row, w * sizeof(double));
+    else
+      std::fill(out, out + w, 0.0);  // a local atom that is not ours (pair_style hybrid)
+  }
+  return n * halo_width_;
+}
+
+void PairE3fuse::unpack_forward_comm(int n, int first, double *buf) {
+  if (phase_ == Phase::DISCOVER) return;
+  const size_t w = static_cast<size_t>(halo_width_);
+  std::memcpy(&ghost_stage_[(first - atom->nlocal) * w], buf, n * w * sizeof(double));
+}
+
+int PairE3fuse::pack_reverse_comm(int n, int first, double *buf) {
+  const size_t w = static_cast<size_t>(halo_width_);
+  std::memcpy(buf, &ghost_stage_[(first - atom->nlocal) * w], n * w * sizeof(double));
+  return n * halo_width_;
+}
+
+void PairE3fuse::unpack_reverse_comm(int n, int *list_, double *buf) {
+  const int nlocal = atom->nlocal;
+  const size_t w = static_cast<size_t>(halo_width_);
+  const double *in = buf;
+  for (int k = 0; k < n; ++k, in += w) {
+    const int j = list_[k];
+    double *row = nullptr;
+    if (j >= nlocal)
+      row = &ghost_stage_[(j - nlocal) * w];  // summed here, passed on by an earlier swap
+    else if (border_slot_[j] >= 0)
+      row = border_sums_ + border_slot_[j] * w;
+    if (row)
+      for (size_t q = 0; q < w; ++q) row[q] += in[q];
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+
+void PairE3fuse::setup() {
+  time_engine_ = time_halo_ = time_graph_ = 0.0;
+  num_computes_ = 0;
+}
+
+void PairE3fuse::finish() {
+  double local[3] = {time_engine_, time_halo_, time_graph_}, sum[3], most[3];
+  MPI_Allreduce(local, sum, 3, MPI_DOUBLE, MPI_SUM, world);
+  MPI_Allreduce(local, most, 3, MPI_DOUBLE, MPI_MAX, world);
+  if (comm->me != 0 || num_computes_ == 0) return;
+  const double n = comm->nprocs;
+  utils::logmesg(lmp,
+                 "pair e3fuse timing: engine {:.6g} s, halo exchange {:.6g} s (max over ranks "
+                 "{:.6g} s), graph build {:.6g} s; {} computes\n",
+                 sum[0] / n, sum[1] / n, most[1], sum[2] / n, num_computes_);
+}
+
 /* ---------------------------------------------------------------------- */
 
 void PairE3fuse::check_species(int64_t num_nodes) {
@@ -514,10 +743,17 @@ void PairE3fuse::compute(int eflag, int vflag) {
   ev_init(eflag, vflag);
   if (!engine_) error->all(FLERR, "pair e3fuse: no model (pair_coeff missing)");
 
-  if (mode_ == Mode::IMAGES)
+  const double start = platform::walltime();
+  if (mode_ == Mode::IMAGES) {
     build_images_graph();
-  else
+  } else if (mode_ == Mode::SHELL) {
     build_shell_graph();
+  } else {
+    build_exchange_graph();
+    find_border_nodes();
+  }
+  time_graph_ += platform::walltime() - start;
+  ++num_computes_;
   const int64_t n = num_nodes_;
   const int num_local = list->inum;
   if (!graph_logged_ && comm->me == 0) {
@@ -526,7 +762,8 @@ void PairE3fuse::compute(int eflag, int vflag) {
                             std::to_string(neighbors_.size()) + " edges\n");
   }
   graph_logged_ = true;
-  if (n == 0) return;
+  // in exchange mode every rank takes part in the engine's exchanges, atoms or not
+  if (n == 0 && mode_ != Mode::EXCHANGE) return;
   check_species(n);
 
   e3fuse::GraphView g;
@@ -550,11 +787,13 @@ void PairE3fuse::compute(int eflag, int vflag) {
   out.atom_energies = eflag_atom ? atom_energies_.data() : nullptr;
   out.virial = vflag_global ? w : nullptr;
   out.atom_virials = vflag_atom ? atom_virials_.data() : nullptr;
+  const double engine_start = platform::walltime();
   try {
-    engine_->compute(g, out);
+    engine_->compute(g, out, mode_ == Mode::EXCHANGE ? halo_.get() : nullptr);
   } catch (std::exception &e) {
     error->one(FLERR, "pair e3fuse: {}", e.what());
   }
+  time_engine_ += platform::walltime() - engine_start;
 
   double **f = atom->f;
   for (int64_t u = 0; u < n; ++u) {

@@ -1,23 +1,31 @@
-/* pair_style e3fuse: equivariant interatomic potentials (SevenNet, ...) evaluated by
-   the e3fuse engine (C++/CUDA). Works as a LAMMPS plugin (e3fusepairplugin.so) or
-   compiled into LAMMPS (copy this file and pair_e3fuse.cpp into src/, see
+/* pair_style e3fuse: equivariant interatomic potentials (SevenNet, MACE) evaluated
+   by the e3fuse engine (C++/CUDA). Works as a LAMMPS plugin (e3fusepairplugin.so)
+   or compiled into LAMMPS (copy this file and pair_e3fuse.cpp into src/, see
    pair_style/README.md of e3fuse).
 
-   pair_style e3fuse [device cpu|cuda] [precision float32|float64] [threads N]
-                     [mode auto|images|shell]
+   pair_style e3fuse [device cpu|cuda|cuda:N] [precision float32|float64] [threads N]
+                     [comm auto|exchange|shell|images]
    pair_coeff * * model.e3f Cu Ni NULL ...
 
    Message passing over num_layers layers makes an atom's energy depend on atoms
-   up to num_layers x cutoff away. Two ways of giving the engine that neighborhood:
-     images: one MPI rank. Ghost atoms are periodic images of local atoms; the
-             graph has the local atoms only, with periodic shift vectors on edges
-             to images. Exact, and as cheap as the ASE calculator.
+   up to num_layers x cutoff away. Three ways of giving the engine that neighborhood:
+     exchange: any number of ranks (the default with several). Ghosts are one
+             cutoff (+ skin) thick, as for any pair style. The graph holds the
+             local atoms and the ghosts within a cutoff of them; after every
+             interaction layer the ghosts' node features are refreshed from their
+             owners by LAMMPS's forward communication, and in the force pass the
+             adjoints gathered on ghosts go back to the owners by reverse
+             communication (staged through the host on the GPU).
      shell:  any number of ranks. The ghost shell is made num_layers x cutoff
              (+ skin) thick; the graph holds the local atoms and the ghosts within
-             num_layers hops of them, only local atoms' energies count, and forces
-             and per-atom virials on ghosts go back to their owners through
-             LAMMPS's reverse communication (newton_pair on).
-   auto (default) picks images on one rank and shell otherwise. */
+             num_layers hops of them, and nothing is exchanged between layers.
+             Much more work per rank; kept for comparison.
+     images: one MPI rank (the default there). Ghost atoms are periodic images of
+             local atoms; the graph has the local atoms only, with periodic shift
+             vectors on edges to images. Exact, and as cheap as the ASE calculator.
+   In exchange and shell modes, only local atoms' energies count; forces and
+   per-atom virials on ghosts go back to their owners through LAMMPS's reverse
+   communication (newton_pair on). `mode` is accepted as another name for `comm`. */
 
 #ifdef PAIR_CLASS
 // clang-format off
@@ -38,6 +46,7 @@ PairStyle(e3fuse,PairE3fuse);
 namespace e3fuse {
 class Model;
 class Engine;
+class HaloExchange;
 }  // namespace e3fuse
 
 namespace LAMMPS_NS {
@@ -52,15 +61,29 @@ class PairE3fuse : public Pair {
   void coeff(int, char **) override;
   void init_style() override;
   double init_one(int, int) override;
+  void setup() override;
+  void finish() override;
+
+  // halo exchange of node features (comm exchange)
+  int pack_forward_comm(int, int *, double *, int, int *) override;
+  void unpack_forward_comm(int, int, double *) override;
+  int pack_reverse_comm(int, int, double *) override;
+  void unpack_reverse_comm(int, int *, double *) override;
 
  protected:
   int choose_gpu();
-  enum class Mode { AUTO, IMAGES, SHELL };
+  enum class Mode { AUTO, IMAGES, SHELL, EXCHANGE };
+  class Halo;
+  friend class Halo;
 
   void allocate();
   int add_local_nodes();
   void build_images_graph();
   void build_shell_graph();
+  void build_exchange_graph();
+  void find_border_nodes();
+  void halo_forward(int width, const double *border_rows, double *ghost_rows);
+  void halo_reverse(int width, const double *ghost_rows, double *border_sums);
   void check_species(int64_t num_nodes);
 
   // settings
@@ -97,6 +120,25 @@ class PairE3fuse : public Pair {
 
   // engine outputs
   std::vector<double> forces_, atom_energies_, atom_virials_;
+
+  // comm exchange: which local atoms LAMMPS sends (found once per reneighboring),
+  // the border nodes among them, and host rows in flight
+  enum class Phase { DISCOVER, FORWARD, REVERSE };
+  Phase phase_ = Phase::DISCOVER;
+  int halo_width_ = 0;                 // values per atom in the current exchange
+  bigint border_found_at_ = -1;        // timestep of the last discovery
+  int border_found_nall_ = -1;         // nlocal + nghost then
+  std::vector<char> sent_;             // local atom index -> sent by LAMMPS
+  std::vector<int> border_slot_;       // local atom index -> row in border arrays or -1
+  std::vector<int32_t> border_nodes_;  // graph nodes of the sent local atoms
+  const double *border_rows_ = nullptr;
+  double *border_sums_ = nullptr;
+  std::vector<double> ghost_stage_;  // nghost x width, by ghost atom index
+  std::unique_ptr<Halo> halo_;
+
+  // seconds in this run (reset by setup(), reported by finish())
+  double time_engine_ = 0.0, time_halo_ = 0.0, time_graph_ = 0.0;
+  bigint num_computes_ = 0;
 };
 
 }  // namespace LAMMPS_NS

@@ -616,27 +616,91 @@ def parse_lmp(workdir: Path, proc: subprocess.CompletedProcess) -> dict[str, np.
     }
 
 
-@pytest.mark.parametrize("name", ["cluster", "wire"])
-def test_mpi_ranks_agree(model: Path, tmp_path: Path, name: str) -> None:
-    """mpirun -np 2 and -np 4 (thick ghost shell, ghost forces and per-atom
-    virials reverse-communicated) equal one rank (images) and the Python engine."""
+def ranks_agree(
+    atoms: Atoms,
+    model: Path,
+    tmp_path: Path,
+    what: str,
+    comms: tuple[str, ...] = ("exchange", "shell"),
+    extra: list[str] | None = None,
+) -> None:
+    """lmp on 1, 2 and 4 ranks in each comm mode: energy, per-atom energies,
+    forces, virial and per-atom virials equal the Python engine's and the
+    one-rank default's (images) to float64 rounding."""
     if mpirun() is None:
         pytest.skip("no mpirun")
-    atoms = cu_cluster() if name == "cluster" else lammps_frame(cu_wire())
     expected = reference(atoms, model)
+    proc = run_lmp(tmp_path / "default", lmp_input(atoms, model, extra=extra))
+    assert "comm images" in proc.stdout
+    one_rank = parse_lmp(tmp_path / "default", proc)
+    compare(one_rank, expected, len(atoms), f"{what}: np 1 (images) vs Python engine")
+    for comm in comms:
+        for ranks in (1, 2, 4):
+            workdir = tmp_path / f"{comm}-np{ranks}"
+            start = time.perf_counter()
+            text = lmp_input(atoms, model, style=f"comm {comm}", extra=extra)
+            proc = run_lmp(workdir, text, ranks=ranks)
+            got = parse_lmp(workdir, proc)
+            assert f"comm {comm}" in proc.stdout
+            timing = next(s for s in proc.stdout.splitlines() if "pair e3fuse timing" in s)
+            print(
+                f"\n{what}: np {ranks} comm {comm}: {time.perf_counter() - start:.1f} s; {timing}"
+            )
+            label = f"{what}: np {ranks} comm {comm}"
+            compare(got, expected, len(atoms), f"{label} vs Python engine")
+            compare(got, one_rank, len(atoms), f"{label} vs np 1 images")
+
+
+@pytest.mark.parametrize("name", ["cluster", "wire"])
+def test_mpi_ranks_agree(model: Path, tmp_path: Path, name: str) -> None:
+    """A cluster (no periodicity) and a wire (periodic along z only, split along
+    z so that ranks see each other's atoms and their own images)."""
+    atoms = cu_cluster() if name == "cluster" else lammps_frame(cu_wire())
     extra = ["processors 1 1 *"] if name == "wire" else []
-    results = {}
-    for ranks in (1, 2, 4):
-        workdir = tmp_path / f"np{ranks}"
-        start = time.perf_counter()
-        proc = run_lmp(workdir, lmp_input(atoms, model, extra=extra), ranks=ranks)
-        results[ranks] = parse_lmp(workdir, proc)
-        mode = "images" if ranks == 1 else "shell"
-        assert f"mode {mode}" in proc.stdout
-        print(f"\n{name}: np {ranks} ({mode}) {time.perf_counter() - start:.1f} s")
-        compare(results[ranks], expected, len(atoms), f"{name} np {ranks} vs Python engine")
-    for ranks in (2, 4):
-        compare(results[ranks], results[1], len(atoms), f"{name} np {ranks} vs np 1")
+    ranks_agree(atoms, model, tmp_path, name, extra=extra)
+
+
+def cu_bulk_mpi() -> Atoms:
+    """108-atom rattled Cu cube (10.8 A), with two Ni: on 4 ranks each subdomain
+    is thinner than cutoff + skin, so ghosts come over several hops."""
+    atoms = lammps_frame(make_structure("cu_bulk_108"))
+    atoms.numbers[[7, 61]] = 28
+    return atoms
+
+
+@pytest.mark.parametrize("family", ["sevennet", "mace"])
+@pytest.mark.parametrize("name", ["slab", "bulk"])
+def test_comm_modes_slab_and_bulk(model: Path, tmp_path: Path, family: str, name: str) -> None:
+    """Both comm modes on 1, 2 and 4 ranks, a slab (pbc x y, vacuum along z) and
+    a bulk cell, for a SevenNet and a MACE model. The thick shell
+    of SevenNet-0 in the bulk (5 x 5 A) is left to the slow test below."""
+    path = model if family == "sevennet" else MACE_MODEL
+    atoms = lammps_frame(make_structure("slab")) if name == "slab" else cu_bulk_mpi()
+    if family == "mace":
+        atoms.numbers[:] = 29  # the shipped MACE model knows Cu only
+    comms = ("exchange",) if (family, name) == ("sevennet", "bulk") else ("exchange", "shell")
+    ranks_agree(atoms, path, tmp_path, f"{family} {name}", comms=comms)
+
+
+@pytest.mark.slow
+def test_comm_shell_bulk_sevennet0(model: Path, tmp_path: Path) -> None:
+    """comm shell with SevenNet-0 in the 108-atom bulk cell: ~2 x 10^4 nodes per
+    rank (a 27 A shell), minutes on 2 cores."""
+    ranks_agree(cu_bulk_mpi(), model, tmp_path, "sevennet bulk", comms=("shell",))
+
+
+def test_empty_ranks(model: Path, tmp_path: Path) -> None:
+    """comm exchange with ranks that own no atoms (a cluster in a box split 4 x 1
+    x 1: the outer slices are empty); they still take part in every exchange."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = cu_cluster()
+    text = lmp_input(atoms, model, style="comm exchange", extra=["processors 4 1 1"])
+    proc = run_lmp(tmp_path, text, ranks=4)
+    got = parse_lmp(tmp_path, proc)
+    # rank 0 holds the lowest slice of x, 10 A of vacuum wide
+    assert "rank 0 graph: 0 local atoms, 0 ghost nodes, 0 edges" in proc.stdout, proc.stdout
+    compare(got, reference(atoms, model), len(atoms), "cluster, 4 x 1 x 1 ranks, comm exchange")
 
 
 def test_mpi_errors(model: Path, tmp_path: Path) -> None:
@@ -698,13 +762,17 @@ def nve_run(
     steps: int,
     temperature: float = 600.0,
     every: int = 10,
+    ranks: int = 1,
+    style: str = "",
+    extra: list[str] | None = None,
 ) -> tuple[np.ndarray, float, str]:
     """NVE from Maxwell-Boltzmann velocities at 2 x temperature; returns the thermo
     rows (step, temp, pe, ke, etotal), the seconds per step and lmp's output."""
     text = (
         "\n".join(
             structure_commands(atoms)
-            + pair_commands(model, element_order(atoms))
+            + pair_commands(model, element_order(atoms), style)
+            + (extra or [])
             + [
                 f"velocity all create {2 * temperature} 4928459 mom yes rot no dist gaussian",
                 "timestep 0.001",
@@ -719,7 +787,7 @@ def nve_run(
     )
     start = time.perf_counter()
     threads = os.environ.get("OMP_NUM_THREADS", "2")
-    proc = run_lmp(tmp_path, text, env=lmp_env(OMP_NUM_THREADS=threads), timeout=3600)
+    proc = run_lmp(tmp_path, text, ranks=ranks, env=lmp_env(OMP_NUM_THREADS=threads), timeout=3600)
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows, on = [], False
@@ -750,6 +818,40 @@ def test_nve_short(model: Path, tmp_path: Path) -> None:
     )
     assert rows[-1, 0] == 100 and rows[:, 1].max() > 100.0  # it moved
     assert drift < 2e-4
+
+
+@pytest.mark.parametrize("family", ["sevennet", "mace"])
+def test_nve_ranks_agree(model: Path, tmp_path: Path, family: str) -> None:
+    """NVE in the 108-atom bulk cell with the neighbor lists, ghosts and send
+    lists rebuilt every step: 2 and 4 ranks with comm exchange follow the
+    one-rank trajectory (temperature, potential and total energy at every thermo
+    step)."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    path = model if family == "sevennet" else MACE_MODEL
+    atoms = cu_bulk_mpi()
+    if family == "mace":
+        atoms.numbers[:] = 29
+    steps, every = (10, 2) if family == "sevennet" else (60, 10)
+    rows = {}
+    for ranks, style in ((1, ""), (2, "comm exchange"), (4, "comm exchange")):
+        rows[ranks], _, out = nve_run(
+            path,
+            tmp_path / f"np{ranks}",
+            atoms,
+            steps,
+            every=every,
+            ranks=ranks,
+            style=style,
+            extra=["neigh_modify every 1 delay 0 check no"],
+        )
+        assert rows[ranks][-1, 0] == steps
+        builds = next(ln for ln in out.splitlines() if ln.startswith("Neighbor list builds"))
+        assert int(builds.split("=")[1]) >= steps, builds
+    for ranks in (2, 4):
+        difference = np.abs(rows[ranks][:, 1:] - rows[1][:, 1:]) / np.abs(rows[1][:, 1:])
+        print(f"\n{family} NVE np {ranks} vs np 1: max relative difference {difference.max():.1e}")
+        assert difference.max() < 1e-10
 
 
 @pytest.mark.slow
@@ -812,3 +914,23 @@ def test_device_cuda_matches_cpu_engine(model: Path, family: str, name: str) -> 
     got = run_python(atoms, path, style="device cuda precision float64")
     compare(got, reference(atoms, path), len(atoms), f"{family} {name} (device cuda)")
     assert np.abs(got["forces"].sum(axis=0)).max() < 1e-9
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+@pytest.mark.parametrize("family", ["sevennet", "mace"])
+def test_device_cuda_comm_exchange(model: Path, family: str, tmp_path: Path) -> None:
+    """device cuda with comm exchange (halo rows packed and unpacked on the GPU,
+    staged through the host) on 1, 2 and 4 ranks sharing the visible GPUs, in
+    float64: equal to the CPU engine, in the slab and the bulk cell."""
+    path = model if family == "sevennet" else MACE_MODEL
+    for name in ("slab", "bulk"):
+        atoms = lammps_frame(make_structure("slab")) if name == "slab" else cu_bulk_mpi()
+        if family == "mace":
+            atoms.numbers[:] = 29
+        expected = reference(atoms, path)
+        for ranks in (1, 2, 4):
+            workdir = tmp_path / f"{name}-np{ranks}"
+            style = "device cuda precision float64 comm exchange"
+            proc = run_lmp(workdir, lmp_input(atoms, path, style=style), ranks=ranks)
+            got = parse_lmp(workdir, proc)
+            compare(got, expected, len(atoms), f"{family} {name} np {ranks} (cuda, comm exchange)")

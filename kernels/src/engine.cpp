@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -107,6 +108,63 @@ void embed_species(const cpu::TypedPlan<T>& plan, const GraphView& g, std::vecto
   }
 }
 
+// Rows of node-major arrays through a HaloExchange (doubles on the wire).
+class HaloRows {
+ public:
+  // Overwrites the ghost rows of x (num_nodes x width) with their owners' rows.
+  template <class T>
+  void forward(HaloExchange& halo, const GraphView& g, int width, T* x) {
+    const int64_t owned = g.num_energy_nodes;
+    const size_t w = static_cast<size_t>(width);
+    gather_border(halo, w, x);
+    ghost_.assign(static_cast<size_t>(g.num_nodes - owned) * w, 0.0);
+    halo.forward(width, border_.data(), ghost_.data());
+    T* ghost_rows = x + owned * w;
+    for (size_t q = 0; q < ghost_.size(); ++q) ghost_rows[q] = static_cast<T>(ghost_[q]);
+  }
+
+  // Adds to each border row of grad (num_nodes x width) the adjoints of its ghost copies.
+  template <class T>
+  void reverse(HaloExchange& halo, const GraphView& g, int width, T* grad) {
+    const int64_t owned = g.num_energy_nodes;
+    const size_t w = static_cast<size_t>(width);
+    const T* ghost_rows = grad + owned * w;
+    ghost_.resize(static_cast<size_t>(g.num_nodes - owned) * w);
+    for (size_t q = 0; q < ghost_.size(); ++q) ghost_[q] = static_cast<double>(ghost_rows[q]);
+    border_.assign(static_cast<size_t>(halo.num_border_nodes()) * w, 0.0);
+    halo.reverse(width, ghost_.data(), border_.data());
+    const int32_t* border = halo.border_nodes();
+    for (int64_t r = 0; r < halo.num_border_nodes(); ++r) {
+      T* row = grad + border[r] * w;
+      const double* sums = &border_[r * w];
+      for (size_t q = 0; q < w; ++q) row[q] = static_cast<T>(static_cast<double>(row[q]) + sums[q]);
+    }
+  }
+
+ private:
+  template <class T>
+  void gather_border(HaloExchange& halo, size_t w, const T* x) {
+    const int32_t* border = halo.border_nodes();
+    border_.resize(static_cast<size_t>(halo.num_border_nodes()) * w);
+    for (int64_t r = 0; r < halo.num_border_nodes(); ++r)
+      for (size_t q = 0; q < w; ++q) border_[r * w + q] = static_cast<double>(x[border[r] * w + q]);
+  }
+  std::vector<double> border_, ghost_;
+};
+
+// The receivers whose convolution output is computed: all nodes, or with a halo
+// exchange the owned ones (ghosts' outputs belong to their owners).
+GraphView receivers(const GraphView& g, int64_t rows) {
+  GraphView r = g;
+  r.num_nodes = rows;
+  return r;
+}
+
+template <class T>
+void zero_rows_from(std::vector<T>& a, int64_t first_row, int width) {
+  std::fill(a.begin() + first_row * width, a.end(), T(0));
+}
+
 template <class T>
 class CpuRunner {
  public:
@@ -115,8 +173,10 @@ class CpuRunner {
       cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
   }
 
-  void run(const GraphView& g, ComputeOutput& out) {
+  // halo: see HaloExchange; null for a graph that holds every node's neighborhood.
+  void run(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {
     const int64_t n = g.num_nodes;
+    const int64_t rows = halo ? g.num_energy_nodes : n;  // nodes whose features we compute
     const auto& layers = plan_.layers;
     const int num_layers = static_cast<int>(layers.size());
     const bool want_grad = out.forces || out.virial || out.atom_virials;
@@ -129,23 +189,25 @@ class CpuRunner {
     for (int t = 0; t < num_layers; ++t) {
       const cpu::Layer<T>& L = layers[t];
       sc.resize(static_cast<size_t>(n) * L.self_connection.dim_out);
-      cpu::linear_forward(L.self_connection, n, x.data(), sc.data());
+      cpu::linear_forward(L.self_connection, rows, x.data(), sc.data());
       x1_[t].resize(static_cast<size_t>(n) * L.linear_1.dim_out);
-      cpu::linear_forward(L.linear_1, n, x.data(), x1_[t].data());
+      // layer 0's input (the embedding) is known on every node; later ones come from owners
+      cpu::linear_forward(L.linear_1, t == 0 ? n : rows, x.data(), x1_[t].data());
+      if (halo && t > 0) halo_.forward(*halo, g, L.linear_1.dim_out, x1_[t].data());
       y.resize(static_cast<size_t>(n) * L.conv.dim_out);
-      cpu::conv_forward(plan_, L.conv, g, x1_[t].data(), y.data());
+      cpu::conv_forward(plan_, L.conv, receivers(g, rows), x1_[t].data(), y.data());
       std::vector<T>& p = pre_gate_[t];
       p.resize(static_cast<size_t>(n) * L.linear_2.dim_out);
-      cpu::linear_forward(L.linear_2, n, y.data(), p.data());
-      for (size_t q = 0; q < p.size(); ++q) p[q] += sc[q];
+      cpu::linear_forward(L.linear_2, rows, y.data(), p.data());
+      for (size_t q = 0; q < static_cast<size_t>(rows) * L.linear_2.dim_out; ++q) p[q] += sc[q];
       x.resize(static_cast<size_t>(n) * L.gate.plan.dim_out);
-      cpu::gate_forward(L.gate, n, p.data(), x.data());
+      cpu::gate_forward(L.gate, rows, p.data(), x.data());
     }
     // Readout
     std::vector<T> h = x;
     for (size_t r = 0; r < plan_.readout.size(); ++r) {
       std::vector<T> next(static_cast<size_t>(n) * plan_.readout[r].dim_out);
-      cpu::linear_forward(plan_.readout[r], n, h.data(), next.data());
+      cpu::linear_forward(plan_.readout[r], rows, h.data(), next.data());
       h.swap(next);
     }
     double energy = 0.0;
@@ -165,7 +227,7 @@ class CpuRunner {
     for (int64_t i = 0; i < g.num_energy_nodes; ++i) grad[i] = plan_.scale[g.species[i]];
     for (int r = static_cast<int>(plan_.readout.size()) - 1; r >= 0; --r) {
       std::vector<T> prev(static_cast<size_t>(n) * plan_.readout[r].dim_in);
-      cpu::linear_backward(plan_.readout[r], n, grad.data(), prev.data(), false);
+      cpu::linear_backward(plan_.readout[r], rows, grad.data(), prev.data(), false);
       grad.swap(prev);
     }
     std::vector<double> forces(static_cast<size_t>(n) * 3, 0.0);
@@ -176,15 +238,18 @@ class CpuRunner {
     for (int t = num_layers - 1; t >= 0; --t) {
       const cpu::Layer<T>& L = layers[t];
       grad_p.resize(static_cast<size_t>(n) * L.gate.plan.dim_in);
-      cpu::gate_backward(L.gate, n, pre_gate_[t].data(), grad.data(), grad_p.data());
+      cpu::gate_backward(L.gate, rows, pre_gate_[t].data(), grad.data(), grad_p.data());
       grad.resize(static_cast<size_t>(n) * L.self_connection.dim_in);
-      cpu::linear_backward(L.self_connection, n, grad_p.data(), grad.data(), false);
+      cpu::linear_backward(L.self_connection, rows, grad_p.data(), grad.data(), false);
       grad_y.resize(static_cast<size_t>(n) * L.linear_2.dim_in);
-      cpu::linear_backward(L.linear_2, n, grad_p.data(), grad_y.data(), false);
+      cpu::linear_backward(L.linear_2, rows, grad_p.data(), grad_y.data(), false);
+      zero_rows_from(grad_y, rows, L.linear_2.dim_in);  // ghosts' energies are not ours
       grad_x1.resize(static_cast<size_t>(n) * L.conv.dim_in);
       cpu::conv_backward(plan_, L.conv, g, x1_[t].data(), grad_y.data(), grad_x1.data(),
                          forces.data(), want_virial ? atom_virials.data() : nullptr);
-      if (t > 0) cpu::linear_backward(L.linear_1, n, grad_x1.data(), grad.data(), true);
+      if (t == 0) break;
+      if (halo) halo_.reverse(*halo, g, L.conv.dim_in, grad_x1.data());
+      cpu::linear_backward(L.linear_1, rows, grad_x1.data(), grad.data(), true);
     }
     write_gradients(forces, atom_virials, out);
   }
@@ -192,6 +257,7 @@ class CpuRunner {
  private:
   cpu::TypedPlan<T> plan_;
   std::vector<std::vector<T>> x1_, pre_gate_;
+  HaloRows halo_;
 };
 
 // MACE interaction t (mace-torch RealAgnostic[Residual]InteractionBlock + product):
@@ -211,8 +277,9 @@ class MaceRunner {
     shift_ = plan.mace_shift;
   }
 
-  void run(const GraphView& g, ComputeOutput& out) {
+  void run(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {
     const int64_t n = g.num_nodes;
+    const int64_t rows = halo ? g.num_energy_nodes : n;  // nodes whose features we compute
     const int num_layers = static_cast<int>(layers_.size());
     const bool want_grad = out.forces || out.virial || out.atom_virials;
     const auto N = static_cast<size_t>(n);
@@ -227,37 +294,40 @@ class MaceRunner {
       const Layer& L = layers_[t];
       if (L.residual) {
         sc.resize(N * L.skip.dim_out);
-        cpu::element_linear_forward(L.skip, n, g.species, x.data(), sc.data());
+        cpu::element_linear_forward(L.skip, rows, g.species, x.data(), sc.data());
       }
       up_[t].resize(N * L.linear_up.dim_out);
-      cpu::linear_forward(L.linear_up, n, x.data(), up_[t].data());
+      // layer 0's input (the embedding) is known on every node; later ones come from owners
+      cpu::linear_forward(L.linear_up, t == 0 ? n : rows, x.data(), up_[t].data());
+      if (halo && t > 0) halo_.forward(*halo, g, L.linear_up.dim_out, up_[t].data());
       y.resize(N * L.conv.dim_out);
-      cpu::conv_forward(geom_, L.conv, g, up_[t].data(), y.data());
+      cpu::conv_forward(geom_, L.conv, receivers(g, rows), up_[t].data(), y.data());
       m_[t].resize(N * L.linear.dim_out);
       if (L.residual) {
-        cpu::linear_forward(L.linear, n, y.data(), m_[t].data());
+        cpu::linear_forward(L.linear, rows, y.data(), m_[t].data());
       } else {
         mlin.resize(N * L.linear.dim_out);
-        cpu::linear_forward(L.linear, n, y.data(), mlin.data());
-        cpu::element_linear_forward(L.skip, n, g.species, mlin.data(), m_[t].data());
+        cpu::linear_forward(L.linear, rows, y.data(), mlin.data());
+        cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
       }
       p.resize(N * L.product.dim_out);
-      cpu::symmetric_contraction_forward(L.product, n, g.species, m_[t].data(), p.data());
+      cpu::symmetric_contraction_forward(L.product, rows, g.species, m_[t].data(), p.data());
       x.resize(N * L.product_linear.dim_out);
-      cpu::linear_forward(L.product_linear, n, p.data(), x.data());
+      cpu::linear_forward(L.product_linear, rows, p.data(), x.data());
       if (L.add_sc)
-        for (size_t q = 0; q < x.size(); ++q) x[q] += sc[q];
+        for (size_t q = 0; q < static_cast<size_t>(rows) * L.product_linear.dim_out; ++q)
+          x[q] += sc[q];
       if (L.nonlinear) {
         std::vector<T>& h = hidden_[t];
         h.resize(N * L.readout_1.dim_out);
-        cpu::linear_forward(L.readout_1, n, x.data(), h.data());
+        cpu::linear_forward(L.readout_1, rows, x.data(), h.data());
         std::vector<T> a(h.size());
         for (size_t q = 0; q < h.size(); ++q) a[q] = ops::activation(L.act, h[q]) * L.act_scale;
-        cpu::linear_forward(L.readout_2, n, a.data(), r.data());
+        cpu::linear_forward(L.readout_2, rows, a.data(), r.data());
       } else {
-        cpu::linear_forward(L.readout_1, n, x.data(), r.data());
+        cpu::linear_forward(L.readout_1, rows, x.data(), r.data());
       }
-      for (int64_t i = 0; i < n; ++i) inter[i] += static_cast<double>(r[i]);
+      for (int64_t i = 0; i < rows; ++i) inter[i] += static_cast<double>(r[i]);
     }
     double energy = 0.0;
     for (int64_t i = 0; i < n; ++i) {
@@ -280,34 +350,36 @@ class MaceRunner {
       const Layer& L = layers_[t];
       if (L.nonlinear) {  // gx += readout^T(seed)
         gh.resize(N * L.readout_2.dim_in);
-        cpu::linear_backward(L.readout_2, n, seed.data(), gh.data(), false);
+        cpu::linear_backward(L.readout_2, rows, seed.data(), gh.data(), false);
         const std::vector<T>& h = hidden_[t];
         for (size_t q = 0; q < gh.size(); ++q)
           gh[q] *= ops::activation_grad(L.act, h[q]) * L.act_scale;
-        cpu::linear_backward(L.readout_1, n, gh.data(), gx.data(), true);
+        cpu::linear_backward(L.readout_1, rows, gh.data(), gx.data(), true);
       } else {
-        cpu::linear_backward(L.readout_1, n, seed.data(), gx.data(), true);
+        cpu::linear_backward(L.readout_1, rows, seed.data(), gx.data(), true);
       }
       gp.resize(N * L.product_linear.dim_in);
-      cpu::linear_backward(L.product_linear, n, gx.data(), gp.data(), false);
+      cpu::linear_backward(L.product_linear, rows, gx.data(), gp.data(), false);
       gm.resize(N * L.product.dim_in);
-      cpu::symmetric_contraction_backward(L.product, n, g.species, m_[t].data(), gp.data(),
+      cpu::symmetric_contraction_backward(L.product, rows, g.species, m_[t].data(), gp.data(),
                                           gm.data());
       if (!L.residual) {
         gmlin.resize(N * L.linear.dim_out);
-        cpu::element_linear_backward(L.skip, n, g.species, gm.data(), gmlin.data(), false);
+        cpu::element_linear_backward(L.skip, rows, g.species, gm.data(), gmlin.data(), false);
         gm.swap(gmlin);
       }
       gy.resize(N * L.linear.dim_in);
-      cpu::linear_backward(L.linear, n, gm.data(), gy.data(), false);
+      cpu::linear_backward(L.linear, rows, gm.data(), gy.data(), false);
+      zero_rows_from(gy, rows, L.linear.dim_in);  // ghosts' energies are not ours
       gup.resize(N * L.conv.dim_in);
       cpu::conv_backward(geom_, L.conv, g, up_[t].data(), gy.data(), gup.data(), forces.data(),
                          want_virial ? atom_virials.data() : nullptr);
       if (t == 0) break;
+      if (halo) halo_.reverse(*halo, g, L.conv.dim_in, gup.data());
       std::vector<T> gprev(N * L.linear_up.dim_in, T(0));
-      cpu::linear_backward(L.linear_up, n, gup.data(), gprev.data(), true);
+      cpu::linear_backward(L.linear_up, rows, gup.data(), gprev.data(), true);
       if (L.add_sc)
-        cpu::element_linear_backward(L.skip, n, g.species, gx.data(), gprev.data(), true);
+        cpu::element_linear_backward(L.skip, rows, g.species, gx.data(), gprev.data(), true);
       gx.swap(gprev);
     }
     write_gradients(forces, atom_virials, out);
@@ -319,6 +391,7 @@ class MaceRunner {
   std::vector<double> e0_;
   double scale_ = 1.0, shift_ = 0.0;
   std::vector<std::vector<T>> up_, m_, hidden_;
+  HaloRows halo_;
 };
 
 }  // namespace
@@ -450,7 +523,19 @@ void Engine::compute(const SystemView& s, ComputeOutput& out) {
   compute(impl_->neighbors->view(s.positions, s.species), out);
 }
 
-void Engine::compute(const GraphView& g, ComputeOutput& out) {
+void Engine::compute(const GraphView& g, ComputeOutput& out) { compute(g, out, nullptr); }
+
+int Engine::halo_width() const {
+  const ModelPlan& plan = model_->plan();
+  int width = 0;
+  for (const auto& layer : plan.layers)
+    width = std::max(width, static_cast<int>(layer.conv.in.dim));
+  for (const auto& layer : plan.mace_layers)
+    width = std::max(width, static_cast<int>(layer.conv.in.dim));
+  return width;
+}
+
+void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {
   if (g.num_nodes < 0 || g.num_energy_nodes < 0 || g.num_energy_nodes > g.num_nodes) {
     throw Error("invalid graph: node counts");
   }
@@ -461,9 +546,16 @@ void Engine::compute(const GraphView& g, ComputeOutput& out) {
     if (g.neighbors[e] < 0 || g.neighbors[e] >= g.num_nodes)
       throw Error("invalid graph: neighbor index out of range");
   }
+  if (halo) {
+    const int32_t* border = halo->border_nodes();
+    for (int64_t r = 0; r < halo->num_border_nodes(); ++r)
+      if (border[r] < 0 || border[r] >= g.num_energy_nodes)
+        throw Error("invalid halo exchange: border node " + std::to_string(border[r]) +
+                    " is not an owned node");
+  }
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) {
-    impl_->gpu->compute(g, out);
+    impl_->gpu->compute(g, out, halo);
     return;
   }
 #endif
@@ -471,13 +563,13 @@ void Engine::compute(const GraphView& g, ComputeOutput& out) {
   omp_set_num_threads(impl_->num_threads);
   try {
     if (impl_->f64)
-      impl_->f64->run(g, out);
+      impl_->f64->run(g, out, halo);
     else if (impl_->f32)
-      impl_->f32->run(g, out);
+      impl_->f32->run(g, out, halo);
     else if (impl_->mace64)
-      impl_->mace64->run(g, out);
+      impl_->mace64->run(g, out, halo);
     else
-      impl_->mace32->run(g, out);
+      impl_->mace32->run(g, out, halo);
   } catch (...) {
     omp_set_num_threads(saved);
     throw;

@@ -37,6 +37,35 @@ struct ComputeOutput {
   double* atom_virials = nullptr;   // num_nodes x 9
 };
 
+// Domain decomposition with a halo one cutoff thick (pair_style e3fuse comm
+// exchange): nodes [0, num_energy_nodes) of the graph are owned by this rank, the
+// others are ghosts, copies of atoms owned elsewhere (another rank, or a periodic
+// image of an owned atom). The engine computes node features on owned nodes only.
+// Before every interaction layer but the first (whose input, the species
+// embedding, every node has), it asks the front end to refresh the ghosts' copy
+// of the layer's input from their owners; in the backward pass, the adjoints of
+// that input gathered on ghosts go back and are added to their owners.
+//
+// The graph needs the owned nodes' full rows and, for each ghost, the row of its
+// edges to owned nodes (the transpose); ghost-ghost edges carry no energy
+// gradient and may be left out. The engine calls forward() num_layers - 1 times
+// per compute and, when gradients are wanted, reverse() num_layers - 1 times,
+// on every rank, also when this rank's graph is empty (the calls are collective).
+class HaloExchange {
+ public:
+  virtual ~HaloExchange() = default;
+  // Owned nodes whose rows are sent (to other ranks, or to this rank's images).
+  virtual int64_t num_border_nodes() const = 0;
+  virtual const int32_t* border_nodes() const = 0;
+  // border_rows: num_border_nodes x width, the rows of the border nodes in the
+  // order of border_nodes(). Writes ghost_rows: (num_nodes - num_energy_nodes) x width,
+  // each ghost's row taken from its owner.
+  virtual void forward(int width, const double* border_rows, double* ghost_rows) = 0;
+  // ghost_rows: adjoints on ghosts. Writes border_sums: num_border_nodes x width,
+  // for each border node the sum of the adjoints of all its ghost copies.
+  virtual void reverse(int width, const double* ghost_rows, double* border_sums) = 0;
+};
+
 class Engine {
  public:
   // gpu: index of the GPU for Device::cuda (-1: the current device).
@@ -48,6 +77,11 @@ class Engine {
 
   // Throws Error on bad input (unknown species index, NaN positions, ...).
   void compute(const GraphView& graph, ComputeOutput& output);
+  // With a halo exchange (see HaloExchange): energies of owned nodes, forces and
+  // per-atom virials of all nodes (ghosts' still to be reverse-communicated).
+  void compute(const GraphView& graph, ComputeOutput& output, HaloExchange* halo);
+  // The most values per node one halo exchange moves (the widest layer input).
+  int halo_width() const;
 
   // Evaluates a whole system; the engine builds its own neighbor list (cell list
   // with radius cutoff + skin, on the GPU for device cuda) and rebuilds it only

@@ -17,7 +17,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   // A host CSR graph (LAMMPS, explicit graphs): copied to the device each call.
-  virtual void compute(const GraphView& host_graph, ComputeOutput& out) = 0;
+  // halo (may be null): see e3fuse::HaloExchange; rows are packed and unpacked on
+  // the GPU and staged through pinned host buffers.
+  virtual void compute(const GraphView& host_graph, ComputeOutput& out, HaloExchange* halo) = 0;
   // A system: neighbors are found on the GPU (cell list with skin, kept between calls).
   virtual void compute_system(const SystemView& system, double skin, double min_distance,
                               ComputeOutput& out) = 0;

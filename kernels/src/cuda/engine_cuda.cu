@@ -105,6 +105,148 @@ __global__ void virial_sum_kernel(int64_t n, const double* atom_virials, double*
 
 int grid(int64_t work) { return static_cast<int>(blocks_for(work, kThreads)); }
 
+// out[r][c] = x[rows[r]][c] (halo pack: border rows, in double).
+template <class T>
+__global__ void gather_rows_kernel(int64_t count, int width, const int32_t* rows, const T* x,
+                                   double* out) {
+  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (q >= count * width) return;
+  const int64_t r = q / width;
+  out[q] = static_cast<double>(x[static_cast<int64_t>(rows[r]) * width + (q - r * width)]);
+}
+
+// x[rows[r]][c] += in[r][c] (halo unpack of the reverse exchange; rows are distinct).
+template <class T>
+__global__ void add_rows_kernel(int64_t count, int width, const int32_t* rows, const double* in,
+                                T* x) {
+  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (q >= count * width) return;
+  const int64_t r = q / width;
+  T& v = x[static_cast<int64_t>(rows[r]) * width + (q - r * width)];
+  v = static_cast<T>(static_cast<double>(v) + in[q]);
+}
+
+template <class From, class To>
+__global__ void convert_kernel(int64_t count, const From* in, To* out) {
+  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (q < count) out[q] = static_cast<To>(in[q]);
+}
+
+// Page-locked host memory (fast, truly asynchronous copies), grown on demand.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  double* reserve(size_t count) {
+    if (count > capacity_) {
+      if (ptr_) cudaFreeHost(ptr_);
+      ptr_ = nullptr;
+      capacity_ = 0;
+      check(cudaMallocHost(&ptr_, count * sizeof(double)), "cudaMallocHost (halo staging)");
+      capacity_ = count;
+    }
+    return ptr_;
+  }
+
+ private:
+  double* ptr_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// The GPU side of a HaloExchange: border rows are gathered (pack) and ghost rows
+// written (unpack) by kernels; only those rows cross PCIe, as doubles, through
+// pinned buffers; the exchange between ranks is the front end's.
+class DeviceHalo {
+ public:
+  // For one compute call; exchange null: no halo.
+  void bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_owned, cudaStream_t stream) {
+    exchange_ = exchange;
+    if (!exchange_) return;
+    num_nodes_ = num_nodes;
+    num_owned_ = num_owned;
+    num_border_ = exchange_->num_border_nodes();
+    stream_ = stream;
+    border_.upload(exchange_->border_nodes(), static_cast<size_t>(num_border_), stream);
+  }
+  bool active() const { return exchange_ != nullptr; }
+
+  // Ghost rows of x (device, num_nodes x width) <- their owners' rows.
+  template <class T>
+  void forward(int width, T* x) {
+    const size_t w = static_cast<size_t>(width);
+    const int64_t ghosts = num_nodes_ - num_owned_;
+    double* host_border = host_border_.reserve(num_border_ * w + 1);
+    double* host_ghost = host_ghost_.reserve(ghosts * w + 1);
+    border_rows_.resize(num_border_ * w);
+    if (num_border_ > 0) {
+      gather_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
+          num_border_, width, border_.data(), x, border_rows_.data());
+      check_launch("gather_rows_kernel");
+      border_rows_.download(host_border, num_border_ * w, stream_);
+    }
+    check(cudaStreamSynchronize(stream_), "halo pack");
+    exchange_->forward(width, host_border, host_ghost);
+    if (ghosts > 0) {
+      ghost_rows_.upload(host_ghost, ghosts * w, stream_);
+      convert_kernel<double, T><<<grid(ghosts * width), kThreads, 0, stream_>>>(
+          ghosts * width, ghost_rows_.data(), x + num_owned_ * width);
+      check_launch("convert_kernel");
+    }
+  }
+
+  // Border rows of grad (device, num_nodes x width) += the adjoints of their ghost copies.
+  template <class T>
+  void reverse(int width, T* grad) {
+    const size_t w = static_cast<size_t>(width);
+    const int64_t ghosts = num_nodes_ - num_owned_;
+    double* host_border = host_border_.reserve(num_border_ * w + 1);
+    double* host_ghost = host_ghost_.reserve(ghosts * w + 1);
+    if (ghosts > 0) {
+      ghost_rows_.resize(ghosts * w);
+      convert_kernel<T, double><<<grid(ghosts * width), kThreads, 0, stream_>>>(
+          ghosts * width, grad + num_owned_ * width, ghost_rows_.data());
+      check_launch("convert_kernel");
+      ghost_rows_.download(host_ghost, ghosts * w, stream_);
+    }
+    check(cudaStreamSynchronize(stream_), "halo pack");
+    exchange_->reverse(width, host_ghost, host_border);
+    if (num_border_ > 0) {
+      border_rows_.upload(host_border, num_border_ * w, stream_);
+      add_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
+          num_border_, width, border_.data(), border_rows_.data(), grad);
+      check_launch("add_rows_kernel");
+    }
+  }
+
+ private:
+  HaloExchange* exchange_ = nullptr;
+  int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0;
+  cudaStream_t stream_ = nullptr;
+  DeviceArray<int32_t> border_;
+  DeviceArray<double> border_rows_, ghost_rows_;
+  PinnedBuffer host_border_, host_ghost_;
+};
+
+// Zeroes rows [first_row, num_rows) of a device array of rows of `width` values.
+template <class T>
+void zero_rows(T* a, int64_t first_row, int64_t num_rows, int width, cudaStream_t stream) {
+  if (num_rows > first_row)
+    check(cudaMemsetAsync(a + first_row * width, 0, (num_rows - first_row) * width * sizeof(T),
+                          stream),
+          "memset");
+}
+
+// The receivers whose convolution output is computed (see engine.cpp).
+GraphView receivers(const GraphView& g, int64_t rows) {
+  GraphView r = g;
+  r.num_nodes = rows;
+  return r;
+}
+
 // E3FUSE_PROFILE=1: device time of each stage (events around it, summed over calls),
 // printed to stderr when the engine is destroyed. Off by default (no events recorded).
 class StageProfiler {
@@ -190,6 +332,7 @@ class DeviceState {
   DeviceArray<int64_t> row_offsets, error_node;
   DeviceArray<double> shifts;
   StageProfiler profiler;
+  DeviceHalo halo;
 
  private:
   cudaStream_t stream_ = nullptr;
@@ -200,8 +343,11 @@ class Model {
  public:
   virtual ~Model() = default;
   // Writes energies[n] (double) and, if want_grad, forces [n][3] and, if want_virial,
-  // atom_virials [n][9] (both zeroed first).
+  // atom_virials [n][9] (both zeroed first). With s.halo active, node features are
+  // computed on owned nodes only and ghost rows of layer inputs are exchanged.
   virtual void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) = 0;
+  // Widths of the layer inputs exchanged (layers 1..L-1), in call order.
+  virtual std::vector<int> halo_widths() const = 0;
 };
 
 template <class T>
@@ -228,6 +374,7 @@ class SevennetModel : public Model {
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
     const int64_t n = g.num_nodes;
+    const int64_t rows = s.halo.active() ? g.num_energy_nodes : n;  // features computed here
     const cudaStream_t st = s.stream();
     const int L = static_cast<int>(layers_.size());
     x1_.resize(L);
@@ -240,26 +387,32 @@ class SevennetModel : public Model {
       const Layer& l = layers_[t];
       s.profiler.mark("linear forward", st);
       sc_.resize(static_cast<size_t>(n) * l.self_connection.dim_out);
-      linear_forward(l.self_connection, n, x_.data(), sc_.data(), st);
+      linear_forward(l.self_connection, rows, x_.data(), sc_.data(), st);
       x1_[t].resize(static_cast<size_t>(n) * l.linear_1.dim_out);
-      linear_forward(l.linear_1, n, x_.data(), x1_[t].data(), st);
+      // layer 0's input (the embedding) is known on every node; later ones come from owners
+      linear_forward(l.linear_1, t == 0 ? n : rows, x_.data(), x1_[t].data(), st);
+      if (s.halo.active() && t > 0) {
+        s.profiler.mark("halo exchange", st);
+        s.halo.forward(l.linear_1.dim_out, x1_[t].data());
+      }
       y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
-      conv_forward(geom_, l.conv, g, x1_[t].data(), y_.data(), s.error_node.data(), st);
+      conv_forward(geom_, l.conv, receivers(g, rows), x1_[t].data(), y_.data(), s.error_node.data(),
+                   st);
       s.profiler.mark("linear forward", st);
       pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
-      linear_forward(l.linear_2, n, y_.data(), pre_gate_[t].data(), st);
-      add_inplace(static_cast<int64_t>(pre_gate_[t].size()), sc_.data(), pre_gate_[t].data(), st);
+      linear_forward(l.linear_2, rows, y_.data(), pre_gate_[t].data(), st);
+      add_inplace(rows * l.linear_2.dim_out, sc_.data(), pre_gate_[t].data(), st);
       x_.resize(static_cast<size_t>(n) * l.gate.dim_out);
       s.profiler.mark("gate", st);
-      gate_forward(l.gate, n, pre_gate_[t].data(), x_.data(), st);
+      gate_forward(l.gate, rows, pre_gate_[t].data(), x_.data(), st);
     }
     s.profiler.mark("readout, energy", st);
     const T* h = x_.data();
     for (size_t r = 0; r < readout_.size(); ++r) {
       DeviceArray<T>& next = (r % 2 == 0) ? h0_ : h1_;
       next.resize(static_cast<size_t>(n) * readout_[r].dim_out);
-      linear_forward(readout_[r], n, h, next.data(), st);
+      linear_forward(readout_[r], rows, h, next.data(), st);
       h = next.data();
     }
     sevennet_energy_kernel<T><<<grid(n), kThreads, 0, st>>>(
@@ -273,27 +426,40 @@ class SevennetModel : public Model {
     check_launch("seed_kernel");
     for (int r = static_cast<int>(readout_.size()) - 1; r >= 0; --r) {
       tmp_.resize(static_cast<size_t>(n) * readout_[r].dim_in);
-      linear_backward(readout_[r], n, grad_.data(), tmp_.data(), false, st);
+      linear_backward(readout_[r], rows, grad_.data(), tmp_.data(), false, st);
       std::swap(grad_, tmp_);
     }
     for (int t = L - 1; t >= 0; --t) {
       const Layer& l = layers_[t];
       s.profiler.mark("gate", st);
       grad_p_.resize(static_cast<size_t>(n) * l.gate.dim_in);
-      gate_backward(l.gate, n, pre_gate_[t].data(), grad_.data(), grad_p_.data(), st);
+      gate_backward(l.gate, rows, pre_gate_[t].data(), grad_.data(), grad_p_.data(), st);
       s.profiler.mark("linear backward", st);
       grad_.resize(static_cast<size_t>(n) * l.self_connection.dim_in);
-      linear_backward(l.self_connection, n, grad_p_.data(), grad_.data(), false, st);
+      linear_backward(l.self_connection, rows, grad_p_.data(), grad_.data(), false, st);
       grad_y_.resize(static_cast<size_t>(n) * l.linear_2.dim_in);
-      linear_backward(l.linear_2, n, grad_p_.data(), grad_y_.data(), false, st);
+      linear_backward(l.linear_2, rows, grad_p_.data(), grad_y_.data(), false, st);
+      // ghosts' energies are not ours
+      zero_rows(grad_y_.data(), rows, n, static_cast<int>(l.linear_2.dim_in), st);
       grad_x1_.resize(static_cast<size_t>(n) * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
       conv_backward(geom_, l.conv, g, x1_[t].data(), grad_y_.data(), grad_x1_.data(),
                     s.forces.data(), want_virial ? s.atom_virials.data() : nullptr,
                     s.error_node.data(), st);
+      if (t == 0) break;
+      if (s.halo.active()) {
+        s.profiler.mark("halo exchange", st);
+        s.halo.reverse(l.conv.view.dim_in, grad_x1_.data());
+      }
       s.profiler.mark("linear backward", st);
-      if (t > 0) linear_backward(l.linear_1, n, grad_x1_.data(), grad_.data(), true, st);
+      linear_backward(l.linear_1, rows, grad_x1_.data(), grad_.data(), true, st);
     }
+  }
+
+  std::vector<int> halo_widths() const override {
+    std::vector<int> widths;
+    for (size_t t = 1; t < layers_.size(); ++t) widths.push_back(layers_[t].conv.view.dim_in);
+    return widths;
   }
 
  private:
@@ -348,6 +514,7 @@ class MaceModel : public Model {
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
     const int64_t n = g.num_nodes;
+    const int64_t rows = s.halo.active() ? g.num_energy_nodes : n;  // features computed here
     const auto N = static_cast<size_t>(n);
     const cudaStream_t st = s.stream();
     const int L = static_cast<int>(layers_.size());
@@ -365,41 +532,47 @@ class MaceModel : public Model {
       s.profiler.mark("linear forward", st);
       if (l.residual) {
         sc_.resize(N * l.skip.dim_out);
-        element_linear_forward(l.skip, n, g.species, x_.data(), sc_.data(), st);
+        element_linear_forward(l.skip, rows, g.species, x_.data(), sc_.data(), st);
       }
       up_[t].resize(N * l.linear_up.dim_out);
-      linear_forward(l.linear_up, n, x_.data(), up_[t].data(), st);
+      // layer 0's input (the embedding) is known on every node; later ones come from owners
+      linear_forward(l.linear_up, t == 0 ? n : rows, x_.data(), up_[t].data(), st);
+      if (s.halo.active() && t > 0) {
+        s.profiler.mark("halo exchange", st);
+        s.halo.forward(l.conv.view.dim_in, up_[t].data());
+      }
       y_.resize(N * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
-      conv_forward(geom_, l.conv, g, up_[t].data(), y_.data(), s.error_node.data(), st);
+      conv_forward(geom_, l.conv, receivers(g, rows), up_[t].data(), y_.data(), s.error_node.data(),
+                   st);
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.residual) {
-        linear_forward(l.linear, n, y_.data(), m_[t].data(), st);
+        linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
       } else {
         mlin_.resize(N * l.linear.dim_out);
-        linear_forward(l.linear, n, y_.data(), mlin_.data(), st);
-        element_linear_forward(l.skip, n, g.species, mlin_.data(), m_[t].data(), st);
+        linear_forward(l.linear, rows, y_.data(), mlin_.data(), st);
+        element_linear_forward(l.skip, rows, g.species, mlin_.data(), m_[t].data(), st);
       }
       p_.resize(N * l.product.dim_out);
       s.profiler.mark("symmetric contraction", st);
-      symmetric_contraction_forward(l.product, n, g.species, m_[t].data(), p_.data(), st);
+      symmetric_contraction_forward(l.product, rows, g.species, m_[t].data(), p_.data(), st);
       x_.resize(N * l.product_linear.dim_out);
       s.profiler.mark("linear forward", st);
-      linear_forward(l.product_linear, n, p_.data(), x_.data(), st);
-      if (l.add_sc) add_inplace(static_cast<int64_t>(x_.size()), sc_.data(), x_.data(), st);
+      linear_forward(l.product_linear, rows, p_.data(), x_.data(), st);
+      if (l.add_sc) add_inplace(rows * l.product_linear.dim_out, sc_.data(), x_.data(), st);
       r_.resize(N);
       if (l.nonlinear) {
         hidden_[t].resize(N * l.readout_1.dim_out);
-        linear_forward(l.readout_1, n, x_.data(), hidden_[t].data(), st);
+        linear_forward(l.readout_1, rows, x_.data(), hidden_[t].data(), st);
         a_.resize(hidden_[t].size());
         activation_forward(l.act, l.act_scale, static_cast<int64_t>(a_.size()), hidden_[t].data(),
                            a_.data(), st);
-        linear_forward(l.readout_2, n, a_.data(), r_.data(), st);
+        linear_forward(l.readout_2, rows, a_.data(), r_.data(), st);
       } else {
-        linear_forward(l.readout_1, n, x_.data(), r_.data(), st);
+        linear_forward(l.readout_1, rows, x_.data(), r_.data(), st);
       }
-      accumulate_kernel<T><<<grid(n), kThreads, 0, st>>>(n, r_.data(), inter_.data());
+      accumulate_kernel<T><<<grid(n), kThreads, 0, st>>>(rows, r_.data(), inter_.data());
       check_launch("accumulate_kernel");
     }
     mace_energy_kernel<<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, e0_.data(),
@@ -419,39 +592,51 @@ class MaceModel : public Model {
       s.profiler.mark("readout, energy", st);
       if (l.nonlinear) {
         gh_.resize(N * l.readout_2.dim_in);
-        linear_backward(l.readout_2, n, seed_.data(), gh_.data(), false, st);
+        linear_backward(l.readout_2, rows, seed_.data(), gh_.data(), false, st);
         activation_backward(l.act, l.act_scale, static_cast<int64_t>(gh_.size()), hidden_[t].data(),
                             gh_.data(), st);
-        linear_backward(l.readout_1, n, gh_.data(), gx_.data(), true, st);
+        linear_backward(l.readout_1, rows, gh_.data(), gx_.data(), true, st);
       } else {
-        linear_backward(l.readout_1, n, seed_.data(), gx_.data(), true, st);
+        linear_backward(l.readout_1, rows, seed_.data(), gx_.data(), true, st);
       }
       gp_.resize(N * l.product_linear.dim_in);
-      linear_backward(l.product_linear, n, gx_.data(), gp_.data(), false, st);
+      linear_backward(l.product_linear, rows, gx_.data(), gp_.data(), false, st);
       gm_.resize(N * l.product.dim_in);
       s.profiler.mark("symmetric contraction", st);
-      symmetric_contraction_backward(l.product, n, g.species, m_[t].data(), gp_.data(), gm_.data(),
-                                     st);
+      symmetric_contraction_backward(l.product, rows, g.species, m_[t].data(), gp_.data(),
+                                     gm_.data(), st);
       if (!l.residual) {
         gmlin_.resize(N * l.linear.dim_out);
-        element_linear_backward(l.skip, n, g.species, gm_.data(), gmlin_.data(), false, st);
+        element_linear_backward(l.skip, rows, g.species, gm_.data(), gmlin_.data(), false, st);
         std::swap(gm_, gmlin_);
       }
       s.profiler.mark("linear backward", st);
       gy_.resize(N * l.linear.dim_in);
-      linear_backward(l.linear, n, gm_.data(), gy_.data(), false, st);
+      linear_backward(l.linear, rows, gm_.data(), gy_.data(), false, st);
+      zero_rows(gy_.data(), rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
       gup_.resize(N * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
       conv_backward(geom_, l.conv, g, up_[t].data(), gy_.data(), gup_.data(), s.forces.data(),
                     want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
+      if (s.halo.active()) {
+        s.profiler.mark("halo exchange", st);
+        s.halo.reverse(l.conv.view.dim_in, gup_.data());
+      }
+      s.profiler.mark("linear backward", st);
       gprev_.resize(N * l.linear_up.dim_in);
-      linear_backward(l.linear_up, n, gup_.data(), gprev_.data(), false, st);
+      linear_backward(l.linear_up, rows, gup_.data(), gprev_.data(), false, st);
       if (l.add_sc)
-        element_linear_backward(l.skip, n, g.species, gx_.data(), gprev_.data(), true, st);
+        element_linear_backward(l.skip, rows, g.species, gx_.data(), gprev_.data(), true, st);
       std::swap(gx_, gprev_);
     }
+  }
+
+  std::vector<int> halo_widths() const override {
+    std::vector<int> widths;
+    for (size_t t = 1; t < layers_.size(); ++t) widths.push_back(layers_[t].conv.view.dim_in);
+    return widths;
   }
 
  private:
@@ -489,7 +674,7 @@ class BackendImpl : public Backend {
   }
   ~BackendImpl() override { cudaSetDevice(device_); }  // the arrays are freed on their GPU
 
-  void compute(const GraphView& h, ComputeOutput& out) override {
+  void compute(const GraphView& h, ComputeOutput& out, HaloExchange* halo) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
     DeviceState& s = state_;
     const cudaStream_t st = s.stream();
@@ -514,6 +699,7 @@ class BackendImpl : public Backend {
       g.shift_index = s.shift_index.data();
       g.shifts = s.shifts.data();
     }
+    s.halo.bind(halo, n, h.num_energy_nodes, st);
     run(g, out);
   }
 
@@ -533,6 +719,7 @@ class BackendImpl : public Backend {
     neighbors_->update(n, s.positions.data(), sys.cell, sys.pbc, min_distance, st);
     GraphView g = neighbors_->view(s.positions.data(), s.species.data());
     g.num_nodes = g.num_energy_nodes = n;
+    s.halo.bind(nullptr, n, n, st);
     run(g, out);
   }
 
@@ -560,7 +747,10 @@ class BackendImpl : public Backend {
     out.energy = 0.0;
     if (out.virial)
       for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
-    if (n == 0) return;
+    if (n == 0) {
+      if (s.halo.active()) empty_exchanges(want_grad);
+      return;
+    }
     s.energies.resize(n);
     s.error_node.zero(st);
     if (want_grad) {
@@ -596,6 +786,15 @@ class BackendImpl : public Backend {
     for (int64_t i = 0; i < n; ++i) energy += energies_[i];
     out.energy = energy;
     if (out.atom_energies) std::copy(energies_.begin(), energies_.end(), out.atom_energies);
+  }
+
+  // A rank with an empty graph still takes part in every (collective) exchange.
+  void empty_exchanges(bool want_grad) {
+    const std::vector<int> widths = model_->halo_widths();
+    for (int width : widths) state_.halo.forward<double>(width, nullptr);
+    if (!want_grad) return;
+    for (auto w = widths.rbegin(); w != widths.rend(); ++w)
+      state_.halo.reverse<double>(*w, nullptr);
   }
 
   double cutoff_;
