@@ -3,6 +3,8 @@
 
 #include "pair_e3fuse.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -71,6 +73,22 @@ int atomic_number(const std::string &symbol) {
 std::string element_symbol(int z) {
   if (z >= 1 && z <= kNumElements) return kElementSymbols[z];
   return "Z=" + std::to_string(z);
+}
+
+// dst[0, count) = src[0, count) (or 0 when src is null), split over threads: the
+// halo rows are hundreds of MB per exchange on large systems.
+void parallel_copy(double *dst, const double *src, size_t count, int threads) {
+  constexpr size_t kBlock = size_t(1) << 16;
+  const int64_t blocks = static_cast<int64_t>((count + kBlock - 1) / kBlock);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t begin = static_cast<size_t>(b) * kBlock;
+    const size_t n = std::min(kBlock, count - begin);
+    if (src)
+      std::memcpy(dst + begin, src + begin, n * sizeof(double));
+    else
+      std::fill(dst + begin, dst + begin + n, 0.0);
+  }
 }
 
 std::string format_double(double value) {
@@ -434,34 +452,54 @@ void PairE3fuse::build_images_graph() {
   const double cut2 = cutoff_ * cutoff_;
   int *numneigh = list->numneigh;
   int **firstneigh = list->firstneigh;
-  row_offsets_.assign(static_cast<size_t>(inum) + 1, 0);
-  neighbors_.clear();
-  shift_index_.clear();
-  for (int u = 0; u < inum; ++u) {
-    const int i = node_atom_[u];
-    const int *jlist = firstneigh[i];
-    const int jnum = numneigh[i];
+  // neighbor jj of node u: its owner's node v (-1: no owner) and shift entry; true
+  // if closer than the cutoff, with the engine's arithmetic: (p_v - p_u) + shift
+  auto edge = [&](int u, int jj, int &v, int &si) {
+    const int j = firstneigh[node_atom_[u]][jj] & NEIGHMASK;
+    const int o = j < nlocal ? j : ghost_owner_[j - nlocal];
+    v = o < 0 ? -1 : atom_node_[o];
+    si = j < nlocal ? 0 : j - nlocal + 1;
+    if (v < 0) return false;
     const double *pu = &positions_[3 * u];
-    for (int jj = 0; jj < jnum; ++jj) {
-      const int j = jlist[jj] & NEIGHMASK;
-      const int o = j < nlocal ? j : ghost_owner_[j - nlocal];
-      const int v = o < 0 ? -1 : atom_node_[o];
-      if (v < 0)
-        error->one(FLERR,
-                   "pair e3fuse (mode images): neighbor atom ID {} has no local owner in the graph",
-                   tag[j]);
-      const int si = j < nlocal ? 0 : j - nlocal + 1;
-      const double *pv = &positions_[3 * v];
-      const double *s = &shifts_[3 * static_cast<size_t>(si)];
-      // same arithmetic as the engine: (p_v - p_u) + shift
-      const double v0 = (pv[0] - pu[0]) + s[0];
-      const double v1 = (pv[1] - pu[1]) + s[1];
-      const double v2 = (pv[2] - pu[2]) + s[2];
-      if (v0 * v0 + v1 * v1 + v2 * v2 >= cut2) continue;
-      neighbors_.push_back(v);
-      shift_index_.push_back(si);
+    const double *pv = &positions_[3 * v];
+    const double *s = &shifts_[3 * static_cast<size_t>(si)];
+    const double v0 = (pv[0] - pu[0]) + s[0];
+    const double v1 = (pv[1] - pu[1]) + s[1];
+    const double v2 = (pv[2] - pu[2]) + s[2];
+    return v0 * v0 + v1 * v1 + v2 * v2 < cut2;
+  };
+  const int threads = host_threads();
+  int orphan = -1;  // a neighbor without a local owner (reported after the loop)
+  row_offsets_.assign(static_cast<size_t>(inum) + 1, 0);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int u = 0; u < inum; ++u) {
+    int64_t count = 0;
+    for (int jj = 0; jj < numneigh[node_atom_[u]]; ++jj) {
+      int v, si;
+      count += edge(u, jj, v, si);
+      if (v < 0) {
+#pragma omp critical(e3fuse_orphan)
+        orphan = firstneigh[node_atom_[u]][jj] & NEIGHMASK;
+      }
     }
-    row_offsets_[u + 1] = static_cast<int64_t>(neighbors_.size());
+    row_offsets_[u + 1] = count;
+  }
+  if (orphan >= 0)
+    error->one(FLERR,
+               "pair e3fuse (comm images): neighbor atom ID {} has no local owner in the graph",
+               tag[orphan]);
+  for (int u = 0; u < inum; ++u) row_offsets_[u + 1] += row_offsets_[u];
+  neighbors_.resize(static_cast<size_t>(row_offsets_[inum]));
+  shift_index_.resize(neighbors_.size());
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int u = 0; u < inum; ++u) {
+    int64_t e = row_offsets_[u];
+    for (int jj = 0; jj < numneigh[node_atom_[u]]; ++jj) {
+      int v, si;
+      if (!edge(u, jj, v, si)) continue;
+      neighbors_[e] = v;
+      shift_index_[e++] = si;
+    }
   }
 }
 
@@ -538,35 +576,26 @@ void PairE3fuse::build_shell_graph() {
 void PairE3fuse::build_exchange_graph() {
   const int nlocal = atom->nlocal;
   double **x = atom->x;
-  int *numneigh = list->numneigh;
-  int **firstneigh = list->firstneigh;
-  const double cut2 = cutoff_ * cutoff_;
-
   const int inum = add_local_nodes();
-  neighbors_.clear();
-  row_offsets_.assign(static_cast<size_t>(inum) + 1, 0);
-  for (int u = 0; u < inum; ++u) {
-    const int i = node_atom_[u];
-    const int *jlist = firstneigh[i];
-    const int jnum = numneigh[i];
-    for (int jj = 0; jj < jnum; ++jj) {
-      const int j = jlist[jj] & NEIGHMASK;
-      const double dx = x[j][0] - x[i][0], dy = x[j][1] - x[i][1], dz = x[j][2] - x[i][2];
-      if (dx * dx + dy * dy + dz * dz >= cut2) continue;
-      if (atom_node_[j] < 0) {
-        if (j < nlocal)
-          error->one(FLERR,
-                     "pair e3fuse (comm exchange): local neighbor atom {} is not in the list", j);
-        atom_node_[j] = static_cast<int>(node_atom_.size());
-        node_atom_.push_back(j);
-      }
-      neighbors_.push_back(atom_node_[j]);
-    }
-    row_offsets_[u + 1] = static_cast<int64_t>(neighbors_.size());
+  // local rows, with LAMMPS atom indices for now
+  fill_local_rows(inum);
+
+  // ghosts become nodes in the order first met along the rows
+  for (size_t e = 0; e < neighbors_.size(); ++e) {
+    const int j = neighbors_[e];
+    if (atom_node_[j] >= 0) continue;
+    if (j < nlocal)
+      error->one(FLERR, "pair e3fuse (comm exchange): local neighbor atom {} is not in the list",
+                 j);
+    atom_node_[j] = static_cast<int>(node_atom_.size());
+    node_atom_.push_back(j);
   }
+  const int threads = host_threads();
+  const auto owned_edges = static_cast<int64_t>(neighbors_.size());
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t e = 0; e < owned_edges; ++e) neighbors_[e] = atom_node_[neighbors_[e]];
 
   num_nodes_ = static_cast<int64_t>(node_atom_.size());
-  const int64_t owned_edges = row_offsets_[inum];
   row_offsets_.resize(static_cast<size_t>(num_nodes_) + 1);
   // ghost rows by counting sort of the local -> ghost edges
   std::vector<int64_t> fill(static_cast<size_t>(num_nodes_ - inum) + 1, 0);
@@ -583,9 +612,47 @@ void PairE3fuse::build_exchange_graph() {
     }
 
   positions_.resize(3 * static_cast<size_t>(num_nodes_));
+#pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t u = 0; u < num_nodes_; ++u)
     for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
   shift_index_.clear();
+}
+
+/* ----------------------------------------------------------------------
+   Rows of the inum local nodes: the neighbors j (LAMMPS atom indices) closer
+   than the cutoff, in the list's order. Two passes over the list (count, then
+   fill), each split over threads.
+------------------------------------------------------------------------- */
+
+void PairE3fuse::fill_local_rows(int inum) {
+  double **x = atom->x;
+  int *numneigh = list->numneigh;
+  int **firstneigh = list->firstneigh;
+  const double cut2 = cutoff_ * cutoff_;
+  const int threads = host_threads();
+  auto within = [&](int i, int j) {
+    const double dx = x[j][0] - x[i][0], dy = x[j][1] - x[i][1], dz = x[j][2] - x[i][2];
+    return dx * dx + dy * dy + dz * dz < cut2;
+  };
+  row_offsets_.assign(static_cast<size_t>(inum) + 1, 0);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int u = 0; u < inum; ++u) {
+    const int i = node_atom_[u];
+    int64_t count = 0;
+    for (int jj = 0; jj < numneigh[i]; ++jj) count += within(i, firstneigh[i][jj] & NEIGHMASK);
+    row_offsets_[u + 1] = count;
+  }
+  for (int u = 0; u < inum; ++u) row_offsets_[u + 1] += row_offsets_[u];
+  neighbors_.resize(static_cast<size_t>(row_offsets_[inum]));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int u = 0; u < inum; ++u) {
+    const int i = node_atom_[u];
+    int64_t e = row_offsets_[u];
+    for (int jj = 0; jj < numneigh[i]; ++jj) {
+      const int j = firstneigh[i][jj] & NEIGHMASK;
+      if (within(i, j)) neighbors_[e++] = j;
+    }
+  }
 }
 
 /* ----------------------------------------------------------------------
@@ -593,6 +660,10 @@ void PairE3fuse::build_exchange_graph() {
    as this rank's own periodic images): one pass with a dummy value per atom
    that records the send lists. Those that are graph nodes are the border nodes.
 ------------------------------------------------------------------------- */
+
+int PairE3fuse::host_threads() const {
+  return num_threads_ > 0 ? num_threads_ : omp_get_max_threads();
+}
 
 void PairE3fuse::find_border_nodes() {
   const int nlocal = atom->nlocal;
@@ -620,6 +691,7 @@ void PairE3fuse::halo_forward(int width, const double *border_rows, double *ghos
   ghost_stage_.resize(static_cast<size_t>(atom->nghost) * w);
   comm->forward_comm(this, width);
   const int inum = list->inum;
+#pragma omp parallel for num_threads(host_threads()) schedule(static)
   for (int64_t u = inum; u < num_nodes_; ++u)
     std::memcpy(ghost_rows + (u - inum) * w, &ghost_stage_[(node_atom_[u] - nlocal) * w],
                 w * sizeof(double));
@@ -634,9 +706,12 @@ void PairE3fuse::halo_reverse(int width, const double *ghost_rows, double *borde
   phase_ = Phase::REVERSE;
   halo_width_ = width;
   border_sums_ = border_sums;
-  std::fill(border_sums, border_sums + border_nodes_.size() * w, 0.0);
-  ghost_stage_.assign(static_cast<size_t>(atom->nghost) * w, 0.0);
+  const int threads = host_threads();
+  parallel_copy(border_sums, nullptr, border_nodes_.size() * w, threads);
+  ghost_stage_.resize(static_cast<size_t>(atom->nghost) * w);
+  parallel_copy(ghost_stage_.data(), nullptr, ghost_stage_.size(), threads);
   const int inum = list->inum;
+#pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t u = inum; u < num_nodes_; ++u)
     std::memcpy(&ghost_stage_[(node_atom_[u] - nlocal) * w], ghost_rows + (u - inum) * w,
                 w * sizeof(double));
@@ -650,14 +725,17 @@ void PairE3fuse::halo_reverse(int width, const double *ghost_rows, double *borde
 int PairE3fuse::pack_forward_comm(int n, int *list_, double *buf, int /*pbc_flag*/, int * /*pbc*/) {
   const int nlocal = atom->nlocal;
   const size_t w = static_cast<size_t>(halo_width_);
-  double *out = buf;
-  for (int k = 0; k < n; ++k, out += w) {
-    const int j = list_[k];
-    if (phase_ == Phase::DISCOVER) {
-      if (j < nlocal) sent_[j] = 1;
-      out[0] = 0.0;
-      continue;
+  if (phase_ == Phase::DISCOVER) {
+    for (int k = 0; k < n; ++k) {
+      if (list_[k] < nlocal) sent_[list_[k]] = 1;
+      buf[k] = 0.0;
     }
+    return n;
+  }
+#pragma omp parallel for num_threads(host_threads()) schedule(static)
+  for (int k = 0; k < n; ++k) {
+    double *out = buf + k * w;
+    const int j = list_[k];
     const double *row = nullptr;
     if (j >= nlocal)
       row = &ghost_stage_[(j - nlocal) * w];  // a ghost passed on (multi-hop)
@@ -674,20 +752,22 @@ int PairE3fuse::pack_forward_comm(int n, int *list_, double *buf, int /*pbc_flag
 void PairE3fuse::unpack_forward_comm(int n, int first, double *buf) {
   if (phase_ == Phase::DISCOVER) return;
   const size_t w = static_cast<size_t>(halo_width_);
-  std::memcpy(&ghost_stage_[(first - atom->nlocal) * w], buf, n * w * sizeof(double));
+  parallel_copy(&ghost_stage_[(first - atom->nlocal) * w], buf, n * w, host_threads());
 }
 
 int PairE3fuse::pack_reverse_comm(int n, int first, double *buf) {
   const size_t w = static_cast<size_t>(halo_width_);
-  std::memcpy(buf, &ghost_stage_[(first - atom->nlocal) * w], n * w * sizeof(double));
+  parallel_copy(buf, &ghost_stage_[(first - atom->nlocal) * w], n * w, host_threads());
   return n * halo_width_;
 }
 
 void PairE3fuse::unpack_reverse_comm(int n, int *list_, double *buf) {
   const int nlocal = atom->nlocal;
   const size_t w = static_cast<size_t>(halo_width_);
-  const double *in = buf;
-  for (int k = 0; k < n; ++k, in += w) {
+  // an atom appears at most once in a swap's list: rows are distinct
+#pragma omp parallel for num_threads(host_threads()) schedule(static)
+  for (int k = 0; k < n; ++k) {
+    const double *in = buf + k * w;
     const int j = list_[k];
     double *row = nullptr;
     if (j >= nlocal)

@@ -81,6 +81,8 @@ class PairE3fuse : public Pair {
   void build_images_graph();
   void build_shell_graph();
   void build_exchange_graph();
+  void fill_local_rows(int inum);
+  int host_threads() const;
   void find_border_nodes();
   void halo_forward(int width, const double *border_rows, double *ghost_rows);
   void halo_reverse(int width, const double *ghost_rows, double *border_sums);
