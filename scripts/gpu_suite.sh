@@ -233,7 +233,7 @@ for step in "${STEPS[@]}"; do
     f=$(model_e3f 7net-0)
     [[ -f $f ]] || f=examples/models/mace-cu-emt.e3f
     (cd examples/scaling && run_logged lammps lmp -in in.cu_scaling -var model "$REPO/$f" \
-      -var device cuda -var precision float32 -var sizes "6 10 20 32" -var steps 20) || FAILED=1
+      -var device cuda -var precision float32 -var n 6 10 20 32 -var steps 20) || FAILED=1
     ;;
   lammps-scaling)
     if ! command -v lmp >/dev/null || [[ -z ${E3FUSE_LAMMPS_PLUGIN:-} ]]; then
