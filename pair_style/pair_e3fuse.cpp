@@ -91,6 +91,36 @@ void parallel_copy(double *dst, const double *src, size_t count, int threads) {
   }
 }
 
+// CSR rows of graph nodes 0 .. node_atom.size()-1 from LAMMPS's neighbor list,
+// in two passes split over threads: count the edges of each row, then fill them.
+// edge(u, j, target) says whether neighbor atom j of node u is an edge and sets its
+// Target; grow(num_edges) sizes the caller's edge arrays; store(e, target) writes edge e.
+template <class Target, class Edge, class Grow, class Store>
+void build_rows(const NeighList *list, const std::vector<int> &node_atom, int threads,
+                std::vector<int64_t> &row_offsets, Edge edge, Grow grow, Store store) {
+  const int rows = static_cast<int>(node_atom.size());
+  row_offsets.assign(static_cast<size_t>(rows) + 1, 0);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int u = 0; u < rows; ++u) {
+    const int i = node_atom[u];
+    int64_t count = 0;
+    Target target;
+    for (int jj = 0; jj < list->numneigh[i]; ++jj)
+      count += edge(u, list->firstneigh[i][jj] & NEIGHMASK, target);
+    row_offsets[u + 1] = count;
+  }
+  for (int u = 0; u < rows; ++u) row_offsets[u + 1] += row_offsets[u];
+  grow(static_cast<size_t>(row_offsets[rows]));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int u = 0; u < rows; ++u) {
+    const int i = node_atom[u];
+    int64_t e = row_offsets[u];
+    Target target;
+    for (int jj = 0; jj < list->numneigh[i]; ++jj)
+      if (edge(u, list->firstneigh[i][jj] & NEIGHMASK, target)) store(e++, target);
+  }
+}
+
 std::string format_double(double value) {
   std::ostringstream s;
   s << value;
@@ -450,57 +480,42 @@ void PairE3fuse::build_images_graph() {
     for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
 
   const double cut2 = cutoff_ * cutoff_;
-  int *numneigh = list->numneigh;
-  int **firstneigh = list->firstneigh;
-  // neighbor jj of node u: its owner's node v (-1: no owner) and shift entry; true
-  // if closer than the cutoff, with the engine's arithmetic: (p_v - p_u) + shift
-  auto edge = [&](int u, int jj, int &v, int &si) {
-    const int j = firstneigh[node_atom_[u]][jj] & NEIGHMASK;
+  struct Target {
+    int node, shift;  // the owner's node and the shift table entry
+  };
+  int orphan = -1;  // a neighbor without a local owner (reported after the loops)
+  // closer than the cutoff with the engine's arithmetic: (p_v - p_u) + shift
+  auto edge = [&](int u, int j, Target &t) {
     const int o = j < nlocal ? j : ghost_owner_[j - nlocal];
-    v = o < 0 ? -1 : atom_node_[o];
-    si = j < nlocal ? 0 : j - nlocal + 1;
-    if (v < 0) return false;
+    t.node = o < 0 ? -1 : atom_node_[o];
+    t.shift = j < nlocal ? 0 : j - nlocal + 1;
+    if (t.node < 0) {
+#pragma omp critical(e3fuse_orphan)
+      orphan = j;
+      return false;
+    }
     const double *pu = &positions_[3 * u];
-    const double *pv = &positions_[3 * v];
-    const double *s = &shifts_[3 * static_cast<size_t>(si)];
+    const double *pv = &positions_[3 * t.node];
+    const double *s = &shifts_[3 * static_cast<size_t>(t.shift)];
     const double v0 = (pv[0] - pu[0]) + s[0];
     const double v1 = (pv[1] - pu[1]) + s[1];
     const double v2 = (pv[2] - pu[2]) + s[2];
     return v0 * v0 + v1 * v1 + v2 * v2 < cut2;
   };
-  const int threads = host_threads();
-  int orphan = -1;  // a neighbor without a local owner (reported after the loop)
-  row_offsets_.assign(static_cast<size_t>(inum) + 1, 0);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int u = 0; u < inum; ++u) {
-    int64_t count = 0;
-    for (int jj = 0; jj < numneigh[node_atom_[u]]; ++jj) {
-      int v, si;
-      count += edge(u, jj, v, si);
-      if (v < 0) {
-#pragma omp critical(e3fuse_orphan)
-        orphan = firstneigh[node_atom_[u]][jj] & NEIGHMASK;
-      }
-    }
-    row_offsets_[u + 1] = count;
-  }
+  build_rows<Target>(
+      list, node_atom_, host_threads(), row_offsets_, edge,
+      [&](size_t num_edges) {
+        neighbors_.resize(num_edges);
+        shift_index_.resize(num_edges);
+      },
+      [&](int64_t e, const Target &t) {
+        neighbors_[e] = t.node;
+        shift_index_[e] = t.shift;
+      });
   if (orphan >= 0)
     error->one(FLERR,
                "pair e3fuse (comm images): neighbor atom ID {} has no local owner in the graph",
                tag[orphan]);
-  for (int u = 0; u < inum; ++u) row_offsets_[u + 1] += row_offsets_[u];
-  neighbors_.resize(static_cast<size_t>(row_offsets_[inum]));
-  shift_index_.resize(neighbors_.size());
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int u = 0; u < inum; ++u) {
-    int64_t e = row_offsets_[u];
-    for (int jj = 0; jj < numneigh[node_atom_[u]]; ++jj) {
-      int v, si;
-      if (!edge(u, jj, v, si)) continue;
-      neighbors_[e] = v;
-      shift_index_[e++] = si;
-    }
-  }
 }
 
 /* ----------------------------------------------------------------------
@@ -577,8 +592,18 @@ void PairE3fuse::build_exchange_graph() {
   const int nlocal = atom->nlocal;
   double **x = atom->x;
   const int inum = add_local_nodes();
-  // local rows, with LAMMPS atom indices for now
-  fill_local_rows(inum);
+  // local rows: the neighbors closer than the cutoff, as LAMMPS atom indices for now
+  const double cut2 = cutoff_ * cutoff_;
+  build_rows<int>(
+      list, node_atom_, host_threads(), row_offsets_,
+      [&](int u, int j, int &target) {
+        const int i = node_atom_[u];
+        const double dx = x[j][0] - x[i][0], dy = x[j][1] - x[i][1], dz = x[j][2] - x[i][2];
+        target = j;
+        return dx * dx + dy * dy + dz * dz < cut2;
+      },
+      [&](size_t num_edges) { neighbors_.resize(num_edges); },
+      [&](int64_t e, int j) { neighbors_[e] = j; });
 
   // ghosts become nodes in the order first met along the rows
   for (size_t e = 0; e < neighbors_.size(); ++e) {
@@ -616,43 +641,6 @@ void PairE3fuse::build_exchange_graph() {
   for (int64_t u = 0; u < num_nodes_; ++u)
     for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
   shift_index_.clear();
-}
-
-/* ----------------------------------------------------------------------
-   Rows of the inum local nodes: the neighbors j (LAMMPS atom indices) closer
-   than the cutoff, in the list's order. Two passes over the list (count, then
-   fill), each split over threads.
-------------------------------------------------------------------------- */
-
-void PairE3fuse::fill_local_rows(int inum) {
-  double **x = atom->x;
-  int *numneigh = list->numneigh;
-  int **firstneigh = list->firstneigh;
-  const double cut2 = cutoff_ * cutoff_;
-  const int threads = host_threads();
-  auto within = [&](int i, int j) {
-    const double dx = x[j][0] - x[i][0], dy = x[j][1] - x[i][1], dz = x[j][2] - x[i][2];
-    return dx * dx + dy * dy + dz * dz < cut2;
-  };
-  row_offsets_.assign(static_cast<size_t>(inum) + 1, 0);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int u = 0; u < inum; ++u) {
-    const int i = node_atom_[u];
-    int64_t count = 0;
-    for (int jj = 0; jj < numneigh[i]; ++jj) count += within(i, firstneigh[i][jj] & NEIGHMASK);
-    row_offsets_[u + 1] = count;
-  }
-  for (int u = 0; u < inum; ++u) row_offsets_[u + 1] += row_offsets_[u];
-  neighbors_.resize(static_cast<size_t>(row_offsets_[inum]));
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int u = 0; u < inum; ++u) {
-    const int i = node_atom_[u];
-    int64_t e = row_offsets_[u];
-    for (int jj = 0; jj < numneigh[i]; ++jj) {
-      const int j = firstneigh[i][jj] & NEIGHMASK;
-      if (within(i, j)) neighbors_[e++] = j;
-    }
-  }
 }
 
 /* ----------------------------------------------------------------------

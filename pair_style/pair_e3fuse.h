@@ -81,7 +81,6 @@ class PairE3fuse : public Pair {
   void build_images_graph();
   void build_shell_graph();
   void build_exchange_graph();
-  void fill_local_rows(int inum);
   int host_threads() const;
   void find_border_nodes();
   void halo_forward(int width, const double *border_rows, double *ghost_rows);
@@ -123,13 +122,11 @@ class PairE3fuse : public Pair {
   // engine outputs
   std::vector<double> forces_, atom_energies_, atom_virials_;
 
-  // comm exchange: which local atoms LAMMPS sends (found once per reneighboring),
+  // comm exchange: which local atoms LAMMPS sends (found at every compute),
   // the border nodes among them, and host rows in flight
   enum class Phase { DISCOVER, FORWARD, REVERSE };
   Phase phase_ = Phase::DISCOVER;
   int halo_width_ = 0;                 // values per atom in the current exchange
-  bigint border_found_at_ = -1;        // timestep of the last discovery
-  int border_found_nall_ = -1;         // nlocal + nghost then
   std::vector<char> sent_;             // local atom index -> sent by LAMMPS
   std::vector<int> border_slot_;       // local atom index -> row in border arrays or -1
   std::vector<int32_t> border_nodes_;  // graph nodes of the sent local atoms

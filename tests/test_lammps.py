@@ -671,16 +671,24 @@ def cu_bulk_mpi() -> Atoms:
     return atoms
 
 
+def family_case(family: str, name: str, sevennet_model: Path) -> tuple[Path, Atoms]:
+    """The model file of a family and a structure in LAMMPS's frame ("bulk": the
+    108-atom cell above, else a conftest structure); for the shipped MACE model,
+    which knows Cu only, every atom made Cu."""
+    path = sevennet_model if family == "sevennet" else MACE_MODEL
+    atoms = cu_bulk_mpi() if name == "bulk" else lammps_frame(make_structure(name))
+    if family == "mace":
+        atoms.numbers[:] = 29
+    return path, atoms
+
+
 @pytest.mark.parametrize("family", ["sevennet", "mace"])
 @pytest.mark.parametrize("name", ["slab", "bulk"])
 def test_comm_modes_slab_and_bulk(model: Path, tmp_path: Path, family: str, name: str) -> None:
     """Both comm modes on 1, 2 and 4 ranks, a slab (pbc x y, vacuum along z) and
     a bulk cell, for a SevenNet and a MACE model. The thick shell
     of SevenNet-0 in the bulk (5 x 5 A) is left to the slow test below."""
-    path = model if family == "sevennet" else MACE_MODEL
-    atoms = lammps_frame(make_structure("slab")) if name == "slab" else cu_bulk_mpi()
-    if family == "mace":
-        atoms.numbers[:] = 29  # the shipped MACE model knows Cu only
+    path, atoms = family_case(family, name, model)
     comms = ("exchange",) if (family, name) == ("sevennet", "bulk") else ("exchange", "shell")
     ranks_agree(atoms, path, tmp_path, f"{family} {name}", comms=comms)
 
@@ -831,10 +839,7 @@ def test_nve_ranks_agree(model: Path, tmp_path: Path, family: str) -> None:
     step)."""
     if mpirun() is None:
         pytest.skip("no mpirun")
-    path = model if family == "sevennet" else MACE_MODEL
-    atoms = cu_bulk_mpi()
-    if family == "mace":
-        atoms.numbers[:] = 29
+    path, atoms = family_case(family, "bulk", model)
     steps, every = (10, 2) if family == "sevennet" else (60, 10)
     rows = {}
     for ranks, style in ((1, ""), (2, "comm exchange"), (4, "comm exchange")):
@@ -912,10 +917,7 @@ def test_mace_mpi_ranks_agree(tmp_path: Path) -> None:
 def test_device_cuda_matches_cpu_engine(model: Path, family: str, name: str) -> None:
     """pair_style e3fuse device cuda (float64) on one rank equals the CPU engine:
     energy, per-atom energies, forces, virial and per-atom virials."""
-    path = model if family == "sevennet" else MACE_MODEL
-    atoms = lammps_frame(make_structure(name))
-    if family == "mace":
-        atoms.numbers[:] = 29  # the shipped MACE model knows Cu only
+    path, atoms = family_case(family, name, model)
     got = run_python(atoms, path, style="device cuda precision float64")
     compare(got, reference(atoms, path), len(atoms), f"{family} {name} (device cuda)")
     assert np.abs(got["forces"].sum(axis=0)).max() < 1e-9
@@ -927,11 +929,8 @@ def test_device_cuda_comm_exchange(model: Path, family: str, tmp_path: Path) -> 
     """device cuda with comm exchange (halo rows packed and unpacked on the GPU,
     staged through the host) on 1, 2 and 4 ranks sharing the visible GPUs, in
     float64: equal to the CPU engine, in the slab and the bulk cell."""
-    path = model if family == "sevennet" else MACE_MODEL
     for name in ("slab", "bulk"):
-        atoms = lammps_frame(make_structure("slab")) if name == "slab" else cu_bulk_mpi()
-        if family == "mace":
-            atoms.numbers[:] = 29
+        path, atoms = family_case(family, name, model)
         expected = reference(atoms, path)
         for ranks in (1, 2, 4):
             workdir = tmp_path / f"{name}-np{ranks}"

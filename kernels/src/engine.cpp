@@ -117,7 +117,7 @@ class HaloRows {
     const int64_t owned = g.num_energy_nodes;
     const size_t w = static_cast<size_t>(width);
     gather_border(halo, w, x);
-    ghost_.assign(static_cast<size_t>(g.num_nodes - owned) * w, 0.0);
+    ghost_.resize(static_cast<size_t>(g.num_nodes - owned) * w);  // written by forward()
     halo.forward(width, border_.data(), ghost_.data());
     T* ghost_rows = x + owned * w;
     for (size_t q = 0; q < ghost_.size(); ++q) ghost_rows[q] = static_cast<T>(ghost_[q]);
@@ -131,7 +131,7 @@ class HaloRows {
     const T* ghost_rows = grad + owned * w;
     ghost_.resize(static_cast<size_t>(g.num_nodes - owned) * w);
     for (size_t q = 0; q < ghost_.size(); ++q) ghost_[q] = static_cast<double>(ghost_rows[q]);
-    border_.assign(static_cast<size_t>(halo.num_border_nodes()) * w, 0.0);
+    border_.resize(static_cast<size_t>(halo.num_border_nodes()) * w);  // written by reverse()
     halo.reverse(width, ghost_.data(), border_.data());
     const int32_t* border = halo.border_nodes();
     for (int64_t r = 0; r < halo.num_border_nodes(); ++r) {
@@ -151,14 +151,6 @@ class HaloRows {
   }
   std::vector<double> border_, ghost_;
 };
-
-// The receivers whose convolution output is computed: all nodes, or with a halo
-// exchange the owned ones (ghosts' outputs belong to their owners).
-GraphView receivers(const GraphView& g, int64_t rows) {
-  GraphView r = g;
-  r.num_nodes = rows;
-  return r;
-}
 
 template <class T>
 void zero_rows_from(std::vector<T>& a, int64_t first_row, int width) {
@@ -195,7 +187,7 @@ class CpuRunner {
       cpu::linear_forward(L.linear_1, t == 0 ? n : rows, x.data(), x1_[t].data());
       if (halo && t > 0) halo_.forward(*halo, g, L.linear_1.dim_out, x1_[t].data());
       y.resize(static_cast<size_t>(n) * L.conv.dim_out);
-      cpu::conv_forward(plan_, L.conv, receivers(g, rows), x1_[t].data(), y.data());
+      cpu::conv_forward(plan_, L.conv, cpu::first_receivers(g, rows), x1_[t].data(), y.data());
       std::vector<T>& p = pre_gate_[t];
       p.resize(static_cast<size_t>(n) * L.linear_2.dim_out);
       cpu::linear_forward(L.linear_2, rows, y.data(), p.data());
@@ -301,7 +293,7 @@ class MaceRunner {
       cpu::linear_forward(L.linear_up, t == 0 ? n : rows, x.data(), up_[t].data());
       if (halo && t > 0) halo_.forward(*halo, g, L.linear_up.dim_out, up_[t].data());
       y.resize(N * L.conv.dim_out);
-      cpu::conv_forward(geom_, L.conv, receivers(g, rows), up_[t].data(), y.data());
+      cpu::conv_forward(geom_, L.conv, cpu::first_receivers(g, rows), up_[t].data(), y.data());
       m_[t].resize(N * L.linear.dim_out);
       if (L.residual) {
         cpu::linear_forward(L.linear, rows, y.data(), m_[t].data());
@@ -526,13 +518,8 @@ void Engine::compute(const SystemView& s, ComputeOutput& out) {
 void Engine::compute(const GraphView& g, ComputeOutput& out) { compute(g, out, nullptr); }
 
 int Engine::halo_width() const {
-  const ModelPlan& plan = model_->plan();
-  int width = 0;
-  for (const auto& layer : plan.layers)
-    width = std::max(width, static_cast<int>(layer.conv.in.dim));
-  for (const auto& layer : plan.mace_layers)
-    width = std::max(width, static_cast<int>(layer.conv.in.dim));
-  return width;
+  const std::vector<int> widths = halo_widths(model_->plan());
+  return widths.empty() ? 0 : *std::max_element(widths.begin(), widths.end());
 }
 
 void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {

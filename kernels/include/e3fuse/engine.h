@@ -80,7 +80,8 @@ class Engine {
   // With a halo exchange (see HaloExchange): energies of owned nodes, forces and
   // per-atom virials of all nodes (ghosts' still to be reverse-communicated).
   void compute(const GraphView& graph, ComputeOutput& output, HaloExchange* halo);
-  // The most values per node one halo exchange moves (the widest layer input).
+  // The most values per node one halo exchange moves (the widest input of layers
+  // 1 .. L-1; 0 for a one-layer model, which exchanges nothing).
   int halo_width() const;
 
   // Evaluates a whole system; the engine builds its own neighbor list (cell list

@@ -31,6 +31,14 @@ struct EdgeGeometry {
   const GraphView* graph = nullptr;
 };
 
+// The graph with only its first `rows` nodes as receivers (the convolution over
+// the owned nodes of a halo-exchange graph, for both backends); senders stay any node.
+inline GraphView first_receivers(const GraphView& g, int64_t rows) {
+  GraphView r = g;
+  r.num_nodes = rows;
+  return r;
+}
+
 // y_i = (1/D) sum_{j in N(i), r_ij < cutoff} TP(x_j, Y(v_ij), MLP(emb(r_ij))) for all nodes.
 template <class T>
 void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& graph, const T* x,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/mace.h"
+#include "cpu/ops.h"
 #include "cpu/typed_plan.h"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
@@ -240,13 +241,6 @@ void zero_rows(T* a, int64_t first_row, int64_t num_rows, int width, cudaStream_
           "memset");
 }
 
-// The receivers whose convolution output is computed (see engine.cpp).
-GraphView receivers(const GraphView& g, int64_t rows) {
-  GraphView r = g;
-  r.num_nodes = rows;
-  return r;
-}
-
 // E3FUSE_PROFILE=1: device time of each stage (events around it, summed over calls),
 // printed to stderr when the engine is destroyed. Off by default (no events recorded).
 class StageProfiler {
@@ -346,8 +340,6 @@ class Model {
   // atom_virials [n][9] (both zeroed first). With s.halo active, node features are
   // computed on owned nodes only and ghost rows of layer inputs are exchanged.
   virtual void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) = 0;
-  // Widths of the layer inputs exchanged (layers 1..L-1), in call order.
-  virtual std::vector<int> halo_widths() const = 0;
 };
 
 template <class T>
@@ -397,8 +389,8 @@ class SevennetModel : public Model {
       }
       y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
-      conv_forward(geom_, l.conv, receivers(g, rows), x1_[t].data(), y_.data(), s.error_node.data(),
-                   st);
+      conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), x1_[t].data(), y_.data(),
+                   s.error_node.data(), st);
       s.profiler.mark("linear forward", st);
       pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
       linear_forward(l.linear_2, rows, y_.data(), pre_gate_[t].data(), st);
@@ -454,12 +446,6 @@ class SevennetModel : public Model {
       s.profiler.mark("linear backward", st);
       linear_backward(l.linear_1, rows, grad_x1_.data(), grad_.data(), true, st);
     }
-  }
-
-  std::vector<int> halo_widths() const override {
-    std::vector<int> widths;
-    for (size_t t = 1; t < layers_.size(); ++t) widths.push_back(layers_[t].conv.view.dim_in);
-    return widths;
   }
 
  private:
@@ -543,8 +529,8 @@ class MaceModel : public Model {
       }
       y_.resize(N * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
-      conv_forward(geom_, l.conv, receivers(g, rows), up_[t].data(), y_.data(), s.error_node.data(),
-                   st);
+      conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), up_[t].data(), y_.data(),
+                   s.error_node.data(), st);
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.residual) {
@@ -633,12 +619,6 @@ class MaceModel : public Model {
     }
   }
 
-  std::vector<int> halo_widths() const override {
-    std::vector<int> widths;
-    for (size_t t = 1; t < layers_.size(); ++t) widths.push_back(layers_[t].conv.view.dim_in);
-    return widths;
-  }
-
  private:
   Geometry<T> geom_;
   int embedding_dim_ = 0;
@@ -654,7 +634,7 @@ class MaceModel : public Model {
 class BackendImpl : public Backend {
  public:
   BackendImpl(const ModelPlan& plan, Precision precision, int device)
-      : cutoff_(plan.cutoff), device_(device), state_(device) {
+      : cutoff_(plan.cutoff), halo_widths_(halo_widths(plan)), device_(device), state_(device) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     name_ = prop.name;
@@ -790,14 +770,14 @@ class BackendImpl : public Backend {
 
   // A rank with an empty graph still takes part in every (collective) exchange.
   void empty_exchanges(bool want_grad) {
-    const std::vector<int> widths = model_->halo_widths();
-    for (int width : widths) state_.halo.forward<double>(width, nullptr);
+    for (int width : halo_widths_) state_.halo.forward<double>(width, nullptr);
     if (!want_grad) return;
-    for (auto w = widths.rbegin(); w != widths.rend(); ++w)
+    for (auto w = halo_widths_.rbegin(); w != halo_widths_.rend(); ++w)
       state_.halo.reverse<double>(*w, nullptr);
   }
 
   double cutoff_;
+  std::vector<int> halo_widths_;  // of the exchanges an empty graph still takes part in
   int device_ = 0;
   std::string name_;
   std::unique_ptr<Model> model_;

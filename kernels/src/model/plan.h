@@ -196,4 +196,15 @@ struct ModelPlan {
   double mace_scale = 1.0, mace_shift = 0.0;
 };
 
+// Values per node that each halo exchange moves (HaloExchange in e3fuse/engine.h):
+// the inputs of the convolutions of layers 1 .. L-1, in forward order.
+inline std::vector<int> halo_widths(const ModelPlan& plan) {
+  std::vector<int> widths;
+  for (size_t t = 1; t < plan.layers.size(); ++t)
+    widths.push_back(static_cast<int>(plan.layers[t].conv.in.dim));
+  for (size_t t = 1; t < plan.mace_layers.size(); ++t)
+    widths.push_back(static_cast<int>(plan.mace_layers[t].conv.in.dim));
+  return widths;
+}
+
 }  // namespace e3fuse
