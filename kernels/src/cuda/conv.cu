@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "cuda/conv.cuh"
+#include "cuda/mma_tf32.cuh"
 #include "ops/activation.h"
 #include "ops/radial.h"
 
@@ -56,9 +57,9 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.K = take(t * ec * c.m_per_edge * 3);
     s.acc = take(t * c.dim_in);
     const size_t cpt = t == 4 ? 4 : 2;  // backward_cpt<T>()
-    const size_t part_cols = static_cast<size_t>(c.max_hidden) > kThreads * cpt
-                                 ? static_cast<size_t>(c.max_hidden)
-                                 : kThreads * cpt;
+    // the SIMT adjoint's partial rows, or the tensor-core one's kWarps partials
+    const size_t part_cols = std::max({static_cast<size_t>(c.max_hidden), kThreads * cpt,
+                                       static_cast<size_t>(kWarps) * c.max_hidden});
     s.part = take(t * ec * part_cols);
     s.red = take(sizeof(double) * kWarps * 12);
   }
@@ -258,6 +259,21 @@ __device__ void chunk_gemm(const T* in, int K, const T* __restrict__ W, int N, T
     chunk_gemm_blocked<T, EC, 1>(in, K, W, N, out);
 }
 
+// out[e][n] = sum_k in[e][k] W_l[k][n] for MLP layer l: on the tensor cores
+// (3xTF32) in float32 when the weights were laid out for them, else FMAs.
+template <class T, int EC>
+__device__ void mlp_layer_product(const typename Conv<T>::View& c, int l, const T* in, T* out) {
+#ifdef E3FUSE_HAVE_MMA_TF32
+  if constexpr (std::is_same_v<T, float> && EC % 8 == 0) {
+    if (c.frag_fwd[l]) {
+      chunk_gemm_tf32<EC, kWarps>(in, c.dims[l], c.frag_fwd[l], c.dims[l + 1], out);
+      return;
+    }
+  }
+#endif
+  chunk_gemm<T, EC>(in, c.dims[l], c.w[l], c.dims[l + 1], out);
+}
+
 // Radial MLP forward over the chunk: weights into wts [EC][numel]. In the backward
 // pass pre/act [layer][EC][H] keep every hidden layer.
 template <class T, int EC>
@@ -266,13 +282,13 @@ __device__ void chunk_mlp_forward(const typename Conv<T>::View& c, T* emb, T* h0
   const T* in = emb;
   const int stride = EC * c.max_hidden;
   for (int l = 0; l < c.mlp_layers; ++l) {
-    const int K = c.dims[l], N = c.dims[l + 1];
+    const int N = c.dims[l + 1];
     if (l + 1 == c.mlp_layers) {
-      chunk_gemm<T, EC>(in, K, c.w[l], N, wts);
+      mlp_layer_product<T, EC>(c, l, in, wts);
     } else {
       T* p = pre ? pre + l * stride : (in == h0 ? h1 : h0);
       T* a = act ? act + l * stride : p;
-      chunk_gemm<T, EC>(in, K, c.w[l], N, p);
+      mlp_layer_product<T, EC>(c, l, in, p);
       __syncthreads();
       for (int q = threadIdx.x; q < EC * N; q += blockDim.x)
         a[q] = ops::activation(c.act, p[q]) * c.act_scale;
@@ -482,7 +498,7 @@ __device__ void reduce_forces(ForceAcc& acc, double* red, int64_t k, double* for
 // Kernels
 
 template <class T, int EC>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
     conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                         const T* __restrict__ x, T* __restrict__ y, int64_t* error_node) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -549,14 +565,25 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
   T* gout = g0;
   for (int l = c.mlp_layers - 1; l >= 0; --l) {
     const int K = c.dims[l], N = c.dims[l + 1];
-    const int G = (K + CPT - 1) / CPT;
-    const int P = max(1, kThreads / G);
-    const int chunk = (N + P - 1) / P;
-    const T* Wt = c.wt[l];
-    for (int t = threadIdx.x; t < G * P; t += blockDim.x) {
-      const int kb = t % G, part_id = t / G;
-      const int n0 = part_id * chunk, n1 = min(N, n0 + chunk);
-      gemm_tile<T, EC, CPT>(gin, N, Wt, n0, n1, kb, G, K, part + part_id * EC * K, K);
+    int P = 0;  // partial sums to add, each [EC][K] in part
+#ifdef E3FUSE_HAVE_MMA_TF32
+    if constexpr (std::is_same_v<T, float> && EC % 8 == 0) {
+      if (c.frag_bwd[l]) {
+        chunk_gemm_tf32_split_k<EC, kWarps>(gin, N, c.frag_bwd[l], K, part);
+        P = kWarps;
+      }
+    }
+#endif
+    if (P == 0) {
+      const int G = (K + CPT - 1) / CPT;
+      P = max(1, kThreads / G);
+      const int chunk = (N + P - 1) / P;
+      const T* Wt = c.wt[l];
+      for (int t = threadIdx.x; t < G * P; t += blockDim.x) {
+        const int kb = t % G, part_id = t / G;
+        const int n0 = part_id * chunk, n1 = min(N, n0 + chunk);
+        gemm_tile<T, EC, CPT>(gin, N, Wt, n0, n1, kb, G, K, part + part_id * EC * K, K);
+      }
     }
     __syncthreads();
     for (int q = threadIdx.x; q < EC * K; q += blockDim.x) {
@@ -573,7 +600,7 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
 }
 
 template <class T, int EC>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          const T* __restrict__ x, const T* __restrict__ grad_y,
                          T* __restrict__ grad_x, double* forces, double* atom_virials,
@@ -654,6 +681,18 @@ size_t shared_limit() {
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
         "cudaDeviceGetAttribute");
   return static_cast<size_t>(optin) - 2048;  // static shared variables and reserve
+}
+
+// The float32 radial MLP on the tensor cores (3xTF32, as accurate as FMAs) unless
+// E3FUSE_TF32=0 (kept to measure both) or the device is older than sm_80.
+bool tensor_cores_enabled() {
+  const char* env = std::getenv("E3FUSE_TF32");
+  if (env && std::string(env) == "0") return false;
+  int device = 0, major = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+        "cudaDeviceGetAttribute");
+  return major >= 8;
 }
 
 }  // namespace
@@ -766,6 +805,24 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   for (int l = 0; l < v.mlp_layers; ++l) {
     v.w[l] = c.mlp.data() + w_at[l];
     v.wt[l] = c.mlp.data() + wt_at[l];
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (tensor_cores_enabled()) {
+      std::vector<float> frags;
+      std::vector<size_t> fwd_at, bwd_at;
+      for (int l = 0; l < v.mlp_layers; ++l) {
+        const int K = mlp.dims[l], N = mlp.dims[l + 1];
+        fwd_at.push_back(frags.size());
+        append_tf32_fragments(mlp.weight_t[l], N, K, frags);  // A = W^T (N x K)
+        bwd_at.push_back(frags.size());
+        append_tf32_fragments(mlp.weight[l], K, N, frags);  // A = W (K x N)
+      }
+      c.mlp_fragments.upload(frags);
+      for (int l = 0; l < v.mlp_layers; ++l) {
+        v.frag_fwd[l] = reinterpret_cast<const float4*>(c.mlp_fragments.data() + fwd_at[l]);
+        v.frag_bwd[l] = reinterpret_cast<const float4*>(c.mlp_fragments.data() + bwd_at[l]);
+      }
+    }
   }
   v.act = mlp.act;
   v.act_scale = mlp.act_scale;

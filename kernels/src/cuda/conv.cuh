@@ -3,7 +3,8 @@
 // One thread block per receiver node. Its edges inside the cutoff are taken in
 // chunks of EC: edge vector, spherical harmonics and the Bessel x envelope
 // embedding (in double) are recomputed into shared memory, the radial MLP runs
-// as a small GEMM over the chunk (weights from L2/L1), and the channelwise
+// as a small GEMM over the chunk (weights from L2/L1; in float32 on the tensor
+// cores with 3xTF32 products, as accurate as float32 FMAs), and the channelwise
 // tensor product accumulates into the receiver's output row in shared memory.
 // Nothing with a feature dimension ever goes to global memory per edge.
 //
@@ -75,12 +76,18 @@ struct Conv {
     T act_scale = T(1);
     T inv_denominator = T(1);
     int max_hidden = 0;  // max over dims[0..mlp_layers-1]
+    // float32 only (null otherwise, or with E3FUSE_TF32=0): the MLP's weights as
+    // tensor-core operands, W^T for the forward product and W for the adjoint, each
+    // split into TF32 high and low parts (3xTF32 products, see mma_tf32.cuh)
+    const float4* frag_fwd[kMaxMlpLayers] = {};
+    const float4* frag_bwd[kMaxMlpLayers] = {};
   };
   View view;
   DeviceArray<InBlock> blocks;
   DeviceArray<Path> paths;
   DeviceArray<MEntry> m_entries;
   DeviceArray<T> cg, mlp;
+  DeviceArray<float> mlp_fragments;
 };
 
 template <class T>

@@ -429,15 +429,17 @@ class SevennetModel : public Model {
       s.profiler.mark("linear backward", st);
       grad_.resize(static_cast<size_t>(n) * l.self_connection.dim_in);
       linear_backward(l.self_connection, rows, grad_p_.data(), grad_.data(), false, st);
-      grad_y_.resize(static_cast<size_t>(n) * l.linear_2.dim_in);
-      linear_backward(l.linear_2, rows, grad_p_.data(), grad_y_.data(), false, st);
+      // dE/dy reuses y's buffer: y is dead once linear_2 has run, and the two
+      // (N x conv.dim_out each) are the largest node tensors of the model
+      y_.resize(static_cast<size_t>(n) * l.linear_2.dim_in);
+      T* grad_y = y_.data();
+      linear_backward(l.linear_2, rows, grad_p_.data(), grad_y, false, st);
       // ghosts' energies are not ours
-      zero_rows(grad_y_.data(), rows, n, static_cast<int>(l.linear_2.dim_in), st);
+      zero_rows(grad_y, rows, n, static_cast<int>(l.linear_2.dim_in), st);
       grad_x1_.resize(static_cast<size_t>(n) * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
-      conv_backward(geom_, l.conv, g, x1_[t].data(), grad_y_.data(), grad_x1_.data(),
-                    s.forces.data(), want_virial ? s.atom_virials.data() : nullptr,
-                    s.error_node.data(), st);
+      conv_backward(geom_, l.conv, g, x1_[t].data(), grad_y, grad_x1_.data(), s.forces.data(),
+                    want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
       if (t == 0) break;
       if (s.halo.active()) {
         s.profiler.mark("halo exchange", st);
@@ -455,7 +457,7 @@ class SevennetModel : public Model {
   std::vector<Layer> layers_;
   std::vector<Linear<T>> readout_;
   std::vector<DeviceArray<T>> x1_, pre_gate_;
-  DeviceArray<T> x_, sc_, y_, h0_, h1_, grad_, tmp_, grad_p_, grad_y_, grad_x1_;
+  DeviceArray<T> x_, sc_, y_, h0_, h1_, grad_, tmp_, grad_p_, grad_x1_;
 };
 
 template <class T>
@@ -597,12 +599,14 @@ class MaceModel : public Model {
         std::swap(gm_, gmlin_);
       }
       s.profiler.mark("linear backward", st);
-      gy_.resize(N * l.linear.dim_in);
-      linear_backward(l.linear, rows, gm_.data(), gy_.data(), false, st);
-      zero_rows(gy_.data(), rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
+      // dE/dy reuses y's buffer (dead after the forward's linear; the largest node tensor)
+      y_.resize(N * l.linear.dim_in);
+      T* gy = y_.data();
+      linear_backward(l.linear, rows, gm_.data(), gy, false, st);
+      zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
       gup_.resize(N * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
-      conv_backward(geom_, l.conv, g, up_[t].data(), gy_.data(), gup_.data(), s.forces.data(),
+      conv_backward(geom_, l.conv, g, up_[t].data(), gy, gup_.data(), s.forces.data(),
                     want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
@@ -627,8 +631,7 @@ class MaceModel : public Model {
   double scale_ = 1.0, shift_ = 0.0;
   std::vector<Layer> layers_;
   std::vector<DeviceArray<T>> up_, m_, hidden_;
-  DeviceArray<T> x_, sc_, y_, mlin_, p_, r_, a_, seed_, gx_, gh_, gp_, gm_, gmlin_, gy_, gup_,
-      gprev_;
+  DeviceArray<T> x_, sc_, y_, mlin_, p_, r_, a_, seed_, gx_, gh_, gp_, gm_, gmlin_, gup_, gprev_;
 };
 
 class BackendImpl : public Backend {
