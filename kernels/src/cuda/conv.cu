@@ -14,8 +14,8 @@ namespace e3fuse::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+constexpr int kWarps = kConvWarps;
+constexpr int kThreads = 32 * kWarps;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Byte offsets of one block's shared-memory workspace (same function on host and device).
@@ -55,7 +55,7 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.pre = take(t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.act = take(t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.K = take(t * ec * c.m_per_edge * 3);
-    s.acc = take(t * c.dim_in);
+    s.acc = take(t * c.gx_slots);
     const size_t cpt = t == 4 ? 4 : 2;  // backward_cpt<T>()
     // the SIMT adjoint's partial rows, or the tensor-core one's kWarps partials
     const size_t part_cols = std::max({static_cast<size_t>(c.max_hidden), kThreads * cpt,
@@ -327,7 +327,7 @@ __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh
 }
 
 // ---------------------------------------------------------------------------
-// Tensor product, one input channel (block b, channel u) per thread.
+// Tensor product: warp tasks (conv.cuh), one channel u = task.u0 + lane per lane.
 
 // Calls f(std::integral_constant<int, D>{}) for an irrep dimension d = 2l + 1, l <= 3,
 // so the per-channel loops below unroll over compile-time sizes.
@@ -349,31 +349,39 @@ __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
   }
 }
 
-template <class T, int D1>
-__device__ void tp_forward_channel(const typename Conv<T>::View& c,
-                                   const typename Conv<T>::InBlock& B, int u, int n,
-                                   const int* sender, const T* __restrict__ x, const T* wts,
-                                   const T* M, T* yacc) {
+// f(d1, d3) with both as compile-time constants.
+template <class F>
+__device__ __forceinline__ void with_path_dims(int d1, int d3, F&& f) {
+  with_irrep_dim(d1, [&](auto a) { with_irrep_dim(d3, [&](auto b) { f(a, b); }); });
+}
+
+// y[out block of P][k][u] += w_e sum_a M_e[a][k] x_j[a][u] over the chunk's edges, summed
+// in registers and added once (the slot belongs to this lane alone).
+template <class T, int D1, int D3>
+__device__ void tp_forward_task(const typename Conv<T>::View& c, const typename Conv<T>::InBlock& B,
+                                const typename Conv<T>::Path& P, int u, int n, const int* sender,
+                                const T* __restrict__ x, const T* wts, const T* M, T* yacc) {
+  T acc[D3];
+#pragma unroll
+  for (int k = 0; k < D3; ++k) acc[k] = T(0);
   for (int e = 0; e < n; ++e) {
     const T* xj = x + static_cast<int64_t>(sender[e]) * c.dim_in + B.in_offset + u;
     T xa[D1];
 #pragma unroll
     for (int a = 0; a < D1; ++a) xa[a] = __ldg(xj + a * B.mul);
-    const T* we = wts + e * c.weight_numel + u;
-    const T* Me = M + e * c.m_per_edge;
-    for (int p = B.path_begin; p < B.path_end; ++p) {
-      const typename Conv<T>::Path P = c.paths[p];
-      const T w = we[P.weight_offset];
-      const T* Mp = Me + P.m_offset;
-      T* y = yacc + P.out_offset + u;
-      for (int k = 0; k < P.d3; ++k) {
-        T s = T(0);
+    const T w = wts[e * c.weight_numel + P.weight_offset + u];
+    const T* Mp = M + e * c.m_per_edge + P.m_offset;
 #pragma unroll
-        for (int a = 0; a < D1; ++a) s += Mp[a * P.d3 + k] * xa[a];
-        y[k * B.mul] += w * s;
-      }
+    for (int k = 0; k < D3; ++k) {
+      T s = T(0);
+#pragma unroll
+      for (int a = 0; a < D1; ++a) s += Mp[a * D3 + k] * xa[a];
+      acc[k] += w * s;
     }
   }
+  T* y = yacc + P.out_offset + u;
+#pragma unroll
+  for (int k = 0; k < D3; ++k) y[k * B.mul] += acc[k];
 }
 
 // Per thread: force and virial partial sums of node k (double).
@@ -389,17 +397,36 @@ struct ForceAcc {
   }
 };
 
+// One edge e = (k, j) of a task (both directions of the pair, see cpu/conv.cpp): the
+// MLP-output adjoint goes to the weight slot, dE/dx_k's partial to the path's gx slot,
+// and the angular part of f = dE/dv(e1) - dE/dv(e2), contracted through K, to fe.
 template <class T, int D1, int D3>
-__device__ void tp_backward_path(const typename Conv<T>::View& c, const typename Conv<T>::Path& P,
-                                 int mul, int u, const T* xj, const T* xk, const T* gk_row,
-                                 const T* gj_row, T w, const T* Mp, const T* Kp, T* gw, T gxa[D1],
-                                 T fe[3]) {
-  T gk[D3], gj[D3];
+__device__ void tp_backward_edge(const typename Conv<T>::View& c,
+                                 const typename Conv<T>::InBlock& B,
+                                 const typename Conv<T>::Path& P, int u, int64_t k, int e,
+                                 const int* sender, const T* __restrict__ x,
+                                 const T* __restrict__ grad_y, T* wts, const T* M, const T* K,
+                                 T* gx_slot, T fe[3]) {
+  const int64_t j = sender[e];
+  T xj[D1], xk[D1], gk[D3], gj[D3];
+  const T* xj_row = x + j * c.dim_in + B.in_offset + u;
+  const T* xk_row = x + k * c.dim_in + B.in_offset + u;
+#pragma unroll
+  for (int a = 0; a < D1; ++a) {
+    xj[a] = __ldg(xj_row + a * B.mul);
+    xk[a] = __ldg(xk_row + a * B.mul);
+  }
+  const T* gk_row = grad_y + k * c.dim_out + P.out_offset + u;
+  const T* gj_row = grad_y + j * c.dim_out + P.out_offset + u;
 #pragma unroll
   for (int q = 0; q < D3; ++q) {
-    gk[q] = __ldg(gk_row + P.out_offset + q * mul + u);
-    gj[q] = __ldg(gj_row + P.out_offset + q * mul + u);
+    gk[q] = __ldg(gk_row + q * B.mul);
+    gj[q] = __ldg(gj_row + q * B.mul);
   }
+  T* slot = wts + e * c.weight_numel + P.weight_offset + u;
+  const T w = *slot;
+  const T* Mp = M + e * c.m_per_edge + P.m_offset;
+  const T* Kp = K + 3 * (e * c.m_per_edge + P.m_offset);
   const T s = P.parity ? T(-1) : T(1);
   T dw1 = T(0), dw2 = T(0);
 #pragma unroll
@@ -412,64 +439,20 @@ __device__ void tp_backward_path(const typename Conv<T>::View& c, const typename
     }
     dw1 += xj[a] * mg1;
     dw2 += xk[a] * mg2;
-    gxa[a] += w * s * mg2;
+    gx_slot[a * B.mul] += w * s * mg2;
   }
-  *gw = (dw1 + s * dw2) * c.inv_denominator;
-  // Angular part of f = dE/dv(e1) - dE/dv(e2), contracted through K (conv.cuh).
+  *slot = (dw1 + s * dw2) * c.inv_denominator;
   const T ws = w * c.inv_denominator;
 #pragma unroll
   for (int a = 0; a < D1; ++a)
 #pragma unroll
     for (int q = 0; q < D3; ++q) {
       const T t = ws * (xj[a] * gk[q] + s * xk[a] * gj[q]);
-      const T* k = Kp + 3 * (a * D3 + q);
-      fe[0] += k[0] * t;
-      fe[1] += k[1] * t;
-      fe[2] += k[2] * t;
+      const T* kk = Kp + 3 * (a * D3 + q);
+      fe[0] += kk[0] * t;
+      fe[1] += kk[1] * t;
+      fe[2] += kk[2] * t;
     }
-}
-
-template <class T, int D1>
-__device__ void tp_backward_channel(const typename Conv<T>::View& c,
-                                    const typename Conv<T>::InBlock& B, int u, int64_t k, int n,
-                                    const int* sender, const T* __restrict__ x,
-                                    const T* __restrict__ grad_y, T* wts, const T* M, const T* K,
-                                    const T* vec, T* gx, ForceAcc& acc) {
-  T xk[D1], gxa[D1];
-  const T* xk_row = x + k * c.dim_in + B.in_offset + u;
-#pragma unroll
-  for (int a = 0; a < D1; ++a) {
-    xk[a] = __ldg(xk_row + a * B.mul);
-    gxa[a] = T(0);
-  }
-  const T* gk_row = grad_y + k * c.dim_out;
-  for (int e = 0; e < n; ++e) {
-    const int64_t j = sender[e];
-    const T* xj_row = x + j * c.dim_in + B.in_offset + u;
-    T xj[D1];
-#pragma unroll
-    for (int a = 0; a < D1; ++a) xj[a] = __ldg(xj_row + a * B.mul);
-    const T* gj_row = grad_y + j * c.dim_out;
-    T* we = wts + e * c.weight_numel + u;
-    const T* Me = M + e * c.m_per_edge;
-    const T* Ke = K + 3 * e * c.m_per_edge;
-    T fe[3] = {T(0), T(0), T(0)};
-    for (int p = B.path_begin; p < B.path_end; ++p) {
-      const typename Conv<T>::Path P = c.paths[p];
-      T* slot = we + P.weight_offset;
-      const T w = *slot;
-      const T* Mp = Me + P.m_offset;
-      const T* Kp = Ke + 3 * P.m_offset;
-      with_irrep_dim(P.d3, [&](auto d3) {
-        tp_backward_path<T, D1, decltype(d3)::value>(c, P, B.mul, u, xj, xk, gk_row, gj_row, w, Mp,
-                                                     Kp, slot, gxa, fe);
-      });
-    }
-    acc.add(vec + 3 * e, fe);
-  }
-  T* g = gx + B.in_offset + u;
-#pragma unroll
-  for (int a = 0; a < D1; ++a) g[a * B.mul] += gxa[a];
 }
 
 // Block-wide deterministic sum of the per-thread force/virial partials; thread 0 adds to node k.
@@ -515,6 +498,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __shared__ int s_count;
 
   const int64_t i = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yacc[q] = T(0);
   if (threadIdx.x == 0) s_pos = g.row_offsets[i];
   const int64_t end = g.row_offsets[i + 1];
@@ -531,13 +515,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M, nullptr);
     __syncthreads();
-    for (int ch = threadIdx.x; ch < c.num_channels; ch += blockDim.x) {
-      int b = 0;
-      while (ch >= c.blocks[b].chan_begin + c.blocks[b].mul) ++b;
-      const typename Conv<T>::InBlock B = c.blocks[b];
-      const int u = ch - B.chan_begin;
-      with_irrep_dim(B.d1, [&](auto d1) {
-        tp_forward_channel<T, decltype(d1)::value>(c, B, u, n, s_sender, x, wts, M, yacc);
+    for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
+      const typename Conv<T>::Task task = c.tasks[q];
+      const typename Conv<T>::InBlock B = c.blocks[task.block];
+      const typename Conv<T>::Path P = c.paths[task.path];
+      const int ch = task.u0 + lane;
+      if (ch >= B.mul) continue;
+      with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) {
+        tp_forward_task<T, decltype(d1)::value, decltype(d3)::value>(c, B, P, ch, n, s_sender, x,
+                                                                     wts, M, yacc);
       });
     }
     __syncthreads();
@@ -629,7 +615,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ int s_count;
 
   const int64_t k = blockIdx.x;
-  for (int q = threadIdx.x; q < c.dim_in; q += blockDim.x) gx[q] = T(0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int q = threadIdx.x; q < c.gx_slots; q += blockDim.x) gx[q] = T(0);
   if (threadIdx.x == 0) s_pos = g.row_offsets[k];
   const int64_t end = g.row_offsets[k + 1];
   const double cutoff2 = geo.cutoff * geo.cutoff;
@@ -644,15 +631,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, M, K);
     __syncthreads();
-    for (int ch = threadIdx.x; ch < c.num_channels; ch += blockDim.x) {
-      int b = 0;
-      while (ch >= c.blocks[b].chan_begin + c.blocks[b].mul) ++b;
-      const typename Conv<T>::InBlock B = c.blocks[b];
-      const int uu = ch - B.chan_begin;
-      with_irrep_dim(B.d1, [&](auto d1) {
-        tp_backward_channel<T, decltype(d1)::value>(c, B, uu, k, n, s_sender, x, grad_y, wts, M, K,
-                                                    vec, gx, acc);
-      });
+    for (int e = 0; e < n; ++e) {
+      T fe[3] = {T(0), T(0), T(0)};
+      for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
+        const typename Conv<T>::Task task = c.tasks[q];
+        const typename Conv<T>::InBlock B = c.blocks[task.block];
+        const typename Conv<T>::Path P = c.paths[task.path];
+        const int ch = task.u0 + lane;
+        if (ch >= B.mul) continue;
+        with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) {
+          tp_backward_edge<T, decltype(d1)::value, decltype(d3)::value>(
+              c, B, P, ch, k, e, s_sender, x, grad_y, wts, M, K, gx + P.gx_offset + ch, fe);
+        });
+      }
+      acc.add(vec + 3 * e, fe);
     }
     __syncthreads();
     // Radial part: dE/dr per edge through the MLP, f += dr * u.
@@ -668,8 +660,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
   }
+  // dE/dx_k: each input block's path slots added in path order
   T* gk = grad_x + k * c.dim_in;
-  for (int q = threadIdx.x; q < c.dim_in; q += blockDim.x) gk[q] = gx[q] * c.inv_denominator;
+  for (int q = threadIdx.x; q < c.dim_in; q += blockDim.x) {
+    int b = 0;
+    while (b + 1 < c.num_blocks && q >= c.blocks[b + 1].in_offset) ++b;
+    const typename Conv<T>::InBlock B = c.blocks[b];
+    const int r = q - B.in_offset;  // a * mul + u
+    T sum = T(0);
+    if (r < B.mul * B.d1)
+      for (int p = B.path_begin; p < B.path_end; ++p) sum += gx[c.paths[p].gx_offset + r];
+    gk[q] = sum * c.inv_denominator;
+  }
   reduce_forces(acc, red, k, forces, atom_virials);
 }
 
@@ -681,6 +683,41 @@ size_t shared_limit() {
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
         "cudaDeviceGetAttribute");
   return static_cast<size_t>(optin) - 2048;  // static shared variables and reserve
+}
+
+// Splits the tensor product into warp tasks (path, 32 channels) and deals them to the
+// kWarps warps, largest cost (d1 x d3 multiply-adds per edge and channel) first, each to
+// the least loaded warp; fills task_begin and returns the tasks grouped by warp.
+template <class T>
+std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T>::InBlock>& blocks,
+                                               const std::vector<typename Conv<T>::Path>& paths,
+                                               int task_begin[kWarps + 1]) {
+  using Task = typename Conv<T>::Task;
+  struct Costed {
+    Task task;
+    int cost;
+  };
+  std::vector<Costed> all;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int p = blocks[b].path_begin; p < blocks[b].path_end; ++p)
+      for (int u0 = 0; u0 < blocks[b].mul; u0 += 32)
+        all.push_back({{static_cast<int>(b), p, u0}, blocks[b].d1 * paths[p].d3});
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
+  std::vector<std::vector<Task>> per_warp(kWarps);
+  std::vector<int> load(kWarps, 0);
+  for (const Costed& t : all) {
+    const int w = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    per_warp[w].push_back(t.task);
+    load[w] += t.cost;
+  }
+  std::vector<Task> out;
+  for (int w = 0; w < kWarps; ++w) {
+    task_begin[w] = static_cast<int>(out.size());
+    out.insert(out.end(), per_warp[w].begin(), per_warp[w].end());
+  }
+  task_begin[kWarps] = static_cast<int>(out.size());
+  return out;
 }
 
 // The float32 radial MLP on the tensor cores (3xTF32, as accurate as FMAs) unless
@@ -729,6 +766,7 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   using InBlock = typename Conv<T>::InBlock;
   using Path = typename Conv<T>::Path;
   using MEntry = typename Conv<T>::MEntry;
+  using Task = typename Conv<T>::Task;
   Conv<T> c;
   auto& v = c.view;
   v.dim_in = static_cast<int>(conv.dim_in);
@@ -740,7 +778,7 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   std::vector<MEntry> entries;
   std::vector<T> cg;
   std::vector<int64_t> outputs_seen;
-  int channels = 0;
+  int channels = 0, gx_slots = 0;
   for (const auto& ib : conv.in_blocks) {
     InBlock b{static_cast<int>(ib.offset),    ib.mul, ib.d, channels,
               static_cast<int>(paths.size()), 0};
@@ -758,7 +796,9 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
              p.d2,
              p.d3,
              p.l2 % 2,
-             static_cast<int>(entries.size())};
+             static_cast<int>(entries.size()),
+             gx_slots};
+      gx_slots += p.d1 * ib.mul;
       const int cg_begin = static_cast<int>(cg.size());
       cg.insert(cg.end(), p.cg.begin(), p.cg.end());
       for (int a = 0; a < p.d1; ++a)
@@ -774,6 +814,10 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
     throw Error("internal: convolution path outside the input blocks");
   v.num_blocks = static_cast<int>(blocks.size());
   v.num_channels = channels;
+  v.gx_slots = gx_slots;
+  const std::vector<Task> tasks = deal_tasks<T>(blocks, paths, v.task_begin);
+  c.tasks.upload(tasks);
+  v.tasks = c.tasks.data();
   v.m_per_edge = static_cast<int>(entries.size());
   c.blocks.upload(blocks);
   c.paths.upload(paths);

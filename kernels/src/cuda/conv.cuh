@@ -25,6 +25,7 @@
 namespace e3fuse::cuda {
 
 constexpr int kMaxMlpLayers = 8;
+constexpr int kConvWarps = 8;  // warps per block of the convolution kernels
 constexpr int kMaxBasis = 32;
 
 // Radial basis and spherical harmonics, as flat device tables.
@@ -53,8 +54,16 @@ struct Conv {
   struct InBlock {
     int in_offset, mul, d1, chan_begin, path_begin, path_end;
   };
+  // gx_offset: the path's slot [d1][mul] of dE/dx partial sums in the backward pass.
   struct Path {
-    int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset;
+    int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset, gx_offset;
+  };
+  // The tensor product is dealt to the warps as tasks: path `path` for the 32 channels
+  // u0 .. u0 + 31 of its input block (one per lane). Tasks are balanced over the warps by
+  // their cost (d1 x d3) once, at load time, so no warp waits on another carrying the
+  // high-l paths alone.
+  struct Task {
+    int block, path, u0;
   };
   // M[e][m] = sum_b cg[cg_base + b * d3] * Y[e][sh_offset + b] (see ops/tp.h).
   struct MEntry {
@@ -65,6 +74,9 @@ struct Conv {
     int num_blocks = 0, num_channels = 0;
     const InBlock* blocks = nullptr;
     const Path* paths = nullptr;  // grouped by input block
+    const Task* tasks = nullptr;  // warp w runs tasks[task_begin[w] .. task_begin[w + 1])
+    int task_begin[kConvWarps + 1] = {};
+    int gx_slots = 0;  // sum over paths of d1 x mul
     int m_per_edge = 0;
     const MEntry* m_entries = nullptr;
     const T* cg = nullptr;
@@ -85,6 +97,7 @@ struct Conv {
   View view;
   DeviceArray<InBlock> blocks;
   DeviceArray<Path> paths;
+  DeviceArray<Task> tasks;
   DeviceArray<MEntry> m_entries;
   DeviceArray<T> cg, mlp;
   DeviceArray<float> mlp_fragments;
