@@ -57,10 +57,13 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.K = take(t * ec * c.m_per_edge * 3);
     s.acc = take(t * c.gx_slots);
     const size_t cpt = t == 4 ? 4 : 2;  // backward_cpt<T>()
-    // the SIMT adjoint's partial rows, or the tensor-core one's kWarps partials
-    const size_t part_cols = std::max({static_cast<size_t>(c.max_hidden), kThreads * cpt,
-                                       static_cast<size_t>(kWarps) * c.max_hidden});
-    s.part = take(t * ec * part_cols);
+    // the tensor-core adjoint's kWarps partial sums [EC][K], or the SIMT one's partial rows
+    const bool tensor_cores = t == 4 && ec % 8 == 0 && c.frag_bwd[0] != nullptr;
+    const size_t part_cols = tensor_cores
+                                 ? static_cast<size_t>(kWarps) * c.max_hidden
+                                 : std::max(static_cast<size_t>(c.max_hidden), kThreads * cpt);
+    // also holds each thread's per-edge force partials during the tensor product
+    s.part = take(t * ec * std::max(part_cols, static_cast<size_t>(3 * kThreads)));
     s.red = take(sizeof(double) * kWarps * 12);
   }
   s.total = o;
@@ -397,62 +400,76 @@ struct ForceAcc {
   }
 };
 
-// One edge e = (k, j) of a task (both directions of the pair, see cpu/conv.cpp): the
-// MLP-output adjoint goes to the weight slot, dE/dx_k's partial to the path's gx slot,
-// and the angular part of f = dE/dv(e1) - dE/dv(e2), contracted through K, to fe.
+// The chunk's edges e = (k, j) of one task (both directions of each pair, see
+// cpu/conv.cpp): the MLP-output adjoint goes to the weight slot, dE/dx_k's partial to
+// the path's gx slot, and the angular part of f = dE/dv(e1) - dE/dv(e2), contracted
+// through K, to this thread's column of fe: fe[(3 e + a) * kThreads] (shared memory;
+// registers would spill).
 template <class T, int D1, int D3>
-__device__ void tp_backward_edge(const typename Conv<T>::View& c,
+__device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
-                                 const typename Conv<T>::Path& P, int u, int64_t k, int e,
+                                 const typename Conv<T>::Path& P, int u, int64_t k, int n,
                                  const int* sender, const T* __restrict__ x,
                                  const T* __restrict__ grad_y, T* wts, const T* M, const T* K,
-                                 T* gx_slot, T fe[3]) {
-  const int64_t j = sender[e];
-  T xj[D1], xk[D1], gk[D3], gj[D3];
-  const T* xj_row = x + j * c.dim_in + B.in_offset + u;
+                                 T* gx_slot, T* fe) {
+  T xk[D1], gk[D3], gxa[D1];
   const T* xk_row = x + k * c.dim_in + B.in_offset + u;
-#pragma unroll
-  for (int a = 0; a < D1; ++a) {
-    xj[a] = __ldg(xj_row + a * B.mul);
-    xk[a] = __ldg(xk_row + a * B.mul);
-  }
   const T* gk_row = grad_y + k * c.dim_out + P.out_offset + u;
-  const T* gj_row = grad_y + j * c.dim_out + P.out_offset + u;
-#pragma unroll
-  for (int q = 0; q < D3; ++q) {
-    gk[q] = __ldg(gk_row + q * B.mul);
-    gj[q] = __ldg(gj_row + q * B.mul);
-  }
-  T* slot = wts + e * c.weight_numel + P.weight_offset + u;
-  const T w = *slot;
-  const T* Mp = M + e * c.m_per_edge + P.m_offset;
-  const T* Kp = K + 3 * (e * c.m_per_edge + P.m_offset);
-  const T s = P.parity ? T(-1) : T(1);
-  T dw1 = T(0), dw2 = T(0);
 #pragma unroll
   for (int a = 0; a < D1; ++a) {
-    T mg1 = T(0), mg2 = T(0);
-#pragma unroll
-    for (int q = 0; q < D3; ++q) {
-      mg1 += Mp[a * D3 + q] * gk[q];
-      mg2 += Mp[a * D3 + q] * gj[q];
-    }
-    dw1 += xj[a] * mg1;
-    dw2 += xk[a] * mg2;
-    gx_slot[a * B.mul] += w * s * mg2;
+    xk[a] = __ldg(xk_row + a * B.mul);
+    gxa[a] = T(0);
   }
-  *slot = (dw1 + s * dw2) * c.inv_denominator;
-  const T ws = w * c.inv_denominator;
 #pragma unroll
-  for (int a = 0; a < D1; ++a)
+  for (int q = 0; q < D3; ++q) gk[q] = __ldg(gk_row + q * B.mul);
+  const T s = P.parity ? T(-1) : T(1);
+#pragma unroll 1
+  for (int e = 0; e < n; ++e) {
+    const int64_t j = sender[e];
+    T xj[D1], gj[D3];
+    const T* xj_row = x + j * c.dim_in + B.in_offset + u;
+    const T* gj_row = grad_y + j * c.dim_out + P.out_offset + u;
 #pragma unroll
-    for (int q = 0; q < D3; ++q) {
-      const T t = ws * (xj[a] * gk[q] + s * xk[a] * gj[q]);
-      const T* kk = Kp + 3 * (a * D3 + q);
-      fe[0] += kk[0] * t;
-      fe[1] += kk[1] * t;
-      fe[2] += kk[2] * t;
+    for (int a = 0; a < D1; ++a) xj[a] = __ldg(xj_row + a * B.mul);
+#pragma unroll
+    for (int q = 0; q < D3; ++q) gj[q] = __ldg(gj_row + q * B.mul);
+    T* slot = wts + e * c.weight_numel + P.weight_offset + u;
+    const T w = *slot;
+    const T* Mp = M + e * c.m_per_edge + P.m_offset;
+    const T* Kp = K + 3 * (e * c.m_per_edge + P.m_offset);
+    T dw1 = T(0), dw2 = T(0);
+#pragma unroll
+    for (int a = 0; a < D1; ++a) {
+      T mg1 = T(0), mg2 = T(0);
+#pragma unroll
+      for (int q = 0; q < D3; ++q) {
+        mg1 += Mp[a * D3 + q] * gk[q];
+        mg2 += Mp[a * D3 + q] * gj[q];
+      }
+      dw1 += xj[a] * mg1;
+      dw2 += xk[a] * mg2;
+      gxa[a] += w * s * mg2;
     }
+    *slot = (dw1 + s * dw2) * c.inv_denominator;
+    const T ws = w * c.inv_denominator;
+    T f0 = T(0), f1 = T(0), f2 = T(0);
+#pragma unroll
+    for (int a = 0; a < D1; ++a)
+#pragma unroll
+      for (int q = 0; q < D3; ++q) {
+        const T t = ws * (xj[a] * gk[q] + s * xk[a] * gj[q]);
+        const T* kk = Kp + 3 * (a * D3 + q);
+        f0 += kk[0] * t;
+        f1 += kk[1] * t;
+        f2 += kk[2] * t;
+      }
+    T* f = fe + 3 * e * kThreads;
+    f[0] += f0;
+    f[kThreads] += f1;
+    f[2 * kThreads] += f2;
+  }
+#pragma unroll
+  for (int a = 0; a < D1; ++a) gx_slot[a * B.mul] += gxa[a];
 }
 
 // Block-wide deterministic sum of the per-thread force/virial partials; thread 0 adds to node k.
@@ -631,8 +648,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, M, K);
     __syncthreads();
-    for (int e = 0; e < n; ++e) {
-      T fe[3] = {T(0), T(0), T(0)};
+    {
+      T* fe = part + threadIdx.x;  // this thread's column [EC][3] of force partials
+      for (int r = 0; r < 3 * n; ++r) fe[r * kThreads] = T(0);
       for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
         const typename Conv<T>::Task task = c.tasks[q];
         const typename Conv<T>::InBlock B = c.blocks[task.block];
@@ -640,11 +658,15 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int ch = task.u0 + lane;
         if (ch >= B.mul) continue;
         with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) {
-          tp_backward_edge<T, decltype(d1)::value, decltype(d3)::value>(
-              c, B, P, ch, k, e, s_sender, x, grad_y, wts, M, K, gx + P.gx_offset + ch, fe);
+          tp_backward_task<T, decltype(d1)::value, decltype(d3)::value>(
+              c, B, P, ch, k, n, s_sender, x, grad_y, wts, M, K, gx + P.gx_offset + ch, fe);
         });
       }
-      acc.add(vec + 3 * e, fe);
+      for (int e = 0; e < n; ++e) {
+        const T f[3] = {fe[3 * e * kThreads], fe[(3 * e + 1) * kThreads],
+                        fe[(3 * e + 2) * kThreads]};
+        acc.add(vec + 3 * e, f);
+      }
     }
     __syncthreads();
     // Radial part: dE/dr per edge through the MLP, f += dr * u.
@@ -722,6 +744,8 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
 
 // The float32 radial MLP on the tensor cores (3xTF32, as accurate as FMAs) unless
 // E3FUSE_TF32=0 (kept to measure both) or the device is older than sm_80.
+// The kernels' shared-memory layout depends on it, so it also checks the code that
+// runs was compiled for sm_80 or later (not JIT-compiled from older PTX).
 bool tensor_cores_enabled() {
   const char* env = std::getenv("E3FUSE_TF32");
   if (env && std::string(env) == "0") return false;
@@ -729,7 +753,9 @@ bool tensor_cores_enabled() {
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
         "cudaDeviceGetAttribute");
-  return major >= 8;
+  cudaFuncAttributes attr{};
+  check(cudaFuncGetAttributes(&attr, conv_backward_kernel<float, 8>), "cudaFuncGetAttributes");
+  return major >= 8 && attr.ptxVersion >= 80;
 }
 
 }  // namespace
