@@ -352,32 +352,6 @@ __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
   }
 }
 
-// f(i, p[i]) for i < N, reading p (shared memory, 16-byte aligned, readable up to the
-// next 16 bytes) with 16-byte loads: a quarter of the load instructions of scalar reads,
-// which bound the tensor product (all lanes read the same per-edge M and K values).
-template <class T, int N, class F>
-__device__ __forceinline__ void smem_for_each(const T* p, F&& f) {
-  constexpr int W = 16 / sizeof(T);
-#pragma unroll
-  for (int v = 0; v < (N + W - 1) / W; ++v) {
-    T buf[W];
-    if constexpr (sizeof(T) == 4) {
-      const float4 q = reinterpret_cast<const float4*>(p)[v];
-      buf[0] = q.x;
-      buf[1] = q.y;
-      buf[2] = q.z;
-      buf[3] = q.w;
-    } else {
-      const double2 q = reinterpret_cast<const double2*>(p)[v];
-      buf[0] = q.x;
-      buf[1] = q.y;
-    }
-#pragma unroll
-    for (int w = 0; w < W; ++w)
-      if (v * W + w < N) f(v * W + w, buf[w]);
-  }
-}
-
 // f(d1, d3) with both as compile-time constants.
 template <class F>
 __device__ __forceinline__ void with_path_dims(int d1, int d3, F&& f) {
@@ -399,13 +373,14 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
 #pragma unroll
     for (int a = 0; a < D1; ++a) xa[a] = __ldg(xj + a * B.mul);
     const T w = wts[e * c.weight_numel + P.weight_offset + u];
-    T s[D3];
+    const T* Mp = M + e * c.m_per_edge + P.m_offset;
 #pragma unroll
-    for (int k = 0; k < D3; ++k) s[k] = T(0);
-    smem_for_each<T, D1 * D3>(M + e * c.m_per_edge + P.m_offset,
-                              [&](int i, T m) { s[i % D3] += m * xa[i / D3]; });
+    for (int k = 0; k < D3; ++k) {
+      T s = T(0);
 #pragma unroll
-    for (int k = 0; k < D3; ++k) acc[k] += w * s[k];
+      for (int a = 0; a < D1; ++a) s += Mp[a * D3 + k] * xa[a];
+      acc[k] += w * s;
+    }
   }
   T* y = yacc + P.out_offset + u;
 #pragma unroll
@@ -462,31 +437,36 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     const T w = *slot;
     const T* Mp = M + e * c.m_per_edge + P.m_offset;
     const T* Kp = K + 3 * (e * c.m_per_edge + P.m_offset);
-    T mg1[D1], mg2[D1];
-#pragma unroll
-    for (int a = 0; a < D1; ++a) mg1[a] = mg2[a] = T(0);
-    smem_for_each<T, D1 * D3>(Mp, [&](int i, T m) {
-      mg1[i / D3] += m * gk[i % D3];
-      mg2[i / D3] += m * gj[i % D3];
-    });
     T dw1 = T(0), dw2 = T(0);
 #pragma unroll
     for (int a = 0; a < D1; ++a) {
-      dw1 += xj[a] * mg1[a];
-      dw2 += xk[a] * mg2[a];
-      gxa[a] += w * s * mg2[a];
+      T mg1 = T(0), mg2 = T(0);
+#pragma unroll
+      for (int q = 0; q < D3; ++q) {
+        mg1 += Mp[a * D3 + q] * gk[q];
+        mg2 += Mp[a * D3 + q] * gj[q];
+      }
+      dw1 += xj[a] * mg1;
+      dw2 += xk[a] * mg2;
+      gxa[a] += w * s * mg2;
     }
     *slot = (dw1 + s * dw2) * c.inv_denominator;
     const T ws = w * c.inv_denominator;
-    T f3[3] = {T(0), T(0), T(0)};
-    smem_for_each<T, 3 * D1 * D3>(Kp, [&](int r, T kv) {
-      const int a = r / 3 / D3, q = r / 3 % D3;
-      f3[r % 3] += kv * (ws * (xj[a] * gk[q] + s * xk[a] * gj[q]));
-    });
+    T f0 = T(0), f1 = T(0), f2 = T(0);
+#pragma unroll
+    for (int a = 0; a < D1; ++a)
+#pragma unroll
+      for (int q = 0; q < D3; ++q) {
+        const T t = ws * (xj[a] * gk[q] + s * xk[a] * gj[q]);
+        const T* kk = Kp + 3 * (a * D3 + q);
+        f0 += kk[0] * t;
+        f1 += kk[1] * t;
+        f2 += kk[2] * t;
+      }
     T* f = fe + 3 * e * kThreads;
-    f[0] += f3[0];
-    f[kThreads] += f3[1];
-    f[2 * kThreads] += f3[2];
+    f[0] += f0;
+    f[kThreads] += f1;
+    f[2 * kThreads] += f2;
   }
 #pragma unroll
   for (int a = 0; a < D1; ++a) gx_slot[a * B.mul] += gxa[a];
@@ -727,13 +707,6 @@ size_t shared_limit() {
   return static_cast<size_t>(optin) - 2048;  // static shared variables and reserve
 }
 
-// Zero entries (d2 = 0: M = K = 0) up to a multiple of 4, so that every path's M and K
-// rows start 16-byte aligned in shared memory (smem_for_each).
-template <class MEntry>
-void pad_entries(std::vector<MEntry>& entries) {
-  while (entries.size() % 4 != 0) entries.push_back({0, 0, 1, 0});
-}
-
 // Splits the tensor product into warp tasks (path, 32 channels) and deals them to the
 // kWarps warps, largest cost (d1 x d3 multiply-adds per edge and channel) first, each to
 // the least loaded warp; fills task_begin and returns the tasks grouped by warp.
@@ -853,8 +826,6 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
              gx_slots};
       gx_slots += p.d1 * ib.mul;
       const int cg_begin = static_cast<int>(cg.size());
-      pad_entries(entries);
-      q.m_offset = static_cast<int>(entries.size());
       cg.insert(cg.end(), p.cg.begin(), p.cg.end());
       for (int a = 0; a < p.d1; ++a)
         for (int k = 0; k < p.d3; ++k)
@@ -867,7 +838,6 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   }
   if (paths.size() != conv.paths.size())
     throw Error("internal: convolution path outside the input blocks");
-  pad_entries(entries);
   v.num_blocks = static_cast<int>(blocks.size());
   v.num_channels = channels;
   v.gx_slots = gx_slots;
