@@ -539,9 +539,15 @@ def merged_doc(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return doc
-    keys = {_row_key(r) for r in doc["rows"]}
+    old_rows = old.get("rows", [])
+    measured_before = {_row_key(r) for r in old_rows if r.get("status") != "skipped"}
+    # a case this run skipped (deadline) keeps its earlier measurement
+    new_rows = [
+        r for r in doc["rows"] if r.get("status") != "skipped" or _row_key(r) not in measured_before
+    ]
+    keys = {_row_key(r) for r in new_rows}
     doc = dict(doc)
-    doc["rows"] = [r for r in old.get("rows", []) if _row_key(r) not in keys] + doc["rows"]
+    doc["rows"] = [r for r in old_rows if _row_key(r) not in keys] + new_rows
     doc["rows"].sort(key=lambda r: (r["atoms"], r["engine"]))
     doc["runs"] = old.get("runs", []) + [doc["meta"]]
     return doc
