@@ -804,10 +804,9 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   std::vector<MEntry> entries;
   std::vector<T> cg;
   std::vector<int64_t> outputs_seen;
-  int channels = 0, gx_slots = 0;
+  int gx_slots = 0;
   for (const auto& ib : conv.in_blocks) {
-    InBlock b{static_cast<int>(ib.offset),    ib.mul, ib.d, channels,
-              static_cast<int>(paths.size()), 0};
+    InBlock b{static_cast<int>(ib.offset), ib.mul, ib.d, static_cast<int>(paths.size()), 0};
     for (const auto& p : conv.paths) {
       if (p.in_offset != ib.offset) continue;
       if (p.mul != ib.mul || p.d1 != ib.d)
@@ -833,13 +832,11 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
       paths.push_back(q);
     }
     b.path_end = static_cast<int>(paths.size());
-    channels += ib.mul;
     blocks.push_back(b);
   }
   if (paths.size() != conv.paths.size())
     throw Error("internal: convolution path outside the input blocks");
   v.num_blocks = static_cast<int>(blocks.size());
-  v.num_channels = channels;
   v.gx_slots = gx_slots;
   const std::vector<Task> tasks = deal_tasks<T>(blocks, paths, v.task_begin);
   c.tasks.upload(tasks);

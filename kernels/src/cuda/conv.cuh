@@ -50,9 +50,9 @@ struct Geometry {
 
 template <class T>
 struct Conv {
-  // Input channels grouped by input block: channel c of block b is u = c - chan_begin.
+  // One input irrep block and its paths (paths[path_begin .. path_end)).
   struct InBlock {
-    int in_offset, mul, d1, chan_begin, path_begin, path_end;
+    int in_offset, mul, d1, path_begin, path_end;
   };
   // gx_offset: the path's slot [d1][mul] of dE/dx partial sums in the backward pass.
   struct Path {
@@ -71,7 +71,7 @@ struct Conv {
   };
   struct View {
     int dim_in = 0, dim_out = 0, weight_numel = 0;
-    int num_blocks = 0, num_channels = 0;
+    int num_blocks = 0;
     const InBlock* blocks = nullptr;
     const Path* paths = nullptr;  // grouped by input block
     const Task* tasks = nullptr;  // warp w runs tasks[task_begin[w] .. task_begin[w + 1])
