@@ -358,6 +358,21 @@ __device__ __forceinline__ void with_path_dims(int d1, int d3, F&& f) {
   with_irrep_dim(d1, [&](auto a) { with_irrep_dim(d3, [&](auto b) { f(a, b); }); });
 }
 
+// Runs this warp's tensor-product tasks: f(d1, d3, B, P, u) with d1 and d3 compile-time
+// irrep dimensions and u this lane's channel (lanes past the block's width sit out).
+template <class T, class F>
+__device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View& c, F&& f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
+    const typename Conv<T>::Task task = c.tasks[q];
+    const typename Conv<T>::InBlock B = c.blocks[task.block];
+    const typename Conv<T>::Path P = c.paths[task.path];
+    const int u = task.u0 + lane;
+    if (u >= B.mul) continue;
+    with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) { f(d1, d3, B, P, u); });
+  }
+}
+
 // y[out block of P][k][u] += w_e sum_a M_e[a][k] x_j[a][u] over the chunk's edges, summed
 // in registers and added once (the slot belongs to this lane alone).
 template <class T, int D1, int D3>
@@ -515,7 +530,6 @@ __global__ void __launch_bounds__(kThreads, 3)
   __shared__ int s_count;
 
   const int64_t i = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yacc[q] = T(0);
   if (threadIdx.x == 0) s_pos = g.row_offsets[i];
   const int64_t end = g.row_offsets[i + 1];
@@ -532,17 +546,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M, nullptr);
     __syncthreads();
-    for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
-      const typename Conv<T>::Task task = c.tasks[q];
-      const typename Conv<T>::InBlock B = c.blocks[task.block];
-      const typename Conv<T>::Path P = c.paths[task.path];
-      const int ch = task.u0 + lane;
-      if (ch >= B.mul) continue;
-      with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) {
-        tp_forward_task<T, decltype(d1)::value, decltype(d3)::value>(c, B, P, ch, n, s_sender, x,
-                                                                     wts, M, yacc);
-      });
-    }
+    for_each_warp_task<T>(c, [&](auto d1, auto d3, const auto& B, const auto& P, int ch) {
+      tp_forward_task<T, decltype(d1)::value, decltype(d3)::value>(c, B, P, ch, n, s_sender, x, wts,
+                                                                   M, yacc);
+    });
     __syncthreads();
   }
   T* yi = y + i * c.dim_out;
@@ -632,7 +639,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ int s_count;
 
   const int64_t k = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int q = threadIdx.x; q < c.gx_slots; q += blockDim.x) gx[q] = T(0);
   if (threadIdx.x == 0) s_pos = g.row_offsets[k];
   const int64_t end = g.row_offsets[k + 1];
@@ -651,17 +657,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     {
       T* fe = part + threadIdx.x;  // this thread's column [EC][3] of force partials
       for (int r = 0; r < 3 * n; ++r) fe[r * kThreads] = T(0);
-      for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
-        const typename Conv<T>::Task task = c.tasks[q];
-        const typename Conv<T>::InBlock B = c.blocks[task.block];
-        const typename Conv<T>::Path P = c.paths[task.path];
-        const int ch = task.u0 + lane;
-        if (ch >= B.mul) continue;
-        with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) {
-          tp_backward_task<T, decltype(d1)::value, decltype(d3)::value>(
-              c, B, P, ch, k, n, s_sender, x, grad_y, wts, M, K, gx + P.gx_offset + ch, fe);
-        });
-      }
+      for_each_warp_task<T>(c, [&](auto d1, auto d3, const auto& B, const auto& P, int ch) {
+        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value>(
+            c, B, P, ch, k, n, s_sender, x, grad_y, wts, M, K, gx + P.gx_offset + ch, fe);
+      });
       for (int e = 0; e < n; ++e) {
         const T f[3] = {fe[3 * e * kThreads], fe[(3 * e + 1) * kThreads],
                         fe[(3 * e + 2) * kThreads]};
