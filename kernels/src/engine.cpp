@@ -78,6 +78,17 @@ Precision parse_precision(const std::string& name) {
   throw Error("unknown precision '" + name + "' (expected 'float32' or 'float64')");
 }
 
+Radial parse_radial(const std::string& name) {
+  if (name == "auto") return Radial::automatic;
+  if (name == "mlp") return Radial::mlp;
+  if (name == "table") return Radial::table;
+  throw Error("unknown radial evaluation '" + name + "' (expected 'auto', 'mlp' or 'table')");
+}
+
+const char* to_string(Radial r) {
+  return r == Radial::table ? "table" : r == Radial::mlp ? "mlp" : "auto";
+}
+
 const char* to_string(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 const char* to_string(Precision p) { return p == Precision::float64 ? "float64" : "float32"; }
 
@@ -160,7 +171,8 @@ void zero_rows_from(std::vector<T>& a, int64_t first_row, int width) {
 template <class T>
 class CpuRunner {
  public:
-  explicit CpuRunner(const ModelPlan& plan) : plan_(cpu::make_typed_plan<T>(plan)) {
+  CpuRunner(const ModelPlan& plan, bool radial_tables)
+      : plan_(cpu::make_typed_plan<T>(plan, radial_tables)) {
     for (auto& layer : plan_.layers)
       cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
   }
@@ -262,8 +274,9 @@ class MaceRunner {
  public:
   using Layer = cpu::MaceBlock<T>;
 
-  explicit MaceRunner(const ModelPlan& plan) : geom_(cpu::make_typed_plan<T>(plan)) {
-    for (const MaceLayer& l : plan.mace_layers) layers_.push_back(cpu::make_mace_block<T>(l));
+  MaceRunner(const ModelPlan& plan, bool radial_tables) : geom_(cpu::make_typed_plan<T>(plan)) {
+    for (const MaceLayer& l : plan.mace_layers)
+      layers_.push_back(cpu::make_mace_block<T>(l, radial_tables ? &plan : nullptr));
     e0_ = plan.e0;
     scale_ = plan.mace_scale;
     shift_ = plan.mace_shift;
@@ -403,19 +416,23 @@ struct Engine::Impl {
 };
 
 Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision precision,
-               int num_threads, int gpu)
+               int num_threads, int gpu, Radial radial)
     : model_(std::move(model)),
       device_(device),
       precision_(precision),
+      radial_(radial != Radial::automatic       ? radial
+              : precision == Precision::float32 ? Radial::table
+                                                : Radial::mlp),
       impl_(std::make_unique<Impl>()) {
   if (!model_) throw Error("Engine: no model");
   const std::string& family = model_->family();
   if (family != "sevennet" && family != "mace")
     throw Error("model family '" + family + "' is not supported");
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
+  const bool tables = radial_ == Radial::table;
   if (device == Device::cuda) {
 #ifdef E3FUSE_WITH_CUDA
-    impl_->gpu = cuda::make_backend(model_->plan(), precision, gpu);
+    impl_->gpu = cuda::make_backend(model_->plan(), precision, gpu, tables);
     return;
 #else
     (void)gpu;
@@ -424,13 +441,13 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
   }
   if (family == "mace") {
     if (precision == Precision::float64)
-      impl_->mace64 = std::make_unique<MaceRunner<double>>(model_->plan());
+      impl_->mace64 = std::make_unique<MaceRunner<double>>(model_->plan(), tables);
     else
-      impl_->mace32 = std::make_unique<MaceRunner<float>>(model_->plan());
+      impl_->mace32 = std::make_unique<MaceRunner<float>>(model_->plan(), tables);
   } else if (precision == Precision::float64)
-    impl_->f64 = std::make_unique<CpuRunner<double>>(model_->plan());
+    impl_->f64 = std::make_unique<CpuRunner<double>>(model_->plan(), tables);
   else
-    impl_->f32 = std::make_unique<CpuRunner<float>>(model_->plan());
+    impl_->f32 = std::make_unique<CpuRunner<float>>(model_->plan(), tables);
 }
 
 Engine::~Engine() = default;
@@ -572,7 +589,8 @@ std::string Engine::describe() const {
   std::string s = std::string("e3fuse ") + version() + ": " + model_->family() + " model (" +
                   std::to_string(model_->num_layers()) + " layers, cutoff " + cutoff + " A, " +
                   std::to_string(model_->atomic_numbers().size()) + " elements), device " +
-                  to_string(device_) + ", precision " + to_string(precision_) + ", ";
+                  to_string(device_) + ", precision " + to_string(precision_) + ", radial " +
+                  to_string(radial_) + ", ";
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) return s + "GPU " + impl_->gpu->device_name();
 #endif

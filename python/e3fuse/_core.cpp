@@ -295,16 +295,17 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](std::shared_ptr<Model> model, const std::string& device,
-                       const std::string& precision, int num_threads) {
+                       const std::string& precision, int num_threads, const std::string& radial) {
              return std::make_unique<Engine>(model, parse_device(device),
                                              parse_precision(precision), num_threads,
-                                             parse_gpu_index(device));
+                                             parse_gpu_index(device), parse_radial(radial));
            }),
            py::arg("model"), py::arg("device") = "cpu", py::arg("precision") = "float64",
-           py::arg("num_threads") = 0)
+           py::arg("num_threads") = 0, py::arg("radial") = "auto")
       .def("describe", &Engine::describe)
       .def_property_readonly("device", [](const Engine& e) { return to_string(e.device()); })
       .def_property_readonly("precision", [](const Engine& e) { return to_string(e.precision()); })
+      .def_property_readonly("radial", [](const Engine& e) { return to_string(e.radial()); })
       // Evaluate on the neighbor list's current graph (after NeighborList.update).
       .def(
           "compute_neighbors",

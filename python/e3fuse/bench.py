@@ -260,6 +260,7 @@ def measure_size(
     skin: float,
     displacement: float,
     seed: int = 0,
+    radial: str = "auto",
 ) -> dict[str, Any]:
     """One size: build the supercell and a fresh calculator, one warm-up step, then `steps`
     timed MD-like steps (every coordinate moved by N(0, displacement) before each)."""
@@ -274,7 +275,7 @@ def measure_size(
     host_reset = reset_host_peak()
     if on_gpu:
         e3fuse_reset_device_peak()
-    calc = Calculator(model, device=device, dtype=dtype, skin=skin)
+    calc = Calculator(model, device=device, dtype=dtype, skin=skin, radial=radial)
     try:
         t0 = time.perf_counter()
         calc.calculate(atoms, PROPERTIES)
@@ -369,7 +370,7 @@ def plot_scaling(rows: list[dict[str, Any]], path: str | Path, title: str, mem_l
     return True
 
 
-def metadata(model: str, device: str, dtype: str) -> dict[str, Any]:
+def metadata(model: str, device: str, dtype: str, radial: str = "auto") -> dict[str, Any]:
     from . import __version__, _core
 
     gpu = gpu_info() if device == "cuda" else None
@@ -378,6 +379,7 @@ def metadata(model: str, device: str, dtype: str) -> dict[str, Any]:
         "model_family": _core.Model.load(str(model)).family,
         "device": device,
         "dtype": dtype,
+        "radial": radial,
         "gpu": gpu,
         "cpu": platform.processor() or platform.machine(),
         "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -400,6 +402,7 @@ def run_scaling(
     plot: str | None = None,
     json_out: str | None = None,
     echo: Callable[[str], None] = print,
+    radial: str = "auto",
 ) -> list[dict[str, Any]]:
     """Grow the supercell until out of memory, `max_atoms` or `time_limit_s`; one row per size."""
     if sizes:
@@ -413,12 +416,12 @@ def run_scaling(
         if max_atoms is None:
             max_atoms = 64_000_000 if device == "cuda" else 4000
         repeats = repeats_for(max_atoms)
-    meta = metadata(model, device, dtype)
+    meta = metadata(model, device, dtype, radial)
     gpu = meta["gpu"]["name"] if meta["gpu"] else None
     mem_label = "device memory" if device == "cuda" else "host RSS growth"
     echo(
         f"# e3fuse bench scaling: {model} ({meta['model_family']}), {device}"
-        f"{' ' + gpu if gpu else ''}, {dtype}, {steps} steps per size, "
+        f"{' ' + gpu if gpu else ''}, {dtype}, radial {radial}, {steps} steps per size, "
         f"displacement {displacement} A/step, skin {skin} A"
     )
     echo(HEADER)
@@ -435,7 +438,7 @@ def run_scaling(
                 break
         t0 = time.perf_counter()
         try:
-            row = measure_size(model, n, device, dtype, steps, skin, displacement)
+            row = measure_size(model, n, device, dtype, steps, skin, displacement, radial=radial)
         except Exception as err:  # noqa: BLE001 - report and stop growing
             if is_out_of_memory(err):
                 stopped = f"out of memory at {4 * n**3:,} atoms ({type(err).__name__}: {err})"

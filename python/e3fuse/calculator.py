@@ -50,6 +50,9 @@ class Calculator(AseCalculator):
         has moved more than skin / 2 (or the cell, periodicity or atom count changed).
     num_threads: CPU threads (0: OpenMP's default).
     min_distance: atoms closer than this (Angstrom) are refused as unphysical.
+    radial: how the radial MLPs are evaluated: "mlp" (per edge, the model's layers),
+        "table" (a cubic table in r built at load, error below float32 rounding) or
+        "auto" (table in float32, mlp in float64).
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress", "stresses"]
@@ -62,6 +65,7 @@ class Calculator(AseCalculator):
         skin: float = 0.5,
         num_threads: int = 0,
         min_distance: float = 0.1,
+        radial: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -69,7 +73,7 @@ class Calculator(AseCalculator):
         if not Path(self.model_path).is_file():
             raise FileNotFoundError(f"model file {self.model_path!r} does not exist")
         self.model = _core.Model.load(self.model_path)
-        self.engine = _core.Engine(self.model, device, dtype, num_threads)
+        self.engine = _core.Engine(self.model, device, dtype, num_threads, radial)
         self.engine.set_neighbor_skin(float(skin))
         self.engine.set_min_distance(float(min_distance))
         self.neighbors = NeighborInfo(self.engine)

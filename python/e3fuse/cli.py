@@ -118,6 +118,7 @@ def cmd_bench_scaling(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit_s,
         plot=args.plot,
         json_out=args.json,
+        radial=args.radial,
     )
     return 0 if rows else 1
 
@@ -155,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help=".e3f model file")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument(
+        "--radial",
+        default="auto",
+        choices=["auto", "mlp", "table"],
+        help="radial MLP per edge or tabulated in r (auto: table in float32)",
+    )
     p.add_argument(
         "--sizes", type=int, nargs="+", default=None, help="atom counts (each 4 n^3, e.g. 864 4000)"
     )

@@ -12,14 +12,21 @@ namespace e3fuse {
 
 enum class Device { cpu, cuda };
 enum class Precision { float32, float64 };
+// How each convolution evaluates its radial MLP R(r): per edge with the model's own
+// layers ("mlp"), or from a cubic Hermite table in r built at load time whose error is
+// below float32 rounding ("table", see ops/radial_table.h). "auto" (the default):
+// table in float32, mlp in float64.
+enum class Radial { automatic, mlp, table };
 
 // "cpu", "cuda" or "cuda:N" (GPU N of this process's visible devices).
 Device parse_device(const std::string& name);
 // The N of "cuda:N"; -1 for "cuda" (the current device, normally 0) and "cpu".
 int parse_gpu_index(const std::string& name);
 Precision parse_precision(const std::string& name);
+Radial parse_radial(const std::string& name);  // "auto", "mlp" or "table"
 const char* to_string(Device device);
 const char* to_string(Precision precision);
+const char* to_string(Radial radial);
 bool cuda_available();
 int cuda_device_count();  // GPUs this process can use (0 without CUDA)
 const char* version();
@@ -70,7 +77,7 @@ class Engine {
  public:
   // gpu: index of the GPU for Device::cuda (-1: the current device).
   Engine(std::shared_ptr<const Model> model, Device device, Precision precision,
-         int num_threads = 0, int gpu = -1);
+         int num_threads = 0, int gpu = -1, Radial radial = Radial::automatic);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -103,13 +110,15 @@ class Engine {
   const Model& model() const { return *model_; }
   Device device() const { return device_; }
   Precision precision() const { return precision_; }
-  std::string describe() const;  // model, device, precision, threads
+  Radial radial() const { return radial_; }  // mlp or table (auto resolved)
+  std::string describe() const;              // model, device, precision, threads
 
  private:
   struct Impl;
   std::shared_ptr<const Model> model_;
   Device device_;
   Precision precision_;
+  Radial radial_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -23,6 +23,7 @@
 #include "e3fuse/error.h"
 #include "ops/activation.h"
 #include "ops/radial.h"
+#include "ops/radial_table.h"
 #include "ops/sh.h"
 #include "ops/tp.h"
 
@@ -105,11 +106,11 @@ struct Tile {
   }
 };
 
-// Collects node i's edges inside the cutoff with their geometry and embedding.
-// Returns false if two atoms coincide (r == 0).
+// Collects node i's edges inside the cutoff with their geometry and (unless the
+// radial MLP is tabulated) embedding. Returns false if two atoms coincide (r == 0).
 template <class T>
 bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool with_grad,
-                 Tile<T>& t) {
+                 bool with_embedding, Tile<T>& t) {
   const int64_t begin = g.row_offsets[i], end = g.row_offsets[i + 1];
   const int sh_dim = plan.sh.dim, nb = plan.num_basis;
   t.reserve_edges(end - begin, sh_dim, nb);
@@ -144,6 +145,7 @@ bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool w
     ops::spherical_harmonics(plan.sh, plan.sh.normalize ? &t.u[3 * e] : &t.vec[3 * e],
                              &t.Y[static_cast<size_t>(e) * sh_dim],
                              with_grad ? &t.dP[3 * static_cast<size_t>(e) * sh_dim] : nullptr);
+    if (!with_embedding) continue;
     // In double whatever T is: cheap per edge, and it keeps float32 accurate near the cutoff.
     double emb[64], demb[64];
     ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope,
@@ -203,6 +205,40 @@ void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
     for (int b = 0; b < num_basis; ++b)
       s += (*g)[static_cast<size_t>(e) * num_basis + b] *
            t.demb[static_cast<size_t>(e) * num_basis + b];
+    t.dr[e] = s;
+  }
+}
+
+// The tabulated radial MLP (ops/radial_table.h): t.weights [n][numel] and, when
+// grad_w is given (dE/dR per edge), dE/dr per edge into t.dr.
+template <class T>
+void table_weights(const RadialTable<T>& table, int64_t numel, Tile<T>& t) {
+  t.weights.resize(static_cast<size_t>(t.n) * numel);
+  for (int e = 0; e < t.n; ++e) {
+    int iv = 0;
+    double x = 0.0;
+    ops::radial_table_locate(t.r_f64[e], table.origin, table.inv_step, table.intervals, iv, x);
+    const T* c = table.coeffs.data() + static_cast<size_t>(iv) * numel * 4;
+    T* w = t.weights.data() + static_cast<size_t>(e) * numel;
+    const T tt = static_cast<T>(x);
+    for (int64_t q = 0; q < numel; ++q) w[q] = ops::radial_table_value(c + 4 * q, tt);
+  }
+}
+
+template <class T>
+void table_backward_to_r(const RadialTable<T>& table, int64_t numel, Tile<T>& t) {
+  t.dr.resize(t.n);
+  const T inv_step = static_cast<T>(table.inv_step);
+  for (int e = 0; e < t.n; ++e) {
+    int iv = 0;
+    double x = 0.0;
+    ops::radial_table_locate(t.r_f64[e], table.origin, table.inv_step, table.intervals, iv, x);
+    const T* c = table.coeffs.data() + static_cast<size_t>(iv) * numel * 4;
+    const T* gw = t.grad_w.data() + static_cast<size_t>(e) * numel;
+    const T tt = static_cast<T>(x);
+    T s = T(0);
+    for (int64_t q = 0; q < numel; ++q)
+      s += gw[q] * ops::radial_table_grad(c + 4 * q, tt, inv_step);
     t.dr[e] = s;
   }
 }
@@ -301,12 +337,15 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
     for (int64_t i = 0; i < g.num_nodes; ++i) {
       T* yi = y + i * conv.dim_out;
       std::fill(yi, yi + conv.dim_out, T(0));
-      if (!gather_tile(plan, g, i, false, t)) {
+      if (!gather_tile(plan, g, i, false, conv.table.empty(), t)) {
         bad_node = i;
         continue;
       }
       if (t.n == 0) continue;
-      mlp_forward(conv.mlp, t);
+      if (conv.table.empty())
+        mlp_forward(conv.mlp, t);
+      else
+        table_weights(conv.table, conv.weight_numel, t);
       const int sh_dim = plan.sh.dim;
       for (int e = 0; e < t.n; ++e) {
         const T* xj = x + static_cast<int64_t>(t.sender[e]) * conv.dim_in;
@@ -340,12 +379,15 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
     for (int64_t k = 0; k < g.num_nodes; ++k) {
       T* gxk = grad_x + k * conv.dim_in;
       std::fill(gxk, gxk + conv.dim_in, T(0));
-      if (!gather_tile(plan, g, k, true, t)) {
+      if (!gather_tile(plan, g, k, true, conv.table.empty(), t)) {
         bad_node = k;
         continue;
       }
       if (t.n == 0) continue;
-      mlp_forward(conv.mlp, t);
+      if (conv.table.empty())
+        mlp_forward(conv.mlp, t);
+      else
+        table_weights(conv.table, conv.weight_numel, t);
       t.grad_w.assign(static_cast<size_t>(t.n) * conv.weight_numel, T(0));
       std::vector<T>& dYc = t.dYc;
       dYc.resize(static_cast<size_t>(t.n) * sh_dim);
@@ -382,7 +424,10 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
           dyc[m] = (dY1[m] + parity[m] * dY2[m]) * conv.inv_denominator;
       }
       for (int64_t q = 0; q < conv.dim_in; ++q) gxk[q] *= conv.inv_denominator;
-      mlp_backward_to_r(conv.mlp, plan.num_basis, t);  // dE/dr per edge in t.dr
+      if (conv.table.empty())
+        mlp_backward_to_r(conv.mlp, plan.num_basis, t);  // dE/dr per edge in t.dr
+      else
+        table_backward_to_r(conv.table, conv.weight_numel, t);
       double fk[3] = {0, 0, 0};
       double wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
       for (int e = 0; e < t.n; ++e) {

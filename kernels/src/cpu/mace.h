@@ -91,15 +91,16 @@ struct MaceBlock {
   T act_scale = T(1);
 };
 
+// With `table_of` (the model), the convolution's radial MLP is also tabulated.
 template <class T>
-MaceBlock<T> make_mace_block(const MaceLayer& l) {
+MaceBlock<T> make_mace_block(const MaceLayer& l, const ModelPlan* table_of = nullptr) {
   MaceBlock<T> q;
   q.residual = l.residual;
   q.add_sc = l.residual && l.product_sc;
   q.skip = make_element_linear<T>(l.skip);
   q.linear_up = make_linear<T>(l.linear_up);
   q.linear = make_linear<T>(l.linear);
-  q.conv = make_conv<T>(l.conv);
+  q.conv = make_conv<T>(l.conv, table_of);
   q.product = make_symmetric_contraction<T>(l.product);
   q.product_linear = make_linear<T>(l.product_linear);
   q.readout_1 = make_linear<T>(l.readout.linear_1);

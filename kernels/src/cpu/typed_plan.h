@@ -42,6 +42,23 @@ struct Mlp {
   T act_scale = T(1);
 };
 
+// The radial MLP tabulated in r (ops/radial_table.h); empty: evaluate the MLP per edge.
+template <class T>
+struct RadialTable {
+  int intervals = 0;                                // 0: no table
+  double origin = 0.0, step = 0.0, inv_step = 0.0;  // knot i at origin + i step
+  std::vector<T> coeffs;                            // [intervals][weight_numel][4]
+  // Largest interpolation error found at the interval midpoints, relative to the
+  // largest |R_w| (value) and |dR_w/dr| (derivative) of the same output w.
+  double value_error = 0.0, grad_error = 0.0;
+  bool empty() const { return intervals == 0; }
+};
+
+// Tabulates `mlp` composed with the model's edge embedding over [0, cutoff], halving the
+// step until the midpoint errors are below float32 rounding (cpu/radial_table.cpp).
+template <class T>
+RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp);
+
 template <class T>
 struct Conv {
   struct Path {
@@ -57,6 +74,7 @@ struct Conv {
   std::vector<Block> in_blocks, out_blocks;  // for layout conversions (tests)
   std::vector<Path> paths;
   Mlp<T> mlp;
+  RadialTable<T> table;  // used instead of mlp when not empty
   T inv_denominator = T(1);
 };
 
@@ -137,8 +155,9 @@ Mlp<T> make_mlp(const MlpPlan& p) {
   return m;
 }
 
+// With `table_of` (the model), the radial MLP is also tabulated (RadialTable).
 template <class T>
-Conv<T> make_conv(const ConvPlan& p) {
+Conv<T> make_conv(const ConvPlan& p, const ModelPlan* table_of = nullptr) {
   Conv<T> c;
   c.dim_in = p.in.dim;
   c.dim_out = p.out.dim;
@@ -160,6 +179,7 @@ Conv<T> make_conv(const ConvPlan& p) {
     c.paths.push_back(std::move(q));
   }
   c.mlp = make_mlp<T>(p.mlp);
+  if (table_of) c.table = make_radial_table<T>(*table_of, p.mlp);
   c.inv_denominator = static_cast<T>(1.0 / p.denominator);
   return c;
 }
@@ -211,8 +231,9 @@ void wire_conv_layout(Linear<T>& before, const Conv<T>& conv, Linear<T>& after) 
   after.in_ir_mul = true;
 }
 
+// radial_tables: tabulate the radial MLPs of the SevenNet layers (see RadialTable).
 template <class T>
-TypedPlan<T> make_typed_plan(const ModelPlan& p) {
+TypedPlan<T> make_typed_plan(const ModelPlan& p, bool radial_tables = false) {
   TypedPlan<T> t;
   t.cutoff = p.cutoff;
   t.num_species = static_cast<int>(p.atomic_numbers.size());
@@ -230,7 +251,7 @@ TypedPlan<T> make_typed_plan(const ModelPlan& p) {
     q.self_connection = make_linear<T>(l.self_connection);
     q.linear_1 = make_linear<T>(l.linear_1);
     q.linear_2 = make_linear<T>(l.linear_2);
-    q.conv = make_conv<T>(l.conv);
+    q.conv = make_conv<T>(l.conv, radial_tables ? &p : nullptr);
     q.gate.plan = l.gate;
     q.gate.gated_factor = static_cast<T>(l.gate.gated_factor);
     t.layers.push_back(std::move(q));

@@ -29,7 +29,9 @@ class Backend {
 };
 
 // Throws Error when no GPU can be used. gpu: device index, -1 for the current device.
-std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision, int gpu);
+// radial_tables: the convolutions read their radial MLP from tables (RadialTable).
+std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision, int gpu,
+                                      bool radial_tables);
 
 // Whether a CUDA device can be used by this process (false without a GPU), and how many.
 bool device_available();

@@ -9,6 +9,7 @@
 #include "cuda/mma_tf32.cuh"
 #include "ops/activation.h"
 #include "ops/radial.h"
+#include "ops/radial_table.h"
 
 namespace e3fuse::cuda {
 
@@ -21,6 +22,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // Byte offsets of one block's shared-memory workspace (same function on host and device).
 struct Smem {
   size_t edge, sender, vec, u, Y, J, emb, demb, h0, h1, pre, act, wts, M, K, acc, part, red, total;
+  size_t interval, local_t;  // radial table: each edge's interval and t
 };
 
 E3F_HD size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
@@ -37,6 +39,27 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   };
   const size_t t = sizeof(T);
   const int hidden_layers = c.mlp_layers - 1;
+  if (c.table) {  // no MLP workspace
+    s.edge = take(sizeof(int64_t) * ec);
+    s.sender = take(sizeof(int) * ec);
+    s.interval = take(sizeof(int) * ec);
+    s.local_t = take(t * ec);
+    s.Y = take(t * ec * sh_dim);
+    s.M = take(t * ec * c.m_per_edge);
+    if (!backward) {
+      s.acc = take(t * c.dim_out);
+    } else {
+      s.vec = take(t * ec * 3);
+      s.u = take(t * ec * 3);
+      s.J = take(t * ec * sh_dim * 3);
+      s.K = take(t * ec * c.m_per_edge * 3);
+      s.acc = take(t * c.gx_slots);
+      s.part = take(t * ec * 3 * kThreads);  // each thread's per-edge force partials
+      s.red = take(sizeof(double) * kWarps * 12);
+    }
+    s.total = o;
+    return s;
+  }
   s.edge = take(sizeof(int64_t) * ec);
   s.sender = take(sizeof(int) * ec);
   s.Y = take(t * ec * sh_dim);
@@ -170,10 +193,14 @@ __device__ void edge_sh(const typename Geometry<T>::View& geo, const T v[3], con
 
 // Geometry of the chunk's edges: thread t < n handles edge t. Rows past n of the
 // MLP input are zeroed so the chunk GEMM reads defined values.
+// With a radial table (c.table), emb is null and each edge's table interval and local
+// coordinate go to s_interval and s_t instead.
 template <class T>
-__device__ void chunk_geometry(const typename Geometry<T>::View& geo, const GraphView& g, int64_t i,
+__device__ void chunk_geometry(const typename Geometry<T>::View& geo,
+                               const typename Conv<T>::View& c, const GraphView& g, int64_t i,
                                int n, int ec, const int64_t* s_edge, int* s_sender, T* Y, T* emb,
-                               int emb_stride, T* J, T* demb, T* vec, T* u_out) {
+                               int emb_stride, T* J, T* demb, T* vec, T* u_out, int* s_interval,
+                               T* s_t) {
   const int t = threadIdx.x;
   if (t < n) {
     const int64_t e = s_edge[t];
@@ -193,6 +220,14 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo, const Grap
       }
     edge_sh<T>(geo, vt, ut, static_cast<T>(r), Y + t * geo.sh_dim,
                J ? J + t * geo.sh_dim * 3 : nullptr);
+    if (!emb) {
+      int iv = 0;
+      double x = 0.0;
+      ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals, iv, x);
+      s_interval[t] = iv;
+      s_t[t] = static_cast<T>(x);
+      return;
+    }
     // The embedding in double whatever T is (as on the CPU: accurate near the cutoff).
     double b[kMaxBasis], db[kMaxBasis];
     ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, b,
@@ -201,9 +236,34 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo, const Grap
       emb[t * emb_stride + k] = static_cast<T>(b[k]);
       if (demb) demb[t * geo.num_basis + k] = static_cast<T>(db[k]);
     }
-  } else if (t < ec) {
+  } else if (t < ec && emb) {
     for (int k = 0; k < emb_stride; ++k) emb[t * emb_stride + k] = T(0);
   }
+}
+
+// The four cubic coefficients of one radial-table entry (16- or 32-byte aligned).
+template <class T>
+__device__ __forceinline__ void load_table_entry(const T* p, T c[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    c[0] = v.x;
+    c[1] = v.y;
+    c[2] = v.z;
+    c[3] = v.w;
+  } else {
+    const double2 a = __ldg(reinterpret_cast<const double2*>(p));
+    const double2 b = __ldg(reinterpret_cast<const double2*>(p) + 1);
+    c[0] = a.x;
+    c[1] = a.y;
+    c[2] = b.x;
+    c[3] = b.y;
+  }
+}
+
+// Where weight w of edge e (interval iv) sits in the table.
+template <class T>
+__device__ __forceinline__ const T* table_entry(const typename Conv<T>::View& c, int iv, int w) {
+  return c.table + (static_cast<size_t>(iv) * c.weight_numel + w) * 4;
 }
 
 // The register-blocked tile of the chunk GEMMs: for columns c = c0 + j * cstride
@@ -375,10 +435,12 @@ __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View&
 
 // y[out block of P][k][u] += w_e sum_a M_e[a][k] x_j[a][u] over the chunk's edges, summed
 // in registers and added once (the slot belongs to this lane alone).
-template <class T, int D1, int D3>
+// TABLE: w_e comes from the radial table (interval[e], local_t[e]) instead of wts.
+template <class T, int D1, int D3, bool TABLE>
 __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename Conv<T>::InBlock& B,
                                 const typename Conv<T>::Path& P, int u, int n, const int* sender,
-                                const T* __restrict__ x, const T* wts, const T* M, T* yacc) {
+                                const T* __restrict__ x, const T* wts, const int* interval,
+                                const T* local_t, const T* M, T* yacc) {
   T acc[D3];
 #pragma unroll
   for (int k = 0; k < D3; ++k) acc[k] = T(0);
@@ -387,7 +449,14 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
     T xa[D1];
 #pragma unroll
     for (int a = 0; a < D1; ++a) xa[a] = __ldg(xj + a * B.mul);
-    const T w = wts[e * c.weight_numel + P.weight_offset + u];
+    T w;
+    if constexpr (TABLE) {
+      T coef[4];
+      load_table_entry(table_entry<T>(c, interval[e], P.weight_offset + u), coef);
+      w = ops::radial_table_value(coef, local_t[e]);
+    } else {
+      w = wts[e * c.weight_numel + P.weight_offset + u];
+    }
     const T* Mp = M + e * c.m_per_edge + P.m_offset;
 #pragma unroll
     for (int k = 0; k < D3; ++k) {
@@ -420,12 +489,16 @@ struct ForceAcc {
 // the path's gx slot, and the angular part of f = dE/dv(e1) - dE/dv(e2), contracted
 // through K, to this thread's column of fe: fe[(3 e + a) * kThreads] (shared memory;
 // registers would spill).
-template <class T, int D1, int D3>
+//
+// TABLE: w and dw/dr come from the radial table, and the radial part of f,
+// (dE/dw) (dw/dr) u_e, goes to the same column (no MLP adjoint afterwards).
+template <class T, int D1, int D3, bool TABLE>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
                                  const typename Conv<T>::Path& P, int u, int64_t k, int n,
                                  const int* sender, const T* __restrict__ x,
-                                 const T* __restrict__ grad_y, T* wts, const T* M, const T* K,
+                                 const T* __restrict__ grad_y, T* wts, const int* interval,
+                                 const T* local_t, const T* unit, const T* M, const T* K,
                                  T* gx_slot, T* fe) {
   T xk[D1], gk[D3], gxa[D1];
   const T* xk_row = x + k * c.dim_in + B.in_offset + u;
@@ -448,8 +521,17 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     for (int a = 0; a < D1; ++a) xj[a] = __ldg(xj_row + a * B.mul);
 #pragma unroll
     for (int q = 0; q < D3; ++q) gj[q] = __ldg(gj_row + q * B.mul);
-    T* slot = wts + e * c.weight_numel + P.weight_offset + u;
-    const T w = *slot;
+    T w, dw_dr = T(0);
+    T* slot = nullptr;
+    if constexpr (TABLE) {
+      T coef[4];
+      load_table_entry(table_entry<T>(c, interval[e], P.weight_offset + u), coef);
+      w = ops::radial_table_value(coef, local_t[e]);
+      dw_dr = ops::radial_table_grad(coef, local_t[e], static_cast<T>(c.table_inv_step));
+    } else {
+      slot = wts + e * c.weight_numel + P.weight_offset + u;
+      w = *slot;
+    }
     const T* Mp = M + e * c.m_per_edge + P.m_offset;
     const T* Kp = K + 3 * (e * c.m_per_edge + P.m_offset);
     T dw1 = T(0), dw2 = T(0);
@@ -465,9 +547,17 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
       dw2 += xk[a] * mg2;
       gxa[a] += w * s * mg2;
     }
-    *slot = (dw1 + s * dw2) * c.inv_denominator;
-    const T ws = w * c.inv_denominator;
+    const T gw = (dw1 + s * dw2) * c.inv_denominator;
     T f0 = T(0), f1 = T(0), f2 = T(0);
+    if constexpr (TABLE) {
+      const T dr = gw * dw_dr;
+      f0 = dr * unit[3 * e];
+      f1 = dr * unit[3 * e + 1];
+      f2 = dr * unit[3 * e + 2];
+    } else {
+      *slot = gw;
+    }
+    const T ws = w * c.inv_denominator;
 #pragma unroll
     for (int a = 0; a < D1; ++a)
 #pragma unroll
@@ -512,8 +602,10 @@ __device__ void reduce_forces(ForceAcc& acc, double* red, int64_t k, double* for
 // ---------------------------------------------------------------------------
 // Kernels
 
-template <class T, int EC>
-__global__ void __launch_bounds__(kThreads, 3)
+// TABLE: the radial MLP comes from c.table (no MLP workspace).
+// MINB: blocks per SM the registers are budgeted for (<= 64K / (256 MINB) per thread).
+template <class T, int EC, bool TABLE, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                         const T* __restrict__ x, T* __restrict__ y, int64_t* error_node) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -526,6 +618,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   T* wts = reinterpret_cast<T*>(smem + L.wts);
   T* M = reinterpret_cast<T*>(smem + L.M);
   T* yacc = reinterpret_cast<T*>(smem + L.acc);
+  int* s_interval = reinterpret_cast<int*>(smem + L.interval);
+  T* s_t = reinterpret_cast<T*>(smem + L.local_t);
   __shared__ int64_t s_pos;
   __shared__ int s_count;
 
@@ -540,15 +634,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int n = s_count;
     if (n == 0) break;
     // h0 holds the embedding with row stride num_basis = dims[0].
-    chunk_geometry<T>(geo, g, i, n, EC, s_edge, s_sender, Y, h0, c.dims[0], nullptr, nullptr,
-                      nullptr, nullptr);
+    chunk_geometry<T>(geo, c, g, i, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : h0, c.dims[0],
+                      nullptr, nullptr, nullptr, nullptr, s_interval, s_t);
     __syncthreads();
-    chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
+    if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M, nullptr);
     __syncthreads();
     for_each_warp_task<T>(c, [&](auto d1, auto d3, const auto& B, const auto& P, int ch) {
-      tp_forward_task<T, decltype(d1)::value, decltype(d3)::value>(c, B, P, ch, n, s_sender, x, wts,
-                                                                   M, yacc);
+      tp_forward_task<T, decltype(d1)::value, decltype(d3)::value, TABLE>(
+          c, B, P, ch, n, s_sender, x, wts, s_interval, s_t, M, yacc);
     });
     __syncthreads();
   }
@@ -609,8 +703,8 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
   out = const_cast<T*>(gin);
 }
 
-template <class T, int EC>
-__global__ void __launch_bounds__(kThreads, 2)
+template <class T, int EC, bool TABLE, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          const T* __restrict__ x, const T* __restrict__ grad_y,
                          T* __restrict__ grad_x, double* forces, double* atom_virials,
@@ -635,6 +729,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   T* gx = reinterpret_cast<T*>(smem + L.acc);
   T* part = reinterpret_cast<T*>(smem + L.part);
   double* red = reinterpret_cast<double*>(smem + L.red);
+  int* s_interval = reinterpret_cast<int*>(smem + L.interval);
+  T* s_t = reinterpret_cast<T*>(smem + L.local_t);
   __shared__ int64_t s_pos;
   __shared__ int s_count;
 
@@ -649,17 +745,19 @@ __global__ void __launch_bounds__(kThreads, 2)
     take_chunk<EC>(g, k, cutoff2, end, &s_pos, &s_count, s_edge, error_node);
     const int n = s_count;
     if (n == 0) break;
-    chunk_geometry<T>(geo, g, k, n, EC, s_edge, s_sender, Y, emb, geo.num_basis, J, demb, vec, u);
+    chunk_geometry<T>(geo, c, g, k, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : emb,
+                      geo.num_basis, J, demb, vec, u, s_interval, s_t);
     __syncthreads();
-    chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
+    if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, M, K);
     __syncthreads();
     {
       T* fe = part + threadIdx.x;  // this thread's column [EC][3] of force partials
       for (int r = 0; r < 3 * n; ++r) fe[r * kThreads] = T(0);
       for_each_warp_task<T>(c, [&](auto d1, auto d3, const auto& B, const auto& P, int ch) {
-        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value>(
-            c, B, P, ch, k, n, s_sender, x, grad_y, wts, M, K, gx + P.gx_offset + ch, fe);
+        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, TABLE>(
+            c, B, P, ch, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, M, K,
+            gx + P.gx_offset + ch, fe);
       });
       for (int e = 0; e < n; ++e) {
         const T f[3] = {fe[3 * e * kThreads], fe[(3 * e + 1) * kThreads],
@@ -668,18 +766,20 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
     __syncthreads();
-    // Radial part: dE/dr per edge through the MLP, f += dr * u.
-    T* gemb = nullptr;
-    chunk_mlp_backward<T, EC>(c, wts, pre, h0, h1, part, gemb);
-    if (threadIdx.x < n) {
-      const int e = threadIdx.x;
-      T dr = T(0);
-      for (int b = 0; b < geo.num_basis; ++b)
-        dr += gemb[e * geo.num_basis + b] * demb[e * geo.num_basis + b];
-      const T fe[3] = {dr * u[3 * e], dr * u[3 * e + 1], dr * u[3 * e + 2]};
-      acc.add(vec + 3 * e, fe);
+    if constexpr (!TABLE) {  // with a table, the radial part went in with the tensor product
+      // Radial part: dE/dr per edge through the MLP, f += dr * u.
+      T* gemb = nullptr;
+      chunk_mlp_backward<T, EC>(c, wts, pre, h0, h1, part, gemb);
+      if (threadIdx.x < n) {
+        const int e = threadIdx.x;
+        T dr = T(0);
+        for (int b = 0; b < geo.num_basis; ++b)
+          dr += gemb[e * geo.num_basis + b] * demb[e * geo.num_basis + b];
+        const T fe[3] = {dr * u[3 * e], dr * u[3 * e + 1], dr * u[3 * e + 2]};
+        acc.add(vec + 3 * e, fe);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
   // dE/dx_k: each input block's path slots added in path order
   T* gk = grad_x + k * c.dim_in;
@@ -753,7 +853,8 @@ bool tensor_cores_enabled() {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
         "cudaDeviceGetAttribute");
   cudaFuncAttributes attr{};
-  check(cudaFuncGetAttributes(&attr, conv_backward_kernel<float, 8>), "cudaFuncGetAttributes");
+  check(cudaFuncGetAttributes(&attr, conv_backward_kernel<float, 8, false, 2>),
+        "cudaFuncGetAttributes");
   return major >= 8 && attr.ptxVersion >= 80;
 }
 
@@ -893,6 +994,13 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   v.act = mlp.act;
   v.act_scale = mlp.act_scale;
   v.inv_denominator = conv.inv_denominator;
+  if (!conv.table.empty()) {
+    c.table.upload(conv.table.coeffs);
+    v.table = c.table.data();
+    v.table_intervals = conv.table.intervals;
+    v.table_origin = conv.table.origin;
+    v.table_inv_step = conv.table.inv_step;
+  }
   return c;
 }
 
@@ -907,6 +1015,18 @@ int max_edge_chunk(bool backward) {
   static const int forward = from_env("E3FUSE_EDGE_CHUNK_FORWARD");
   static const int backward_chunk = from_env("E3FUSE_EDGE_CHUNK_BACKWARD");
   return backward ? backward_chunk : forward;
+}
+
+// Blocks per SM the tabulated kernels budget registers for: forward 4 (or 3), backward
+// 3 (or 2), unless E3FUSE_TABLE_BLOCKS_FORWARD / _BACKWARD say otherwise (measured both).
+int table_blocks(bool backward) {
+  auto from_env = [](const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    return v ? std::atoi(v) : fallback;
+  };
+  static const int forward = from_env("E3FUSE_TABLE_BLOCKS_FORWARD", 4);
+  static const int backward_blocks = from_env("E3FUSE_TABLE_BLOCKS_BACKWARD", 3);
+  return backward ? backward_blocks : forward;
 }
 
 // Launches with the largest edge chunk (EC) whose workspace fits in shared memory.
@@ -942,12 +1062,13 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
   launch_largest_chunk(
       geom, conv, false, "convolution", "conv_forward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
-        check(cudaFuncSetAttribute(conv_forward_kernel<T, EC>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+        auto kernel = !conv.view.table           ? conv_forward_kernel<T, EC, false, 3>
+                      : table_blocks(false) == 3 ? conv_forward_kernel<T, EC, true, 3>
+                                                 : conv_forward_kernel<T, EC, true, 4>;
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
-        conv_forward_kernel<T, EC>
-            <<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
+        kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
       });
 }
 
@@ -959,12 +1080,14 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
   launch_largest_chunk(
       geom, conv, true, "convolution backward", "conv_backward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
-        check(cudaFuncSetAttribute(conv_backward_kernel<T, EC>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+        auto kernel = !conv.view.table          ? conv_backward_kernel<T, EC, false, 2>
+                      : table_blocks(true) == 2 ? conv_backward_kernel<T, EC, true, 2>
+                                                : conv_backward_kernel<T, EC, true, 3>;
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
-        conv_backward_kernel<T, EC><<<g.num_nodes, kThreads, smem, stream>>>(
-            geom.view, conv.view, g, x, grad_y, grad_x, forces, atom_virials, error_node);
+        kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, grad_y, grad_x,
+                                                        forces, atom_virials, error_node);
       });
 }
 

@@ -6,6 +6,9 @@
 // as a small GEMM over the chunk (weights from L2/L1; in float32 on the tensor
 // cores with 3xTF32 products, as accurate as float32 FMAs), and the channelwise
 // tensor product accumulates into the receiver's output row in shared memory.
+// With a radial table (the default in float32), the MLP and its adjoint are replaced
+// per edge by one read of its cubic coefficients (ops/radial_table.h), done by each
+// lane for its own channel inside the tensor product: no MLP workspace at all.
 // Nothing with a feature dimension ever goes to global memory per edge.
 //
 // The backward kernel is the same walk at node k handling both directions of
@@ -93,13 +96,18 @@ struct Conv {
     // split into TF32 high and low parts (3xTF32 products, see mma_tf32.cuh)
     const float4* frag_fwd[kMaxMlpLayers] = {};
     const float4* frag_bwd[kMaxMlpLayers] = {};
+    // The radial MLP as a table in r (cpu::RadialTable, ops/radial_table.h), used instead
+    // of the MLP when not null: [table_intervals][weight_numel][4] cubic coefficients.
+    const T* table = nullptr;
+    int table_intervals = 0;
+    double table_origin = 0.0, table_inv_step = 0.0;
   };
   View view;
   DeviceArray<InBlock> blocks;
   DeviceArray<Path> paths;
   DeviceArray<Task> tasks;
   DeviceArray<MEntry> m_entries;
-  DeviceArray<T> cg, mlp;
+  DeviceArray<T> cg, mlp, table;
   DeviceArray<float> mlp_fragments;
 };
 

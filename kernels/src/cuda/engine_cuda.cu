@@ -473,12 +473,12 @@ class MaceModel : public Model {
     T act_scale = T(1);
   };
 
-  MaceModel(const ModelPlan& plan, const cpu::TypedPlan<T>& typed)
+  MaceModel(const ModelPlan& plan, const cpu::TypedPlan<T>& typed, bool radial_tables)
       : geom_(make_geometry<T>(typed)) {
     embedding_dim_ = typed.embedding_dim;
     embedding_.upload(typed.embedding);
     for (const MaceLayer& l : plan.mace_layers) {
-      const cpu::MaceBlock<T> h = cpu::make_mace_block<T>(l);
+      const cpu::MaceBlock<T> h = cpu::make_mace_block<T>(l, radial_tables ? &plan : nullptr);
       Layer q;
       q.residual = h.residual;
       q.add_sc = h.add_sc;
@@ -636,21 +636,23 @@ class MaceModel : public Model {
 
 class BackendImpl : public Backend {
  public:
-  BackendImpl(const ModelPlan& plan, Precision precision, int device)
+  BackendImpl(const ModelPlan& plan, Precision precision, int device, bool radial_tables)
       : cutoff_(plan.cutoff), halo_widths_(halo_widths(plan)), device_(device), state_(device) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     name_ = prop.name;
     if (plan.family == "mace") {
       if (precision == Precision::float64)
-        model_ = std::make_unique<MaceModel<double>>(plan, cpu::make_typed_plan<double>(plan));
+        model_ = std::make_unique<MaceModel<double>>(plan, cpu::make_typed_plan<double>(plan),
+                                                     radial_tables);
       else
-        model_ = std::make_unique<MaceModel<float>>(plan, cpu::make_typed_plan<float>(plan));
+        model_ = std::make_unique<MaceModel<float>>(plan, cpu::make_typed_plan<float>(plan),
+                                                    radial_tables);
     } else {
       if (precision == Precision::float64)
-        model_ = make_sevennet<double>(plan);
+        model_ = make_sevennet<double>(plan, radial_tables);
       else
-        model_ = make_sevennet<float>(plan);
+        model_ = make_sevennet<float>(plan, radial_tables);
     }
     state_.error_node.resize(1);
     state_.virial.resize(9);
@@ -714,8 +716,8 @@ class BackendImpl : public Backend {
 
  private:
   template <class T>
-  static std::unique_ptr<Model> make_sevennet(const ModelPlan& plan) {
-    cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan);
+  static std::unique_ptr<Model> make_sevennet(const ModelPlan& plan, bool radial_tables) {
+    cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan, radial_tables);
     for (auto& layer : typed.layers)
       cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
     return std::make_unique<SevennetModel<T>>(typed);
@@ -792,14 +794,15 @@ class BackendImpl : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision, int gpu) {
+std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision, int gpu,
+                                      bool radial_tables) {
   const int count = device_count();
   if (count == 0) throw Error("no CUDA device is available to this process");
   if (gpu >= count)
     throw Error("GPU " + std::to_string(gpu) + " requested, but this process sees " +
                 std::to_string(count) + " GPU(s) (CUDA_VISIBLE_DEVICES)");
   if (gpu < 0) check(cudaGetDevice(&gpu), "cudaGetDevice");
-  return std::make_unique<BackendImpl>(plan, precision, gpu);
+  return std::make_unique<BackendImpl>(plan, precision, gpu, radial_tables);
 }
 
 }  // namespace e3fuse::cuda

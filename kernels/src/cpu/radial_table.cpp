@@ -1,0 +1,157 @@
+// cpu/radial_table.cpp: builds the cubic Hermite table of a radial MLP (ops/radial_table.h).
+//
+// Knot values and derivatives come from the MLP in double, differentiated in forward
+// mode (tangent dH/dr carried through each layer). The step is halved until the error at every
+// interval's midpoint (where the Hermite error peaks) is below kValueTolerance for R_w and
+// kGradTolerance for dR_w/dr, each relative to the largest magnitude of that output over the knots.
+#include "ops/radial_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu/typed_plan.h"
+#include "e3fuse/error.h"
+#include "ops/activation.h"
+#include "ops/radial.h"
+
+namespace e3fuse::cpu {
+
+namespace {
+
+constexpr double kValueTolerance = 1e-7;  // float32 rounding is 6e-8
+constexpr double kGradTolerance = 1e-6;
+constexpr int kFirstIntervals = 256;
+constexpr int kMaxIntervals = 8192;
+
+// R(r) and dR/dr of the MLP at each r, row-major [points][outputs].
+struct Samples {
+  std::vector<double> value, grad;
+};
+
+Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<double>& rs) {
+  const int n = static_cast<int>(rs.size());
+  const int layers = static_cast<int>(mlp.weights.size());
+  const int nb = model.radial.num_basis;
+  if (mlp.dims.empty() || mlp.dims[0] != nb)
+    throw Error("internal: radial MLP input does not match the radial basis");
+  const ops::EnvelopeParams env{model.radial.envelope, model.radial.r_cut, model.radial.r_on,
+                                model.radial.p};
+  std::vector<double> h(static_cast<size_t>(n) * nb), dh(h.size());
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < n; ++p)
+    ops::edge_embedding<double>(nb, model.radial.coeffs.data(), model.radial.prefactor, env, rs[p],
+                                &h[static_cast<size_t>(p) * nb], &dh[static_cast<size_t>(p) * nb]);
+  for (int l = 0; l < layers; ++l) {
+    const int K = mlp.dims[l], N = mlp.dims[l + 1];
+    const double* W = mlp.weights[l].data();
+    std::vector<double> z(static_cast<size_t>(n) * N, 0.0), dz(z.size(), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < n; ++p) {
+      double* zp = &z[static_cast<size_t>(p) * N];
+      double* dzp = &dz[static_cast<size_t>(p) * N];
+      for (int k = 0; k < K; ++k) {
+        const double a = h[static_cast<size_t>(p) * K + k], da = dh[static_cast<size_t>(p) * K + k];
+        const double* w = W + static_cast<size_t>(k) * N;
+        for (int c = 0; c < N; ++c) {
+          zp[c] += a * w[c];
+          dzp[c] += da * w[c];
+        }
+      }
+      if (l + 1 < layers)
+        for (int c = 0; c < N; ++c) {
+          const double s = mlp.act_scale;
+          dzp[c] *= ops::activation_grad(mlp.act, zp[c]) * s;
+          zp[c] = ops::activation(mlp.act, zp[c]) * s;
+        }
+    }
+    h.swap(z);
+    dh.swap(dz);
+  }
+  return {std::move(h), std::move(dh)};
+}
+
+}  // namespace
+
+template <class T>
+RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp) {
+  const double cutoff = model.cutoff;
+  if (!(cutoff > 0.0)) throw Error("internal: radial table needs a positive cutoff");
+  const int W = mlp.dims.back();
+  // The XPLOR envelope's second derivative jumps at r_on: the grid keeps a knot there
+  // (elsewhere R is smooth). The grid starts at or just below r = 0.
+  const double anchor = model.radial.envelope == EnvelopeKind::xplor && model.radial.r_on > 0.0
+                            ? model.radial.r_on
+                            : 0.0;
+  for (int level = kFirstIntervals;; level *= 2) {
+    const double step = cutoff / level;
+    const double origin = anchor - std::ceil(anchor / step - 1e-9) * step;
+    const int intervals = static_cast<int>(std::ceil((cutoff - origin) / step - 1e-9));
+    // Near r = 0, R is even in r (sin(c r) / r; the envelope is flat to order >= 2), so a
+    // knot at r < 0 takes the values at |r|, its slope negated. At r = 0 the formula is
+    // 0 / 0 and its slope cancels digits: a knot within tiny of 0 takes the value just
+    // above (off by O(tiny^2)) and slope 0, the exact limit.
+    const double tiny = 1e-4 * step;
+    std::vector<double> rs(intervals + 1), mid(intervals), sign(intervals + 1);
+    for (int i = 0; i <= intervals; ++i) {
+      const double r = origin + i * step;
+      sign[i] = std::abs(r) < tiny ? 0.0 : r < 0.0 ? -1.0 : 1.0;
+      rs[i] = std::max(std::abs(r), tiny);
+    }
+    for (int i = 0; i < intervals; ++i)
+      mid[i] = std::max(std::abs(origin + (i + 0.5) * step), tiny);
+    Samples knots = evaluate(model, mlp, rs);
+    const Samples mids = evaluate(model, mlp, mid);
+    for (int i = 0; i <= intervals; ++i)
+      for (int w = 0; w < W; ++w) knots.grad[static_cast<size_t>(i) * W + w] *= sign[i];
+    std::vector<double> vmax(W, 0.0), gmax(W, 0.0);
+    for (int i = 0; i <= intervals; ++i)
+      for (int w = 0; w < W; ++w) {
+        vmax[w] = std::max(vmax[w], std::abs(knots.value[static_cast<size_t>(i) * W + w]));
+        gmax[w] = std::max(gmax[w], std::abs(knots.grad[static_cast<size_t>(i) * W + w]));
+      }
+    double verr = 0.0, gerr = 0.0;
+    for (int i = 0; i < intervals; ++i) {
+      const double mid_sign = origin + (i + 0.5) * step < 0.0 ? -1.0 : 1.0;
+      for (int w = 0; w < W; ++w) {
+        const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
+        const double f0 = knots.value[a], f1 = knots.value[b];
+        const double m0 = knots.grad[a] * step, m1 = knots.grad[b] * step;
+        // the cubic at t = 1/2: (f0 + f1) / 2 + (m0 - m1) / 8, slope 3 (f1 - f0) / 2 - (m0 + m1) /
+        // 4
+        const double v = 0.5 * (f0 + f1) + 0.125 * (m0 - m1);
+        const double g = (1.5 * (f1 - f0) - 0.25 * (m0 + m1)) / step;
+        if (vmax[w] > 0) verr = std::max(verr, std::abs(v - mids.value[a]) / vmax[w]);
+        if (gmax[w] > 0) gerr = std::max(gerr, std::abs(g - mid_sign * mids.grad[a]) / gmax[w]);
+      }
+    }
+    if ((verr <= kValueTolerance && gerr <= kGradTolerance) || level >= kMaxIntervals) {
+      RadialTable<T> table;
+      table.intervals = intervals;
+      table.origin = origin;
+      table.step = step;
+      table.inv_step = 1.0 / step;
+      table.value_error = verr;
+      table.grad_error = gerr;
+      table.coeffs.resize(static_cast<size_t>(intervals) * W * 4);
+      for (int i = 0; i < intervals; ++i)
+        for (int w = 0; w < W; ++w) {
+          const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
+          const double f0 = knots.value[a], f1 = knots.value[b];
+          const double m0 = knots.grad[a] * step, m1 = knots.grad[b] * step;
+          T* c = &table.coeffs[4 * a];
+          c[0] = static_cast<T>(f0);
+          c[1] = static_cast<T>(m0);
+          c[2] = static_cast<T>(3.0 * (f1 - f0) - 2.0 * m0 - m1);
+          c[3] = static_cast<T>(2.0 * (f0 - f1) + m0 + m1);
+        }
+      return table;
+    }
+  }
+}
+
+template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&);
+template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&);
+
+}  // namespace e3fuse::cpu
