@@ -603,7 +603,9 @@ __device__ void reduce_forces(ForceAcc& acc, double* red, int64_t k, double* for
 // Kernels
 
 // TABLE: the radial MLP comes from c.table (no MLP workspace).
-// MINB: blocks per SM the registers are budgeted for (<= 64K / (256 MINB) per thread).
+// MINB: blocks per SM the registers are budgeted for (<= 64K / (256 MINB) per thread):
+// forward 3 (4 with a radial table), backward 2 (3 with a table spills and measured
+// slower).
 template <class T, int EC, bool TABLE, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
@@ -1004,36 +1006,26 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   return c;
 }
 
-// Largest edge chunk to try: 8 unless E3FUSE_EDGE_CHUNK_FORWARD / _BACKWARD say
-// otherwise (2, 4, 8 or 16; a larger chunk reads the radial MLP's weights fewer times
-// but takes more shared memory, so fewer blocks share an SM).
-int max_edge_chunk(bool backward) {
+// Largest edge chunk to try: 8 with the radial MLP, 16 with a radial table, unless
+// E3FUSE_EDGE_CHUNK_FORWARD / _BACKWARD say otherwise (2, 4, 8 or 16). A larger chunk
+// reads the MLP's weights fewer times and synchronizes less, but takes more shared
+// memory (benchmarks/results/gpu_summary.md has the measurements).
+int max_edge_chunk(bool backward, bool table) {
   auto from_env = [](const char* name) {
     const char* v = std::getenv(name);
-    return v ? std::atoi(v) : 8;
+    return v ? std::atoi(v) : 0;
   };
   static const int forward = from_env("E3FUSE_EDGE_CHUNK_FORWARD");
   static const int backward_chunk = from_env("E3FUSE_EDGE_CHUNK_BACKWARD");
-  return backward ? backward_chunk : forward;
-}
-
-// Blocks per SM the tabulated kernels budget registers for: forward 4 (or 3), backward
-// 3 (or 2), unless E3FUSE_TABLE_BLOCKS_FORWARD / _BACKWARD say otherwise (measured both).
-int table_blocks(bool backward) {
-  auto from_env = [](const char* name, int fallback) {
-    const char* v = std::getenv(name);
-    return v ? std::atoi(v) : fallback;
-  };
-  static const int forward = from_env("E3FUSE_TABLE_BLOCKS_FORWARD", 4);
-  static const int backward_blocks = from_env("E3FUSE_TABLE_BLOCKS_BACKWARD", 3);
-  return backward ? backward_blocks : forward;
+  const int chosen = backward ? backward_chunk : forward;
+  return chosen > 0 ? chosen : table ? 16 : 8;
 }
 
 // Launches with the largest edge chunk (EC) whose workspace fits in shared memory.
 template <class T, int EC, class Launch>
 bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, size_t& bytes,
                  Launch&& launch) {
-  if (EC > max_edge_chunk(backward)) return false;
+  if (EC > max_edge_chunk(backward, conv.view.table != nullptr)) return false;
   bytes = smem_layout<T>(conv.view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
   if (bytes > shared_limit()) return false;
   launch(std::integral_constant<int, EC>{}, bytes);
@@ -1062,9 +1054,8 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
   launch_largest_chunk(
       geom, conv, false, "convolution", "conv_forward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
-        auto kernel = !conv.view.table           ? conv_forward_kernel<T, EC, false, 3>
-                      : table_blocks(false) == 3 ? conv_forward_kernel<T, EC, true, 3>
-                                                 : conv_forward_kernel<T, EC, true, 4>;
+        auto kernel = conv.view.table ? conv_forward_kernel<T, EC, true, 4>
+                                      : conv_forward_kernel<T, EC, false, 3>;
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
@@ -1080,9 +1071,8 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
   launch_largest_chunk(
       geom, conv, true, "convolution backward", "conv_backward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
-        auto kernel = !conv.view.table          ? conv_backward_kernel<T, EC, false, 2>
-                      : table_blocks(true) == 2 ? conv_backward_kernel<T, EC, true, 2>
-                                                : conv_backward_kernel<T, EC, true, 3>;
+        auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2>
+                                      : conv_backward_kernel<T, EC, false, 2>;
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
