@@ -39,33 +39,17 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   };
   const size_t t = sizeof(T);
   const int hidden_layers = c.mlp_layers - 1;
-  if (c.table) {  // no MLP workspace
-    s.edge = take(sizeof(int64_t) * ec);
-    s.sender = take(sizeof(int) * ec);
-    s.interval = take(sizeof(int) * ec);
-    s.local_t = take(t * ec);
-    s.Y = take(t * ec * sh_dim);
-    s.M = take(t * ec * c.m_per_edge);
-    if (!backward) {
-      s.acc = take(t * c.dim_out);
-    } else {
-      s.vec = take(t * ec * 3);
-      s.u = take(t * ec * 3);
-      s.J = take(t * ec * sh_dim * 3);
-      s.K = take(t * ec * c.m_per_edge * 3);
-      s.acc = take(t * c.gx_slots);
-      s.part = take(t * ec * 3 * kThreads);  // each thread's per-edge force partials
-      s.red = take(sizeof(double) * kWarps * 12);
-    }
-    s.total = o;
-    return s;
-  }
+  // With a radial table there is no MLP workspace; without one, no per-edge interval.
+  const bool mlp = c.table == nullptr;
+  auto take_if = [&](bool needed, size_t bytes) { return take(needed ? bytes : 0); };
   s.edge = take(sizeof(int64_t) * ec);
   s.sender = take(sizeof(int) * ec);
+  s.interval = take_if(!mlp, sizeof(int) * ec);
+  s.local_t = take_if(!mlp, t * ec);
   s.Y = take(t * ec * sh_dim);
-  s.h0 = take(t * ec * c.max_hidden);
-  s.h1 = take(t * ec * c.max_hidden);
-  s.wts = take(t * ec * c.weight_numel);
+  s.h0 = take_if(mlp, t * ec * c.max_hidden);
+  s.h1 = take_if(mlp, t * ec * c.max_hidden);
+  s.wts = take_if(mlp, t * ec * c.weight_numel);
   s.M = take(t * ec * c.m_per_edge);
   if (!backward) {
     s.acc = take(t * c.dim_out);
@@ -73,20 +57,24 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.vec = take(t * ec * 3);
     s.u = take(t * ec * 3);
     s.J = take(t * ec * sh_dim * 3);
-    s.emb = take(t * ec * num_basis);
-    s.demb = take(t * ec * num_basis);
-    s.pre = take(t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
-    s.act = take(t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
+    s.emb = take_if(mlp, t * ec * num_basis);
+    s.demb = take_if(mlp, t * ec * num_basis);
+    s.pre = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
+    s.act = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.K = take(t * ec * c.m_per_edge * 3);
     s.acc = take(t * c.gx_slots);
-    const size_t cpt = t == 4 ? 4 : 2;  // backward_cpt<T>()
-    // the tensor-core adjoint's kWarps partial sums [EC][K], or the SIMT one's partial rows
-    const bool tensor_cores = t == 4 && ec % 8 == 0 && c.frag_bwd[0] != nullptr;
-    const size_t part_cols = tensor_cores
-                                 ? static_cast<size_t>(kWarps) * c.max_hidden
-                                 : std::max(static_cast<size_t>(c.max_hidden), kThreads * cpt);
-    // also holds each thread's per-edge force partials during the tensor product
-    s.part = take(t * ec * std::max(part_cols, static_cast<size_t>(3 * kThreads)));
+    // each thread's per-edge force partials during the tensor product [EC][3][kThreads],
+    // then (MLP only) the MLP adjoint's partial sums in the same space
+    size_t part_cols = 3 * kThreads;
+    if (mlp) {
+      const size_t cpt = t == 4 ? 4 : 2;  // backward_cpt<T>()
+      // the tensor-core adjoint's kWarps partial sums [EC][K], or the SIMT one's partial rows
+      const bool tensor_cores = t == 4 && ec % 8 == 0 && c.frag_bwd[0] != nullptr;
+      part_cols = std::max(
+          part_cols, tensor_cores ? static_cast<size_t>(kWarps) * c.max_hidden
+                                  : std::max(static_cast<size_t>(c.max_hidden), kThreads * cpt));
+    }
+    s.part = take(t * ec * part_cols);
     s.red = take(sizeof(double) * kWarps * 12);
   }
   s.total = o;
