@@ -89,7 +89,9 @@ struct Tile {
   std::vector<double> r_f64;
   std::vector<std::vector<T>> pre, hidden;  // radial MLP, per hidden layer [n][h]
   std::vector<T> weights, grad_w, grad_h, grad_h2;
-  std::vector<T> dYc, dr;  // backward: combined angular adjoint [n][sh_dim], dE/dr [n]
+  std::vector<T> dYc, dr;     // backward: combined angular adjoint [n][sh_dim], dE/dr [n]
+  std::vector<int> interval;  // radial table: each edge's interval and local coordinate
+  std::vector<T> local_t;
   std::vector<T> M, A1, A2, dY1, dY2;
 
   void reserve_edges(int64_t count, int sh_dim, int num_basis) {
@@ -209,36 +211,35 @@ void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
   }
 }
 
-// The tabulated radial MLP (ops/radial_table.h): t.weights [n][numel] and, when
-// grad_w is given (dE/dR per edge), dE/dr per edge into t.dr.
+// The tabulated radial MLP (ops/radial_table.h): t.weights [n][numel], and each edge's
+// interval and local coordinate for the backward.
 template <class T>
 void table_weights(const RadialTable<T>& table, int64_t numel, Tile<T>& t) {
   t.weights.resize(static_cast<size_t>(t.n) * numel);
+  t.interval.resize(t.n);
+  t.local_t.resize(t.n);
   for (int e = 0; e < t.n; ++e) {
-    int iv = 0;
     double x = 0.0;
-    ops::radial_table_locate(t.r_f64[e], table.origin, table.inv_step, table.intervals, iv, x);
-    const T* c = table.coeffs.data() + static_cast<size_t>(iv) * numel * 4;
+    ops::radial_table_locate(t.r_f64[e], table.origin, table.inv_step, table.intervals,
+                             t.interval[e], x);
+    t.local_t[e] = static_cast<T>(x);
+    const T* c = table.coeffs.data() + static_cast<size_t>(t.interval[e]) * numel * 4;
     T* w = t.weights.data() + static_cast<size_t>(e) * numel;
-    const T tt = static_cast<T>(x);
-    for (int64_t q = 0; q < numel; ++q) w[q] = ops::radial_table_value(c + 4 * q, tt);
+    for (int64_t q = 0; q < numel; ++q) w[q] = ops::radial_table_value(c + 4 * q, t.local_t[e]);
   }
 }
 
+// dE/dr per edge (into t.dr) from t.grad_w = dE/dR [n][numel], after table_weights.
 template <class T>
 void table_backward_to_r(const RadialTable<T>& table, int64_t numel, Tile<T>& t) {
   t.dr.resize(t.n);
   const T inv_step = static_cast<T>(table.inv_step);
   for (int e = 0; e < t.n; ++e) {
-    int iv = 0;
-    double x = 0.0;
-    ops::radial_table_locate(t.r_f64[e], table.origin, table.inv_step, table.intervals, iv, x);
-    const T* c = table.coeffs.data() + static_cast<size_t>(iv) * numel * 4;
+    const T* c = table.coeffs.data() + static_cast<size_t>(t.interval[e]) * numel * 4;
     const T* gw = t.grad_w.data() + static_cast<size_t>(e) * numel;
-    const T tt = static_cast<T>(x);
     T s = T(0);
     for (int64_t q = 0; q < numel; ++q)
-      s += gw[q] * ops::radial_table_grad(c + 4 * q, tt, inv_step);
+      s += gw[q] * ops::radial_table_grad(c + 4 * q, t.local_t[e], inv_step);
     t.dr[e] = s;
   }
 }
