@@ -267,6 +267,34 @@ def test_symmetric_contraction_op(workdir: Path, device: str) -> None:
             assert num_ell == sc.irreps_in.dim // c
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_element_linear_op(workdir: Path, device: str) -> None:
+    """The element-dependent skip linear on 301 nodes of mixed species (on the GPU: several
+    node tiles, each with several species): row i equals the same layer run with every node
+    of species s_i, and CUDA equals the CPU; forward and transpose."""
+    model, path = converted("three-interactions", workdir)
+    probe = _core.OpsProbe(_core.Model.load(str(path)))
+    rng = np.random.default_rng(11)
+    num_elements = len(model.atomic_numbers)
+    n = 301
+    species = rng.integers(0, num_elements, size=n).astype(np.int32)
+    assert len(set(species.tolist())) == num_elements > 1
+    for layer, block in enumerate(model.interactions):
+        dims = (block.skip_tp.irreps_in1.dim, block.skip_tp.irreps_out.dim)
+        for transpose in (False, True):
+            x = rng.normal(size=(n, dims[1] if transpose else dims[0]))
+            ours = probe.element_linear(layer, x, species, transpose=transpose, device=device)
+            scale = max(1.0, float(np.abs(ours).max()))
+            for s in range(num_elements):
+                uniform = probe.element_linear(
+                    layer, x, np.full(n, s, np.int32), transpose=transpose, device=device
+                )
+                rows = species == s
+                assert np.abs(ours[rows] - uniform[rows]).max() < 1e-13 * scale
+            cpu = probe.element_linear(layer, x, species, transpose=transpose)
+            assert np.abs(ours - cpu).max() < 1e-12 * scale
+
+
 def test_finite_differences(workdir: Path) -> None:
     """Forces = -dE/dr and stress = dE/d(strain)/V, central differences in float64."""
     _, path = converted("three-interactions", workdir)

@@ -220,6 +220,25 @@ def test_linear_transpose(probe: Any, sevenn_model: Any, name: str, device: str)
     assert_rel(out, _vjp(module, x, g), TOL.grad_rel, f"{name} transpose")
 
 
+@pytest.mark.parametrize("name", LINEAR_NAMES)
+def test_linear_many_nodes_cuda_matches_cpu(probe: Any, sevenn_model: Any, name: str) -> None:
+    """Many node tiles, the last one partial: the CUDA matrix-product kernels against the
+    CPU rows, forward and transpose."""
+    from e3fuse import _core
+
+    if not _core.cuda_available():
+        pytest.skip("e3fuse built without CUDA or no GPU")
+    lin = _linear_module(sevenn_model, name)
+    rng = np.random.default_rng(2 + zlib.crc32(name.encode()))
+    x = rng.standard_normal((301, lin.irreps_in.dim))
+    g = rng.standard_normal((301, lin.irreps_out.dim))
+    for ours, ref in (
+        (probe.linear(name, x, device="cuda"), probe.linear(name, x)),
+        (probe.linear_transpose(name, g, device="cuda"), probe.linear_transpose(name, g)),
+    ):
+        assert np.abs(ours - ref).max() < 1e-12 * max(1.0, np.abs(ref).max())
+
+
 def test_linear_unknown_name(probe: Any) -> None:
     from e3fuse import E3fuseError
 

@@ -446,6 +446,34 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("name"), py::arg("grad"), py::kw_only(), py::arg("device") = "cpu")
       .def(
+          "element_linear",
+          [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species, bool transpose,
+             const std::string& device) {
+            const auto lin =
+                cpu::make_element_linear<double>(p.model->plan().mace_layers.at(layer).skip);
+            const int64_t dim_src = transpose ? lin.dim_out : lin.dim_in;
+            const int64_t dim_dst = transpose ? lin.dim_in : lin.dim_out;
+            check_shape(x, {-1, dim_src}, "x");
+            const int64_t n = x.shape(0);
+            check_shape(species, {n}, "species");
+            check_species(species, p.plan.num_species);
+            Array<double> out({n, dim_dst});
+            if (probe_on_cuda(device)) {
+#ifdef E3FUSE_WITH_CUDA
+              cuda::probe_element_linear(lin, n, species.data(), x.data(), out.mutable_data(),
+                                         transpose);
+#endif
+            } else if (transpose) {
+              cpu::element_linear_backward(lin, n, species.data(), x.data(), out.mutable_data(),
+                                           false);
+            } else {
+              cpu::element_linear_forward(lin, n, species.data(), x.data(), out.mutable_data());
+            }
+            return out;
+          },
+          py::arg("layer"), py::arg("x"), py::arg("species"), py::kw_only(),
+          py::arg("transpose") = false, py::arg("device") = "cpu")
+      .def(
           "symmetric_contraction",
           [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species,
              const std::string& device) {

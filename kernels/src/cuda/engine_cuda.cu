@@ -355,6 +355,9 @@ class SevennetModel : public Model {
     embedding_dim_ = plan.embedding_dim;
     embedding_.upload(plan.embedding);
     for (const auto& l : plan.layers) {
+      if (l.self_connection.dim_out != l.linear_2.dim_out) {
+        throw Error("internal: self-connection and linear_2 of different widths");
+      }
       Layer q{make_linear<T>(l.self_connection), make_linear<T>(l.linear_1),
               make_linear<T>(l.linear_2), make_conv<T>(l.conv), make_gate<T>(l.gate)};
       layers_.push_back(std::move(q));
@@ -378,8 +381,9 @@ class SevennetModel : public Model {
     for (int t = 0; t < L; ++t) {
       const Layer& l = layers_[t];
       s.profiler.mark("linear forward", st);
-      sc_.resize(static_cast<size_t>(n) * l.self_connection.dim_out);
-      linear_forward(l.self_connection, rows, x_.data(), sc_.data(), st);
+      // the self-connection goes straight into the gate's input; linear_2 adds to it
+      pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
+      linear_forward(l.self_connection, rows, x_.data(), pre_gate_[t].data(), st);
       x1_[t].resize(static_cast<size_t>(n) * l.linear_1.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
       linear_forward(l.linear_1, t == 0 ? n : rows, x_.data(), x1_[t].data(), st);
@@ -392,9 +396,7 @@ class SevennetModel : public Model {
       conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), x1_[t].data(), y_.data(),
                    s.error_node.data(), st);
       s.profiler.mark("linear forward", st);
-      pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
-      linear_forward(l.linear_2, rows, y_.data(), pre_gate_[t].data(), st);
-      add_inplace(rows * l.linear_2.dim_out, sc_.data(), pre_gate_[t].data(), st);
+      linear_forward_add(l.linear_2, rows, y_.data(), pre_gate_[t].data(), st);
       x_.resize(static_cast<size_t>(n) * l.gate.dim_out);
       s.profiler.mark("gate", st);
       gate_forward(l.gate, rows, pre_gate_[t].data(), x_.data(), st);
@@ -457,7 +459,7 @@ class SevennetModel : public Model {
   std::vector<Layer> layers_;
   std::vector<Linear<T>> readout_;
   std::vector<DeviceArray<T>> x1_, pre_gate_;
-  DeviceArray<T> x_, sc_, y_, h0_, h1_, grad_, tmp_, grad_p_, grad_x1_;
+  DeviceArray<T> x_, y_, h0_, h1_, grad_, tmp_, grad_p_, grad_x1_;
 };
 
 template <class T>

@@ -1,15 +1,23 @@
 // cuda/linear.cu: e3nn o3.Linear on node features, forward and transpose (the GPU
 // version of cpu/linear.cpp + cpu/linear_row.h).
 //
-// Each path (in block -> out block, weight W[u][w]) maps destination element
-// (w, m) of the output to sum_u W[u][w] x[u, m]; the transpose maps input (u, m)
-// to sum_w W[u][w] g[w, m]. The host unrolls this into per-element segments
-// (LinearSegment: a strided dot product over u or w) so that the kernel is one
-// thread per (group of NB nodes, destination element): consecutive threads handle
-// consecutive elements of the same nodes and read consecutive weights. Each thread
-// sums its segments in path order, each segment from 0 as the CPU's `acc` does:
-//   dst = (bias or 0 or dst) + seg_0 + seg_1 + ...
+// Per destination irrep block and component m the layer is a matrix product over
+// nodes, dst[n][c] = sum_k src[n][k] W[k][c] (LinearTask, LinearSource in
+// node_ops.cuh). The kernel tiles it as a GEMM: a block takes TN nodes and a
+// 32-channel column tile of one destination block, stages 16-deep slices of the
+// inputs and of the weights in shared memory, and each thread accumulates a 4 x 4
+// (node x channel) tile in registers, so that one shared-memory read feeds four
+// FMAs. Each output element is summed by one thread in a fixed order (sources in
+// path order, k ascending): deterministic.
+//
+// With `species` (MACE's element-dependent linear) the block runs once per species
+// present among its nodes, with that species' weights, and writes only those
+// nodes' rows: one pass when the tile has a single element.
+#include <cuda_runtime.h>
+
 #include <algorithm>
+#include <climits>
+#include <map>
 #include <vector>
 
 #include "cuda/node_ops.cuh"
@@ -18,56 +26,221 @@ namespace e3fuse::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kNodesPerThread = 4;  // weights read once for this many nodes
+constexpr int kTileK = 16;  // reduction slice staged in shared memory
+constexpr int kMicro = 4;   // each thread: kMicro nodes x kMicro channels
+constexpr int kColThreads = kLinearTileCols / kMicro;
 
-// NB nodes per thread; with `species` only NB == 1 (each node picks its table).
-template <class T, int NB>
-__global__ void linear_kernel(int64_t num_nodes, int64_t dim_src, int64_t dim_dst,
-                              const int32_t* __restrict__ offsets,
-                              const LinearSegment* __restrict__ segs, const T* __restrict__ weights,
-                              const T* __restrict__ bias, const int32_t* __restrict__ species,
-                              bool accumulate, const T* __restrict__ src, T* __restrict__ dst) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t groups = (num_nodes + NB - 1) / NB;
-  if (t >= groups * dim_dst) return;
-  const int64_t e = t % dim_dst;
-  const int64_t n0 = (t / dim_dst) * NB;
-  const int64_t table = species ? static_cast<int64_t>(species[n0]) * (dim_dst + 1) : 0;
-  const int begin = offsets[table + e], end = offsets[table + e + 1];
+template <int TN>
+constexpr int linear_threads() {
+  return (TN / kMicro) * kColThreads;
+}
 
-  const T* xs[NB];
-  T val[NB];
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    // Past the last node: read a valid row, write nothing.
-    const int64_t n = min(n0 + b, num_nodes - 1);
-    xs[b] = src + n * dim_src;
-    if (bias)
-      val[b] = bias[e];
-    else if (accumulate)
-      val[b] = dst[n * dim_dst + e];
-    else
-      val[b] = T(0);
-  }
-  for (int s = begin; s < end; ++s) {
-    const LinearSegment seg = segs[s];
-    const T* w = weights + seg.w;
-    T acc[NB];
-#pragma unroll
-    for (int b = 0; b < NB; ++b) acc[b] = T(0);
-    for (int u = 0; u < seg.count; ++u) {
-      const T wu = w[static_cast<int64_t>(u) * seg.w_stride];
-      const int64_t i = seg.src + static_cast<int64_t>(u) * seg.src_stride;
-#pragma unroll
-      for (int b = 0; b < NB; ++b) acc[b] += wu * xs[b][i];
+// grid: (node tiles of TN, tasks).
+template <class T, int TN>
+__global__ void __launch_bounds__(linear_threads<TN>())
+    linear_gemm_kernel(int64_t num_nodes, int64_t dim_src, int64_t dim_dst,
+                       const LinearTask* __restrict__ tasks,
+                       const LinearSource* __restrict__ sources, const T* __restrict__ weights,
+                       int64_t species_stride, const T* __restrict__ bias,
+                       const int32_t* __restrict__ species, bool accumulate,
+                       const T* __restrict__ src, T* __restrict__ dst) {
+  constexpr int kThreadsPerBlock = linear_threads<TN>();
+  // Rows padded by 4: the transposed stores below hit at most 2 ways per bank, and
+  // each thread's kMicro consecutive nodes stay 16-byte aligned.
+  constexpr int kRow = TN + 4;
+  constexpr int kRowsPerLoad = kThreadsPerBlock / kTileK;
+  constexpr int kLoadsA = kTileK * TN / kThreadsPerBlock;
+  constexpr int kLoadsW = kTileK * kLinearTileCols / kThreadsPerBlock;
+  static_assert(kLoadsA * kThreadsPerBlock == kTileK * TN &&
+                kLoadsW * kThreadsPerBlock == kTileK * kLinearTileCols);
+  __shared__ __align__(16) T a_tile[kTileK][kRow];
+  __shared__ __align__(16) T w_tile[kTileK][kLinearTileCols];
+  __shared__ int next_species;
+
+  const LinearTask task = tasks[blockIdx.y];
+  const int64_t node0 = static_cast<int64_t>(blockIdx.x) * TN;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int my_row = (tid / kColThreads) * kMicro, my_col = (tid % kColThreads) * kMicro;
+
+  int species_done = -1;
+  for (;;) {
+    int s = 0;
+    if (species) {  // the smallest species above the ones done, among this tile's nodes
+      if (tid == 0) next_species = INT_MAX;
+      __syncthreads();
+      for (int r = tid; r < TN; r += kThreadsPerBlock) {
+        const int64_t n = node0 + r;
+        if (n < num_nodes && species[n] > species_done) atomicMin(&next_species, species[n]);
+      }
+      __syncthreads();
+      s = next_species;
+      __syncthreads();
+      if (s == INT_MAX) return;
     }
+    const T* w_set = weights + static_cast<int64_t>(s) * species_stride;
+    for (int m = 0; m < task.d; ++m) {
+      T acc[kMicro][kMicro];
 #pragma unroll
-    for (int b = 0; b < NB; ++b) val[b] += acc[b];
+      for (int i = 0; i < kMicro; ++i)
+#pragma unroll
+        for (int j = 0; j < kMicro; ++j) acc[i][j] = T(0);
+      for (int si = task.source_begin; si < task.source_end; ++si) {
+        const LinearSource so = sources[si];
+        const T* src_m = src + so.offset + static_cast<int64_t>(m) * so.m_stride;
+        for (int k0 = 0; k0 < so.K; k0 += kTileK) {
+          {  // consecutive threads: consecutive k of one node (contiguous in ir_mul)
+            const int kk = tid % kTileK;
+            const bool k_ok = k0 + kk < so.K;
+            const T* p = src_m + (node0 + tid / kTileK) * dim_src +
+                         static_cast<int64_t>(k0 + kk) * so.k_stride;
+#pragma unroll
+            for (int j = 0; j < kLoadsA; ++j) {
+              const int r = tid / kTileK + j * kRowsPerLoad;
+              a_tile[kk][r] = k_ok && node0 + r < num_nodes ? p[j * kRowsPerLoad * dim_src] : T(0);
+            }
+          }
+          {
+            const int c = tid % kLinearTileCols;
+            const bool c_ok = c < task.cols;
+#pragma unroll
+            for (int j = 0; j < kLoadsW; ++j) {
+              const int kk = tid / kLinearTileCols + j * (kThreadsPerBlock / kLinearTileCols);
+              w_tile[kk][c] = c_ok && k0 + kk < so.K
+                                  ? w_set[so.w + static_cast<int64_t>(k0 + kk) * so.w_row + c]
+                                  : T(0);
+            }
+          }
+          __syncthreads();
+#pragma unroll
+          for (int kk = 0; kk < kTileK; ++kk) {
+            T a[kMicro], b[kMicro];
+#pragma unroll
+            for (int i = 0; i < kMicro; ++i) a[i] = a_tile[kk][my_row + i];
+#pragma unroll
+            for (int j = 0; j < kMicro; ++j) b[j] = w_tile[kk][my_col + j];
+#pragma unroll
+            for (int i = 0; i < kMicro; ++i)
+#pragma unroll
+              for (int j = 0; j < kMicro; ++j) acc[i][j] += a[i] * b[j];
+          }
+          __syncthreads();
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kMicro; ++i) {
+        const int64_t n = node0 + my_row + i;
+        if (n >= num_nodes || (species && species[n] != s)) continue;
+#pragma unroll
+        for (int j = 0; j < kMicro; ++j) {
+          const int c = my_col + j;
+          if (c >= task.cols) continue;
+          const int64_t e = task.offset + static_cast<int64_t>(task.col0 + c) * task.c_stride +
+                            static_cast<int64_t>(m) * task.m_stride;
+          T base = bias ? bias[e] : T(0);
+          if (accumulate) base += dst[n * dim_dst + e];
+          dst[n * dim_dst + e] = base + acc[i][j];
+        }
+      }
+    }
+    if (!species) return;
+    species_done = s;
   }
-#pragma unroll
-  for (int b = 0; b < NB; ++b)
-    if (n0 + b < num_nodes) dst[(n0 + b) * dim_dst + e] = val[b];
+}
+
+// One side of a path: the irrep block at `offset` with `mul` channels of dimension d.
+struct Block {
+  int64_t offset = 0;
+  int mul = 0, d = 1;
+  bool ir_mul = false;
+  int32_t c_stride() const { return ir_mul ? 1 : d; }
+  int32_t m_stride() const { return ir_mul ? mul : 1; }
+};
+
+// Tasks and sources of one direction: per destination block (in order of offset), its
+// column tiles, each reading every path into that block; then tasks without sources
+// for the destination elements that no path reaches.
+void plan_products(
+    int64_t dim_dst,
+    const std::vector<std::pair<Block, std::vector<std::pair<Block, int64_t>>>>& into,
+    std::vector<LinearTask>& tasks, std::vector<LinearSource>& sources) {
+  std::vector<bool> reached(static_cast<size_t>(dim_dst), false);
+  for (const auto& [dst, from] : into) {
+    for (int64_t e = dst.offset; e < dst.offset + static_cast<int64_t>(dst.mul) * dst.d; ++e)
+      reached[e] = true;
+    for (int col0 = 0; col0 < dst.mul; col0 += kLinearTileCols) {
+      LinearTask t;
+      t.offset = static_cast<int32_t>(dst.offset);
+      t.c_stride = dst.c_stride();
+      t.m_stride = dst.m_stride();
+      t.d = dst.d;
+      t.col0 = col0;
+      t.cols = std::min(kLinearTileCols, dst.mul - col0);
+      t.source_begin = static_cast<int32_t>(sources.size());
+      for (const auto& [src, w] : from) {
+        LinearSource so;
+        so.w = w + col0;  // W[k][c] at w + k * dst.mul + c
+        so.offset = static_cast<int32_t>(src.offset);
+        so.k_stride = src.c_stride();
+        so.m_stride = src.m_stride();
+        so.K = src.mul;
+        so.w_row = dst.mul;
+        sources.push_back(so);
+      }
+      t.source_end = static_cast<int32_t>(sources.size());
+      tasks.push_back(t);
+    }
+  }
+  for (int64_t e = 0; e < dim_dst;) {  // unreached runs: bias or 0 (or left as they are)
+    if (reached[e]) {
+      ++e;
+      continue;
+    }
+    int64_t end = e;
+    while (end < dim_dst && !reached[end] && end - e < kLinearTileCols) ++end;
+    LinearTask t;
+    t.offset = static_cast<int32_t>(e);
+    t.cols = static_cast<int32_t>(end - e);
+    t.source_begin = t.source_end = static_cast<int32_t>(sources.size());
+    tasks.push_back(t);
+    e = end;
+  }
+}
+
+template <class T>
+bool same_structure(const cpu::Linear<T>& a, const cpu::Linear<T>& b) {
+  if (a.dim_in != b.dim_in || a.dim_out != b.dim_out || a.in_ir_mul != b.in_ir_mul ||
+      a.out_ir_mul != b.out_ir_mul || a.paths.size() != b.paths.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.paths.size(); ++i) {
+    const auto &p = a.paths[i], &q = b.paths[i];
+    if (p.in_offset != q.in_offset || p.out_offset != q.out_offset || p.mul_in != q.mul_in ||
+        p.mul_out != q.mul_out || p.d != q.d) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int device_multiprocessors() {
+  int device = 0, count = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+        "multiprocessor count");
+  return count;
+}
+
+template <class T, int TN>
+void launch_linear(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
+                   const LinearTask* tasks, const LinearSource* sources, const T* weights,
+                   int64_t species_stride, const T* bias, const int32_t* species, bool accumulate,
+                   const T* src, T* dst, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((num_nodes + TN - 1) / TN),
+                  static_cast<unsigned>(num_tasks));
+  linear_gemm_kernel<T, TN><<<grid, linear_threads<TN>(), 0, stream>>>(
+      num_nodes, dim_src, dim_dst, tasks, sources, weights, species_stride, bias, species,
+      accumulate, src, dst);
+  check_launch("linear_gemm_kernel");
 }
 
 }  // namespace
@@ -77,85 +250,79 @@ namespace detail {
 template <class T>
 void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool with_bias,
                          LinearTables<T>& tables) {
-  std::vector<int32_t> fwd_offsets, bwd_offsets;
-  std::vector<LinearSegment> fwd_segs, bwd_segs;
-  std::vector<T> weights, weights_t, bias;
+  if (layers.empty()) throw Error("internal: a linear layer without weights");
+  const cpu::Linear<T>& first = *layers.front();
+  // Per destination block: its paths (source block, weight offset), in path order.
+  using Into = std::vector<std::pair<Block, std::vector<std::pair<Block, int64_t>>>>;
+  std::map<int64_t, size_t> fwd_index, bwd_index;
+  Into fwd, bwd;
+  std::vector<T> weights, weights_t;
+  int64_t offset = 0;
+  for (const auto& p : first.paths) {
+    if (p.in_offset + static_cast<int64_t>(p.mul_in) * p.d > first.dim_in ||
+        p.out_offset + static_cast<int64_t>(p.mul_out) * p.d > first.dim_out) {
+      throw Error("internal: inconsistent linear layer path");
+    }
+    const Block in{p.in_offset, p.mul_in, p.d, first.in_ir_mul};
+    const Block out{p.out_offset, p.mul_out, p.d, first.out_ir_mul};
+    auto add = [](Into& into, std::map<int64_t, size_t>& index, const Block& dst, const Block& src,
+                  int64_t w) {
+      auto [it, fresh] = index.emplace(dst.offset, into.size());
+      if (fresh) into.push_back({dst, {}});
+      const Block& have = into[it->second].first;
+      if (have.mul != dst.mul || have.d != dst.d) {
+        throw Error("internal: linear layer paths into one block of different shapes");
+      }
+      into[it->second].second.push_back({src, w});
+    };
+    add(fwd, fwd_index, out, in, offset);  // W[u][w] at offset + u * mul_out + w
+    add(bwd, bwd_index, in, out, offset);  // W^T[w][u] at offset + w * mul_in + u
+    offset += static_cast<int64_t>(p.mul_in) * p.mul_out;
+  }
+  const int64_t per_set = offset;
   for (const cpu::Linear<T>* lin : layers) {
-    const int64_t dim_in = lin->dim_in, dim_out = lin->dim_out;
-    std::vector<std::vector<LinearSegment>> fwd(dim_out), bwd(dim_in);
+    if (!same_structure(*lin, first)) {
+      throw Error("internal: linear layers of one table set with different paths");
+    }
     for (const auto& p : lin->paths) {
-      if (static_cast<int64_t>(p.weight.size()) != static_cast<int64_t>(p.mul_in) * p.mul_out ||
-          p.in_offset + static_cast<int64_t>(p.mul_in) * p.d > dim_in ||
-          p.out_offset + static_cast<int64_t>(p.mul_out) * p.d > dim_out) {
+      if (static_cast<int64_t>(p.weight.size()) != static_cast<int64_t>(p.mul_in) * p.mul_out) {
         throw Error("internal: inconsistent linear layer path");
       }
-      const int64_t wo = static_cast<int64_t>(weights.size());  // W[u][w] at wo + u*mul_out + w
-      const int64_t wto = wo;  // W^T[w][u] at wto + w*mul_in + u (same size and place)
+      const size_t at = weights.size();
       weights.insert(weights.end(), p.weight.begin(), p.weight.end());
       weights_t.resize(weights.size());
       for (int u = 0; u < p.mul_in; ++u)
         for (int w = 0; w < p.mul_out; ++w)
-          weights_t[wto + static_cast<int64_t>(w) * p.mul_in + u] =
+          weights_t[at + static_cast<size_t>(w) * p.mul_in + u] =
               p.weight[static_cast<size_t>(u) * p.mul_out + w];
-      for (int m = 0; m < p.d; ++m) {
-        // x[u, m] = x[in_offset + in_base + u * in_stride]; likewise g[w, m] on the output side.
-        const int32_t in_base =
-            static_cast<int32_t>(p.in_offset) + (lin->in_ir_mul ? m * p.mul_in : m);
-        const int32_t in_stride = lin->in_ir_mul ? 1 : p.d;
-        const int32_t out_base =
-            static_cast<int32_t>(p.out_offset) + (lin->out_ir_mul ? m * p.mul_out : m);
-        const int32_t out_stride = lin->out_ir_mul ? 1 : p.d;
-        for (int w = 0; w < p.mul_out; ++w) {
-          LinearSegment s;
-          s.w = wo + w;
-          s.w_stride = p.mul_out;
-          s.src = in_base;
-          s.src_stride = in_stride;
-          s.count = p.mul_in;
-          fwd[out_base + static_cast<int64_t>(w) * out_stride].push_back(s);
-        }
-        for (int u = 0; u < p.mul_in; ++u) {
-          LinearSegment s;
-          s.w = wto + u;
-          s.w_stride = p.mul_in;
-          s.src = out_base;
-          s.src_stride = out_stride;
-          s.count = p.mul_out;
-          bwd[in_base + static_cast<int64_t>(u) * in_stride].push_back(s);
-        }
-      }
-    }
-    for (const auto& list : fwd) {
-      fwd_offsets.push_back(static_cast<int32_t>(fwd_segs.size()));
-      fwd_segs.insert(fwd_segs.end(), list.begin(), list.end());
-    }
-    fwd_offsets.push_back(static_cast<int32_t>(fwd_segs.size()));
-    for (const auto& list : bwd) {
-      bwd_offsets.push_back(static_cast<int32_t>(bwd_segs.size()));
-      bwd_segs.insert(bwd_segs.end(), list.begin(), list.end());
-    }
-    bwd_offsets.push_back(static_cast<int32_t>(bwd_segs.size()));
-    if (with_bias && !lin->biases.empty()) {
-      if (layers.size() != 1) throw Error("internal: biases on a multi-table linear layer");
-      bias.assign(dim_out, T(0));  // as on the CPU: 0 + bias_1 (+ bias_2 ...)
-      for (const auto& b : lin->biases) {
-        if (b.out_offset + static_cast<int64_t>(b.bias.size()) > dim_out) {
-          throw Error("internal: inconsistent linear layer bias");
-        }
-        for (size_t w = 0; w < b.bias.size(); ++w) bias[b.out_offset + w] += b.bias[w];
-      }
     }
   }
-  if (fwd_segs.size() > INT32_MAX || bwd_segs.size() > INT32_MAX) {
+  std::vector<T> bias;
+  if (with_bias && !first.biases.empty()) {
+    if (layers.size() != 1) throw Error("internal: biases on a multi-table linear layer");
+    bias.assign(first.dim_out, T(0));  // as on the CPU: 0 + bias_1 (+ bias_2 ...)
+    for (const auto& b : first.biases) {
+      if (b.out_offset + static_cast<int64_t>(b.bias.size()) > first.dim_out) {
+        throw Error("internal: inconsistent linear layer bias");
+      }
+      for (size_t w = 0; w < b.bias.size(); ++w) bias[b.out_offset + w] += b.bias[w];
+    }
+  }
+  if (first.dim_in > INT32_MAX || first.dim_out > INT32_MAX) {
     throw Error("linear layer too large for the CUDA backend");
   }
-  tables.fwd_offsets.upload(fwd_offsets);
-  tables.bwd_offsets.upload(bwd_offsets);
-  tables.fwd_segs.upload(fwd_segs);
-  tables.bwd_segs.upload(bwd_segs);
+  std::vector<LinearTask> fwd_tasks, bwd_tasks;
+  std::vector<LinearSource> fwd_sources, bwd_sources;
+  plan_products(first.dim_out, fwd, fwd_tasks, fwd_sources);
+  plan_products(first.dim_in, bwd, bwd_tasks, bwd_sources);
+  tables.fwd_tasks.upload(fwd_tasks);
+  tables.bwd_tasks.upload(bwd_tasks);
+  tables.fwd_sources.upload(fwd_sources);
+  tables.bwd_sources.upload(bwd_sources);
   tables.weights.upload(weights);
   tables.weights_t.upload(weights_t);
   tables.bias.upload(bias);
+  tables.species_stride = per_set;
   // The uploads read pageable host memory that is freed on return.
   check(cudaStreamSynchronize(nullptr), "linear layer upload");
 }
@@ -165,22 +332,21 @@ void run_linear_tables(const LinearTables<T>& tables, int64_t dim_in, int64_t di
                        bool transpose, int64_t num_nodes, const int32_t* species, bool accumulate,
                        const T* src, T* dst, cudaStream_t stream) {
   const int64_t dim_src = transpose ? dim_out : dim_in, dim_dst = transpose ? dim_in : dim_out;
-  if (num_nodes <= 0 || dim_dst <= 0) return;
-  const int32_t* offsets = transpose ? tables.bwd_offsets.data() : tables.fwd_offsets.data();
-  const LinearSegment* segs = transpose ? tables.bwd_segs.data() : tables.fwd_segs.data();
+  const DeviceArray<LinearTask>& tasks = transpose ? tables.bwd_tasks : tables.fwd_tasks;
+  if (num_nodes <= 0 || dim_dst <= 0 || tasks.size() == 0) return;
+  const LinearSource* sources = transpose ? tables.bwd_sources.data() : tables.fwd_sources.data();
   const T* weights = transpose ? tables.weights_t.data() : tables.weights.data();
   const T* bias = transpose || tables.bias.size() == 0 ? nullptr : tables.bias.data();
-  if (species) {
-    const int64_t blocks = blocks_for(num_nodes * dim_dst, kThreads);
-    linear_kernel<T, 1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        num_nodes, dim_src, dim_dst, offsets, segs, weights, bias, species, accumulate, src, dst);
-  } else {
-    const int64_t groups = (num_nodes + kNodesPerThread - 1) / kNodesPerThread;
-    const int64_t blocks = blocks_for(groups * dim_dst, kThreads);
-    linear_kernel<T, kNodesPerThread><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        num_nodes, dim_src, dim_dst, offsets, segs, weights, bias, nullptr, accumulate, src, dst);
-  }
-  check_launch("linear_kernel");
+  const int num_tasks = static_cast<int>(tasks.size());
+  // Small systems: half-height tiles, so that the grid still fills the GPU.
+  static const int multiprocessors = device_multiprocessors();
+  const bool small = (num_nodes + 127) / 128 * num_tasks < 2 * multiprocessors;
+  if (small)
+    launch_linear<T, 64>(num_nodes, dim_src, dim_dst, num_tasks, tasks.data(), sources, weights,
+                         tables.species_stride, bias, species, accumulate, src, dst, stream);
+  else
+    launch_linear<T, 128>(num_nodes, dim_src, dim_dst, num_tasks, tasks.data(), sources, weights,
+                          tables.species_stride, bias, species, accumulate, src, dst, stream);
 }
 
 }  // namespace detail
@@ -202,6 +368,13 @@ void linear_forward(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out,
 }
 
 template <class T>
+void linear_forward_add(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out,
+                        cudaStream_t stream) {
+  detail::run_linear_tables(lin.tables, lin.dim_in, lin.dim_out, false, num_nodes, nullptr, true, x,
+                            out, stream);
+}
+
+template <class T>
 void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out, T* grad_x,
                      bool accumulate, cudaStream_t stream) {
   detail::run_linear_tables(lin.tables, lin.dim_in, lin.dim_out, true, num_nodes, nullptr,
@@ -216,6 +389,7 @@ void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out,
                                              cudaStream_t);                                     \
   template Linear<T> make_linear<T>(const cpu::Linear<T>&);                                     \
   template void linear_forward<T>(const Linear<T>&, int64_t, const T*, T*, cudaStream_t);       \
+  template void linear_forward_add<T>(const Linear<T>&, int64_t, const T*, T*, cudaStream_t);   \
   template void linear_backward<T>(const Linear<T>&, int64_t, const T*, T*, bool, cudaStream_t);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)

@@ -22,23 +22,34 @@ namespace e3fuse::cuda {
 // o3.Linear (and its transpose)
 // ---------------------------------------------------------------------------------
 
-// One path's contribution to one destination element:
-//   sum_{u < count} weights[w + u * w_stride] * src[src + u * src_stride].
-struct LinearSegment {
-  int64_t w = 0;
-  int32_t src = 0, src_stride = 1, w_stride = 1, count = 0;
+// A linear layer as a block-sparse matrix product. Per node, a destination irrep
+// block (mul_dst channels c of dimension d) gets, for each component m,
+//   dst[c, m] = sum over its sources, sum_{k < K} W[k][c] src[k, m],
+// the same weights for every m (e3nn's o3.Linear; the transpose swaps the roles of
+// the two sides and uses W^T). An element (c, m) of a block sits at
+//   offset + c * c_stride + m * m_stride
+// ([mul][2l+1] "mul_ir": strides (d, 1); [2l+1][mul] "ir_mul": (1, mul)).
+struct LinearSource {
+  int64_t w = 0;  // W[k][c] at w + k * w_row + c (c counted from the task's col0)
+  int32_t offset = 0, k_stride = 1, m_stride = 1, K = 0, w_row = 0;
 };
+// One column tile (cols <= kLinearTileCols channels from col0) of one destination
+// block; a task without sources writes bias or 0 (elements no path reaches).
+struct LinearTask {
+  int32_t offset = 0, c_stride = 1, m_stride = 1, d = 1;
+  int32_t col0 = 0, cols = 0, source_begin = 0, source_end = 0;
+};
+inline constexpr int kLinearTileCols = 32;
 
-// Per destination element e, its segments are segs[offsets[e] .. offsets[e + 1]) in
-// path order; forward tables run over outputs, backward tables over inputs (with
-// the transposed weights, so that neighbouring threads read neighbouring weights).
-// Several tables (one per species) may follow each other in `offsets`.
+// The forward and transposed products of one or more layers with the same paths
+// (several: one per species, weights species_stride apart).
 template <class T>
 struct LinearTables {
-  DeviceArray<int32_t> fwd_offsets, bwd_offsets;
-  DeviceArray<LinearSegment> fwd_segs, bwd_segs;
+  DeviceArray<LinearTask> fwd_tasks, bwd_tasks;
+  DeviceArray<LinearSource> fwd_sources, bwd_sources;
   DeviceArray<T> weights, weights_t;
   DeviceArray<T> bias;  // [dim_out], empty when the layer has no bias
+  int64_t species_stride = 0;
 };
 
 template <class T>
@@ -48,14 +59,14 @@ struct Linear {
 };
 
 namespace detail {
-// Builds the tables of one or more linear layers with the same dims (one table per
-// layer, in order; biases only when `with_bias`). Defined in linear.cu.
+// Builds the tables of one or more linear layers with the same paths (one weight
+// set per layer, in order; biases only when `with_bias`). Defined in linear.cu.
 template <class T>
 void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool with_bias,
                          LinearTables<T>& tables);
 // dst (+)= W src for every node, forward (src: dim_in, dst: dim_out, bias added when
 // present) or transposed (src: dim_out, dst: dim_in). With `species`, node n uses the
-// table species[n]; otherwise table 0.
+// weight set species[n]; otherwise set 0.
 template <class T>
 void run_linear_tables(const LinearTables<T>& tables, int64_t dim_in, int64_t dim_out,
                        bool transpose, int64_t num_nodes, const int32_t* species, bool accumulate,
@@ -69,6 +80,10 @@ Linear<T> make_linear(const cpu::Linear<T>& host);
 template <class T>
 void linear_forward(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out,
                     cudaStream_t stream);
+// out += W x + b.
+template <class T>
+void linear_forward_add(const Linear<T>& lin, int64_t num_nodes, const T* x, T* out,
+                        cudaStream_t stream);
 // grad_x = W^T grad_out, or += with `accumulate` (no bias).
 template <class T>
 void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out, T* grad_x,
@@ -113,8 +128,8 @@ void gate_backward(const Gate<T>& gate, int64_t num_nodes, const T* x, const T* 
 // MACE: element-dependent linear (skip_tp) and symmetric contraction
 // ---------------------------------------------------------------------------------
 
-// One o3.Linear per species, without biases (as on the CPU); table s of
-// `tables.fwd_offsets` ([num_species][dim_out + 1]) belongs to species s.
+// One o3.Linear per species, without biases (as on the CPU); weight set s of
+// `tables` belongs to species s.
 template <class T>
 struct ElementLinear {
   int64_t dim_in = 0, dim_out = 0;
