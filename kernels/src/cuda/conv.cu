@@ -50,7 +50,7 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   s.h0 = take_if(mlp, t * ec * c.max_hidden);
   s.h1 = take_if(mlp, t * ec * c.max_hidden);
   s.wts = take_if(mlp, t * ec * c.weight_numel);
-  s.M = take(t * ec * c.m_per_edge);
+  s.M = take_if(!backward, t * ec * c.m_per_edge);
   if (!backward) {
     s.acc = take(t * c.dim_out);
   } else {
@@ -61,7 +61,7 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.demb = take_if(mlp, t * ec * num_basis);
     s.pre = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.act = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
-    s.K = take(t * ec * c.m_per_edge * 3);
+    s.K = take(t * ec * c.m_per_edge * 4);  // {M, K_x, K_y, K_z} per entry
     s.acc = take(t * c.gx_slots);
     // each thread's per-edge force partials during the tensor product [EC][3][kThreads],
     // then (MLP only) the MLP adjoint's partial sums in the same space
@@ -350,9 +350,11 @@ __device__ void chunk_mlp_forward(const typename Conv<T>::View& c, T* emb, T* h0
 }
 
 // M[e][m] for the chunk (and K[e][m][a] = sum_b cg * J[e][b][a] in the backward pass).
+// M[e][m] (forward), or with J the backward's MK[e][m] = {M, K_x, K_y, K_z}: the entry
+// and its derivative along the edge vector, read by one 16-byte (float) load per (a, q).
 template <class T>
 __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
-                                  const T* J, T* M, T* K) {
+                                  const T* J, T* M) {
   for (int q = threadIdx.x; q < n * c.m_per_edge; q += blockDim.x) {
     const int e = q / c.m_per_edge, m = q - e * c.m_per_edge;
     const typename Conv<T>::MEntry me = c.m_entries[m];
@@ -360,20 +362,41 @@ __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh
     const T* y = Y + e * sh_dim + me.sh_offset;
     T s = T(0);
     for (int b = 0; b < me.d2; ++b) s += cg[b * me.d3] * y[b];
-    M[q] = s;
-    if (K) {
-      const T* j = J + (e * sh_dim + me.sh_offset) * 3;
-      T k0 = T(0), k1 = T(0), k2 = T(0);
-      for (int b = 0; b < me.d2; ++b) {
-        const T w = cg[b * me.d3];
-        k0 += w * j[3 * b];
-        k1 += w * j[3 * b + 1];
-        k2 += w * j[3 * b + 2];
-      }
-      K[3 * q] = k0;
-      K[3 * q + 1] = k1;
-      K[3 * q + 2] = k2;
+    if (!J) {
+      M[q] = s;
+      continue;
     }
+    const T* j = J + (e * sh_dim + me.sh_offset) * 3;
+    T k0 = T(0), k1 = T(0), k2 = T(0);
+    for (int b = 0; b < me.d2; ++b) {
+      const T w = cg[b * me.d3];
+      k0 += w * j[3 * b];
+      k1 += w * j[3 * b + 1];
+      k2 += w * j[3 * b + 2];
+    }
+    M[4 * q] = s;
+    M[4 * q + 1] = k0;
+    M[4 * q + 2] = k1;
+    M[4 * q + 3] = k2;
+  }
+}
+
+// Four consecutive values from shared memory (16-byte aligned): one vector load.
+template <class T>
+__device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+  } else {
+    const double2 a = reinterpret_cast<const double2*>(p)[0];
+    const double2 b = reinterpret_cast<const double2*>(p)[1];
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = b.x;
+    v[3] = b.y;
   }
 }
 
@@ -486,19 +509,19 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::Path& P, int u, int64_t k, int n,
                                  const int* sender, const T* __restrict__ x,
                                  const T* __restrict__ grad_y, T* wts, const int* interval,
-                                 const T* local_t, const T* unit, const T* M, const T* K,
-                                 T* gx_slot, T* fe) {
-  T xk[D1], gk[D3], gxa[D1];
+                                 const T* local_t, const T* unit, const T* MK, T* gx_slot, T* fe) {
+  // sxk = s x_k: the parity sign of the reverse edge folded into node k's features
+  const T s = P.parity ? T(-1) : T(1);
+  T sxk[D1], gk[D3], gxa[D1];
   const T* xk_row = x + k * c.dim_in + B.in_offset + u;
   const T* gk_row = grad_y + k * c.dim_out + P.out_offset + u;
 #pragma unroll
   for (int a = 0; a < D1; ++a) {
-    xk[a] = __ldg(xk_row + a * B.mul);
+    sxk[a] = s * __ldg(xk_row + a * B.mul);
     gxa[a] = T(0);
   }
 #pragma unroll
   for (int q = 0; q < D3; ++q) gk[q] = __ldg(gk_row + q * B.mul);
-  const T s = P.parity ? T(-1) : T(1);
 #pragma unroll 1
   for (int e = 0; e < n; ++e) {
     const int64_t j = sender[e];
@@ -520,49 +543,47 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
       slot = wts + e * c.weight_numel + P.weight_offset + u;
       w = *slot;
     }
-    const T* Mp = M + e * c.m_per_edge + P.m_offset;
-    const T* Kp = K + 3 * (e * c.m_per_edge + P.m_offset);
-    T dw1 = T(0), dw2 = T(0);
+    const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
+    // dw = x_j M g_k + s x_k M g_j (dE/dw over both directions); t = the same product
+    // without M, contracted with K = dM/dv for the angular force
+    T dw = T(0), f0 = T(0), f1 = T(0), f2 = T(0);
 #pragma unroll
     for (int a = 0; a < D1; ++a) {
       T mg1 = T(0), mg2 = T(0);
 #pragma unroll
       for (int q = 0; q < D3; ++q) {
-        mg1 += Mp[a * D3 + q] * gk[q];
-        mg2 += Mp[a * D3 + q] * gj[q];
+        T v[4];
+        load4_shared(mk + 4 * (a * D3 + q), v);
+        mg1 += v[0] * gk[q];
+        mg2 += v[0] * gj[q];
+        const T t = xj[a] * gk[q] + sxk[a] * gj[q];
+        f0 += v[1] * t;
+        f1 += v[2] * t;
+        f2 += v[3] * t;
       }
-      dw1 += xj[a] * mg1;
-      dw2 += xk[a] * mg2;
-      gxa[a] += w * s * mg2;
+      dw += xj[a] * mg1 + sxk[a] * mg2;
+      gxa[a] += w * mg2;
     }
-    const T gw = (dw1 + s * dw2) * c.inv_denominator;
-    T f0 = T(0), f1 = T(0), f2 = T(0);
+    const T ws = w * c.inv_denominator;
+    f0 *= ws;
+    f1 *= ws;
+    f2 *= ws;
+    const T gw = dw * c.inv_denominator;
     if constexpr (TABLE) {
       const T dr = gw * dw_dr;
-      f0 = dr * unit[3 * e];
-      f1 = dr * unit[3 * e + 1];
-      f2 = dr * unit[3 * e + 2];
+      f0 += dr * unit[3 * e];
+      f1 += dr * unit[3 * e + 1];
+      f2 += dr * unit[3 * e + 2];
     } else {
       *slot = gw;
     }
-    const T ws = w * c.inv_denominator;
-#pragma unroll
-    for (int a = 0; a < D1; ++a)
-#pragma unroll
-      for (int q = 0; q < D3; ++q) {
-        const T t = ws * (xj[a] * gk[q] + s * xk[a] * gj[q]);
-        const T* kk = Kp + 3 * (a * D3 + q);
-        f0 += kk[0] * t;
-        f1 += kk[1] * t;
-        f2 += kk[2] * t;
-      }
     T* f = fe + 3 * e * kThreads;
     f[0] += f0;
     f[kThreads] += f1;
     f[2 * kThreads] += f2;
   }
 #pragma unroll
-  for (int a = 0; a < D1; ++a) gx_slot[a * B.mul] += gxa[a];
+  for (int a = 0; a < D1; ++a) gx_slot[a * B.mul] += s * gxa[a];
 }
 
 // Block-wide deterministic sum of the per-thread force/virial partials; thread 0 adds to node k.
@@ -628,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                       nullptr, nullptr, nullptr, nullptr, s_interval, s_t);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
-    chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M, nullptr);
+    chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M);
     __syncthreads();
     for_each_warp_task<T>(c, [&](auto d1, auto d3, const auto& B, const auto& P, int ch) {
       tp_forward_task<T, decltype(d1)::value, decltype(d3)::value, TABLE>(
@@ -714,8 +735,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   T* pre = reinterpret_cast<T*>(smem + L.pre);
   T* act = reinterpret_cast<T*>(smem + L.act);
   T* wts = reinterpret_cast<T*>(smem + L.wts);
-  T* M = reinterpret_cast<T*>(smem + L.M);
-  T* K = reinterpret_cast<T*>(smem + L.K);
+  T* MK = reinterpret_cast<T*>(smem + L.K);
   T* gx = reinterpret_cast<T*>(smem + L.acc);
   T* part = reinterpret_cast<T*>(smem + L.part);
   double* red = reinterpret_cast<double*>(smem + L.red);
@@ -739,14 +759,14 @@ __global__ void __launch_bounds__(kThreads, MINB)
                       geo.num_basis, J, demb, vec, u, s_interval, s_t);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
-    chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, M, K);
+    chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, MK);
     __syncthreads();
     {
       T* fe = part + threadIdx.x;  // this thread's column [EC][3] of force partials
       for (int r = 0; r < 3 * n; ++r) fe[r * kThreads] = T(0);
       for_each_warp_task<T>(c, [&](auto d1, auto d3, const auto& B, const auto& P, int ch) {
         tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, TABLE>(
-            c, B, P, ch, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, M, K,
+            c, B, P, ch, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
             gx + P.gx_offset + ch, fe);
       });
       for (int e = 0; e < n; ++e) {

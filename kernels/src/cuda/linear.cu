@@ -35,14 +35,15 @@ constexpr int linear_threads() {
   return (TN / kMicro) * kColThreads;
 }
 
-// grid: (node tiles of TN, tasks).
+// grid: (node tiles of TN, tasks, 1), or with split_m (small systems: shorter serial
+// chains per block) (node tiles, tasks, components m of the widest irrep).
 template <class T, int TN>
 __global__ void __launch_bounds__(linear_threads<TN>())
     linear_gemm_kernel(int64_t num_nodes, int64_t dim_src, int64_t dim_dst,
                        const LinearTask* __restrict__ tasks,
                        const LinearSource* __restrict__ sources, const T* __restrict__ weights,
                        int64_t species_stride, const T* __restrict__ bias,
-                       const int32_t* __restrict__ species, bool accumulate,
+                       const int32_t* __restrict__ species, bool accumulate, bool split_m,
                        const T* __restrict__ src, T* __restrict__ dst) {
   constexpr int kThreadsPerBlock = linear_threads<TN>();
   // Rows padded by 4: the transposed stores below hit at most 2 ways per bank, and
@@ -58,6 +59,10 @@ __global__ void __launch_bounds__(linear_threads<TN>())
   __shared__ int next_species;
 
   const LinearTask task = tasks[blockIdx.y];
+  // components m of this block: all of them, or with split_m (grid.z > 1) one
+  const int m_begin = split_m ? static_cast<int>(blockIdx.z) : 0;
+  const int m_end = split_m ? m_begin + 1 : task.d;
+  if (m_begin >= task.d) return;
   const int64_t node0 = static_cast<int64_t>(blockIdx.x) * TN;
   const int tid = static_cast<int>(threadIdx.x);
   const int my_row = (tid / kColThreads) * kMicro, my_col = (tid % kColThreads) * kMicro;
@@ -78,7 +83,7 @@ __global__ void __launch_bounds__(linear_threads<TN>())
       if (s == INT_MAX) return;
     }
     const T* w_set = weights + static_cast<int64_t>(s) * species_stride;
-    for (int m = 0; m < task.d; ++m) {
+    for (int m = m_begin; m < m_end; ++m) {
       T acc[kMicro][kMicro];
 #pragma unroll
       for (int i = 0; i < kMicro; ++i)
@@ -231,15 +236,15 @@ int device_multiprocessors() {
 }
 
 template <class T, int TN>
-void launch_linear(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
+void launch_linear(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks, int split_d,
                    const LinearTask* tasks, const LinearSource* sources, const T* weights,
                    int64_t species_stride, const T* bias, const int32_t* species, bool accumulate,
                    const T* src, T* dst, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((num_nodes + TN - 1) / TN),
-                  static_cast<unsigned>(num_tasks));
+                  static_cast<unsigned>(num_tasks), static_cast<unsigned>(split_d));
   linear_gemm_kernel<T, TN><<<grid, linear_threads<TN>(), 0, stream>>>(
       num_nodes, dim_src, dim_dst, tasks, sources, weights, species_stride, bias, species,
-      accumulate, src, dst);
+      accumulate, split_d > 1, src, dst);
   check_launch("linear_gemm_kernel");
 }
 
@@ -258,6 +263,7 @@ void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool 
   Into fwd, bwd;
   std::vector<T> weights, weights_t;
   int64_t offset = 0;
+  int max_d = 1;
   for (const auto& p : first.paths) {
     if (p.in_offset + static_cast<int64_t>(p.mul_in) * p.d > first.dim_in ||
         p.out_offset + static_cast<int64_t>(p.mul_out) * p.d > first.dim_out) {
@@ -278,6 +284,7 @@ void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool 
     add(fwd, fwd_index, out, in, offset);  // W[u][w] at offset + u * mul_out + w
     add(bwd, bwd_index, in, out, offset);  // W^T[w][u] at offset + w * mul_in + u
     offset += static_cast<int64_t>(p.mul_in) * p.mul_out;
+    max_d = std::max(max_d, p.d);
   }
   const int64_t per_set = offset;
   for (const cpu::Linear<T>* lin : layers) {
@@ -323,6 +330,7 @@ void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool 
   tables.weights_t.upload(weights_t);
   tables.bias.upload(bias);
   tables.species_stride = per_set;
+  tables.max_d = max_d;
   // The uploads read pageable host memory that is freed on return.
   check(cudaStreamSynchronize(nullptr), "linear layer upload");
 }
@@ -338,14 +346,16 @@ void run_linear_tables(const LinearTables<T>& tables, int64_t dim_in, int64_t di
   const T* weights = transpose ? tables.weights_t.data() : tables.weights.data();
   const T* bias = transpose || tables.bias.size() == 0 ? nullptr : tables.bias.data();
   const int num_tasks = static_cast<int>(tasks.size());
-  // Small systems: half-height tiles, so that the grid still fills the GPU.
+  // Small systems: half-height tiles and one block per component m, so that the grid
+  // still fills the GPU and each block's serial chain of slices is short.
   static const int multiprocessors = device_multiprocessors();
   const bool small = (num_nodes + 127) / 128 * num_tasks < 2 * multiprocessors;
   if (small)
-    launch_linear<T, 64>(num_nodes, dim_src, dim_dst, num_tasks, tasks.data(), sources, weights,
-                         tables.species_stride, bias, species, accumulate, src, dst, stream);
+    launch_linear<T, 64>(num_nodes, dim_src, dim_dst, num_tasks, tables.max_d, tasks.data(),
+                         sources, weights, tables.species_stride, bias, species, accumulate, src,
+                         dst, stream);
   else
-    launch_linear<T, 128>(num_nodes, dim_src, dim_dst, num_tasks, tasks.data(), sources, weights,
+    launch_linear<T, 128>(num_nodes, dim_src, dim_dst, num_tasks, 1, tasks.data(), sources, weights,
                           tables.species_stride, bias, species, accumulate, src, dst, stream);
 }
 

@@ -50,6 +50,7 @@ struct LinearTables {
   DeviceArray<T> weights, weights_t;
   DeviceArray<T> bias;  // [dim_out], empty when the layer has no bias
   int64_t species_stride = 0;
+  int max_d = 1;  // the widest irrep dimension of the paths
 };
 
 template <class T>
