@@ -229,11 +229,6 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
   }
 }
 
-// Asks for the cache line holding p in L1; returns at once (no register waits on it).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // The four cubic coefficients of one radial-table entry (16- or 32-byte aligned).
 template <class T>
 __device__ __forceinline__ void load_table_entry(const T* p, T c[4]) {
@@ -461,13 +456,6 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
 #pragma unroll
   for (int k = 0; k < D3; ++k) acc[k] = T(0);
   for (int e = 0; e < n; ++e) {
-    if (c.prefetch > 0 && e + c.prefetch < n) {
-      const int f = e + c.prefetch;
-      const T* xf = x + static_cast<int64_t>(sender[f]) * c.dim_in + B.in_offset + u;
-#pragma unroll
-      for (int a = 0; a < D1; ++a) prefetch_l1(xf + a * B.mul);
-      if constexpr (TABLE) prefetch_l1(table_entry<T>(c, interval[f], P.weight_offset + u));
-    }
     const T* xj = x + static_cast<int64_t>(sender[e]) * c.dim_in + B.in_offset + u;
     T xa[D1];
 #pragma unroll
@@ -536,17 +524,6 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
   for (int q = 0; q < D3; ++q) gk[q] = __ldg(gk_row + q * B.mul);
 #pragma unroll 1
   for (int e = 0; e < n; ++e) {
-    if (c.prefetch > 0 && e + c.prefetch < n) {
-      const int f = e + c.prefetch;
-      const int64_t jf = sender[f];
-      const T* xf = x + jf * c.dim_in + B.in_offset + u;
-      const T* gf = grad_y + jf * c.dim_out + P.out_offset + u;
-#pragma unroll
-      for (int a = 0; a < D1; ++a) prefetch_l1(xf + a * B.mul);
-#pragma unroll
-      for (int q = 0; q < D3; ++q) prefetch_l1(gf + q * B.mul);
-      if constexpr (TABLE) prefetch_l1(table_entry<T>(c, interval[f], P.weight_offset + u));
-    }
     const int64_t j = sender[e];
     T xj[D1], gj[D3];
     const T* xj_row = x + j * c.dim_in + B.in_offset + u;
@@ -874,13 +851,6 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
   return out;
 }
 
-// How many edges ahead the tensor-product loops prefetch their gathered rows:
-// E3FUSE_CONV_PREFETCH (0 turns it off, to measure both), 1 by default.
-int prefetch_distance() {
-  const char* v = std::getenv("E3FUSE_CONV_PREFETCH");
-  return v ? std::max(0, std::atoi(v)) : 1;
-}
-
 // The float32 radial MLP on the tensor cores (3xTF32, as accurate as FMAs) unless
 // E3FUSE_TF32=0 (kept to measure both) or the device is older than sm_80.
 // The kernels' shared-memory layout depends on it, so it also checks the code that
@@ -1034,7 +1004,6 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   v.act = mlp.act;
   v.act_scale = mlp.act_scale;
   v.inv_denominator = conv.inv_denominator;
-  v.prefetch = prefetch_distance();
   if (!conv.table.empty()) {
     c.table.upload(conv.table.coeffs);
     v.table = c.table.data();

@@ -101,9 +101,6 @@ struct Conv {
     const T* table = nullptr;
     int table_intervals = 0;
     double table_origin = 0.0, table_inv_step = 0.0;
-    // Edges ahead whose gathered rows (x_j, dE/dy_j, the radial-table entry) each lane
-    // prefetches into L1 while it works on the current edge; 0: none.
-    int prefetch = 0;
   };
   View view;
   DeviceArray<InBlock> blocks;
