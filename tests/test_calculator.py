@@ -181,6 +181,31 @@ def test_deterministic(sevennet0_path: Path, dtype: str) -> None:
         np.testing.assert_array_equal(one[key], two[key], err_msg=key)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_cuda_recomputed_layer_inputs_are_bitwise_equal(
+    sevennet0_path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large systems keep one convolution input instead of one per layer and recompute it in
+    the backward pass (from E3FUSE_RECOMPUTE_FROM_NODES nodes, read at every call): the
+    results are bitwise those of the stored path, with less device memory held."""
+    if not _core.cuda_available():
+        pytest.skip("e3fuse built without CUDA or no GPU")
+    atoms = STRUCTURES["cunio_alloy"]()
+    results, held = {}, {}
+    for mode, threshold in (("stored", "1000000000"), ("recomputed", "0")):
+        monkeypatch.setenv("E3FUSE_RECOMPUTE_FROM_NODES", threshold)
+        before = _core.Engine.device_bytes_in_use()
+        calc = calculator(sevennet0_path, dtype, "cuda")
+        results[mode] = evaluate(calc, atoms)
+        held[mode] = _core.Engine.device_bytes_in_use() - before
+        del calc
+    for key in results["stored"]:
+        np.testing.assert_array_equal(results["recomputed"][key], results["stored"][key], key)
+    # four of the five per-layer inputs (480 values per atom each) are not kept
+    itemsize = 4 if dtype == "float32" else 8
+    assert held["stored"] - held["recomputed"] >= 4 * 480 * len(atoms) * itemsize
+
+
 def test_md_conserves_energy(sevennet0_path: Path, cu32: Atoms) -> None:
     """10 steps of velocity Verlet (1 fs) on 32 Cu atoms at ~300 K."""
     from ase.md.verlet import VelocityVerlet

@@ -45,6 +45,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// From this many nodes, SevenNet recomputes each layer's convolution input in the backward
+// pass instead of keeping it (E3FUSE_RECOMPUTE_FROM_NODES overrides; 0: always).
+int64_t recompute_from_nodes() {
+  const char* v = std::getenv("E3FUSE_RECOMPUTE_FROM_NODES");
+  return v ? std::max<int64_t>(0, std::atoll(v)) : 65536;
+}
+
 template <class T>
 __global__ void embed_kernel(int64_t n, int dim, const int32_t* species, const T* table, T* x) {
   const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -372,28 +379,31 @@ class SevennetModel : public Model {
     const int64_t rows = s.halo.active() ? g.num_energy_nodes : n;  // features computed here
     const cudaStream_t st = s.stream();
     const int L = static_cast<int>(layers_.size());
-    x1_.resize(L);
+    // Large single-GPU systems keep one convolution input (x1) instead of one per layer
+    // and recompute it in the backward pass from the stored gate inputs (a gate and a
+    // linear layer per layer, ~1.5 % of a step): 480 floats per atom and layer for
+    // SevenNet-0. With a halo the ghost rows would need exchanging again: kept.
+    const bool recompute_x1 = want_grad && !s.halo.active() && n >= recompute_from_nodes();
+    x1_.resize(recompute_x1 ? 1 : L);
     pre_gate_.resize(L);
-    x_.resize(static_cast<size_t>(n) * embedding_dim_);
-    embed_kernel<T><<<grid(n * embedding_dim_), kThreads, 0, st>>>(n, embedding_dim_, g.species,
-                                                                   embedding_.data(), x_.data());
-    check_launch("embed_kernel");
+    embed(g, n, st);
     for (int t = 0; t < L; ++t) {
       const Layer& l = layers_[t];
       s.profiler.mark("linear forward", st);
       // the self-connection goes straight into the gate's input; linear_2 adds to it
       pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
       linear_forward(l.self_connection, rows, x_.data(), pre_gate_[t].data(), st);
-      x1_[t].resize(static_cast<size_t>(n) * l.linear_1.dim_out);
+      DeviceArray<T>& x1 = x1_[recompute_x1 ? 0 : t];
+      x1.resize(static_cast<size_t>(n) * l.linear_1.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
-      linear_forward(l.linear_1, t == 0 ? n : rows, x_.data(), x1_[t].data(), st);
+      linear_forward(l.linear_1, t == 0 ? n : rows, x_.data(), x1.data(), st);
       if (s.halo.active() && t > 0) {
         s.profiler.mark("halo exchange", st);
-        s.halo.forward(l.linear_1.dim_out, x1_[t].data());
+        s.halo.forward(l.linear_1.dim_out, x1.data());
       }
       y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
-      conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), x1_[t].data(), y_.data(),
+      conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), x1.data(), y_.data(),
                    s.error_node.data(), st);
       s.profiler.mark("linear forward", st);
       linear_forward_add(l.linear_2, rows, y_.data(), pre_gate_[t].data(), st);
@@ -438,9 +448,22 @@ class SevennetModel : public Model {
       linear_backward(l.linear_2, rows, grad_p_.data(), grad_y, false, st);
       // ghosts' energies are not ours
       zero_rows(grad_y, rows, n, static_cast<int>(l.linear_2.dim_in), st);
+      if (recompute_x1) {  // x1 = linear_1(this layer's input), bitwise as in the forward
+        s.profiler.mark("recompute", st);
+        if (t == 0) {
+          embed(g, n, st);
+        } else {
+          const Gate<T>& previous = layers_[t - 1].gate;
+          x_.resize(static_cast<size_t>(n) * previous.dim_out);
+          gate_forward(previous, rows, pre_gate_[t - 1].data(), x_.data(), st);
+        }
+        x1_[0].resize(static_cast<size_t>(n) * l.linear_1.dim_out);
+        linear_forward(l.linear_1, t == 0 ? n : rows, x_.data(), x1_[0].data(), st);
+      }
+      const T* x1 = x1_[recompute_x1 ? 0 : t].data();
       grad_x1_.resize(static_cast<size_t>(n) * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
-      conv_backward(geom_, l.conv, g, x1_[t].data(), grad_y, grad_x1_.data(), s.forces.data(),
+      conv_backward(geom_, l.conv, g, x1, grad_y, grad_x1_.data(), s.forces.data(),
                     want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
       if (t == 0) break;
       if (s.halo.active()) {
@@ -453,6 +476,14 @@ class SevennetModel : public Model {
   }
 
  private:
+  // x_ = the species embedding of every node.
+  void embed(const GraphView& g, int64_t n, cudaStream_t st) {
+    x_.resize(static_cast<size_t>(n) * embedding_dim_);
+    embed_kernel<T><<<grid(n * embedding_dim_), kThreads, 0, st>>>(n, embedding_dim_, g.species,
+                                                                   embedding_.data(), x_.data());
+    check_launch("embed_kernel");
+  }
+
   Geometry<T> geom_;
   int embedding_dim_ = 0;
   DeviceArray<T> embedding_, scale_, shift_;
@@ -626,6 +657,14 @@ class MaceModel : public Model {
   }
 
  private:
+  // x_ = the species embedding of every node.
+  void embed(const GraphView& g, int64_t n, cudaStream_t st) {
+    x_.resize(static_cast<size_t>(n) * embedding_dim_);
+    embed_kernel<T><<<grid(n * embedding_dim_), kThreads, 0, st>>>(n, embedding_dim_, g.species,
+                                                                   embedding_.data(), x_.data());
+    check_launch("embed_kernel");
+  }
+
   Geometry<T> geom_;
   int embedding_dim_ = 0;
   DeviceArray<T> embedding_;
