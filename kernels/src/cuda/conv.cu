@@ -75,7 +75,9 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
                                   : std::max(static_cast<size_t>(c.max_hidden), kThreads * cpt));
     }
     s.part = take(t * ec * part_cols);
-    s.red = take(sizeof(double) * kWarps * 12);
+    // per edge of the chunk its force summed over the threads, then node k's force and
+    // virial sums [3 + 9]
+    s.red = take(sizeof(double) * (3 * ec + 12));
   }
   s.total = o;
   return s;
@@ -482,19 +484,6 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
   for (int k = 0; k < D3; ++k) y[k * B.mul] += acc[k];
 }
 
-// Per thread: force and virial partial sums of node k (double).
-struct ForceAcc {
-  double f[3] = {0, 0, 0};
-  double w[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-  template <class T>
-  __device__ void add(const T v[3], const T fe[3]) {
-    for (int a = 0; a < 3; ++a) f[a] += static_cast<double>(fe[a]);
-    for (int a = 0; a < 3; ++a)
-      for (int b = 0; b < 3; ++b)
-        w[3 * a + b] -= 0.5 * static_cast<double>(v[a]) * static_cast<double>(fe[b]);
-  }
-};
-
 // The chunk's edges e = (k, j) of one task (both directions of each pair, see
 // cpu/conv.cpp): the MLP-output adjoint goes to the weight slot, dE/dx_k's partial to
 // the path's gx slot, and the angular part of f = dE/dv(e1) - dE/dv(e2), contracted
@@ -586,26 +575,38 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
   for (int a = 0; a < D1; ++a) gx_slot[a * B.mul] += s * gxa[a];
 }
 
-// Block-wide deterministic sum of the per-thread force/virial partials; thread 0 adds to node k.
-__device__ void reduce_forces(ForceAcc& acc, double* red, int64_t k, double* forces,
-                              double* atom_virials) {
-  double v[12];
-  for (int a = 0; a < 3; ++a) v[a] = acc.f[a];
-  for (int q = 0; q < 9; ++q) v[3 + q] = acc.w[q];
-  for (int q = 0; q < 12; ++q)
-    for (int off = 16; off > 0; off >>= 1) v[q] += __shfl_down_sync(kFullMask, v[q], off);
+// The force on each edge of the chunk: every thread's partial (its column of fe, rows
+// [EC][3]) summed in double in a fixed order. Warp w takes rows w, w + kWarps, ...; its
+// lanes stride the columns and the warp adds their sums by shuffles.
+template <class T>
+__device__ void sum_edge_forces(const T* part, int rows, double* edge_force) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0)
-    for (int q = 0; q < 12; ++q) red[warp * 12 + q] = v[q];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s[12] = {};
-    for (int w = 0; w < kWarps; ++w)
-      for (int q = 0; q < 12; ++q) s[q] += red[w * 12 + q];
-    for (int a = 0; a < 3; ++a) forces[3 * k + a] += s[a];
-    if (atom_virials)
-      for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += s[3 + q];
+  for (int r = warp; r < rows; r += kWarps) {
+    const T* row = part + static_cast<size_t>(r) * kThreads;
+    double sum = 0.0;
+    for (int t = lane; t < kThreads; t += 32) sum += static_cast<double>(row[t]);
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(kFullMask, sum, off);
+    if (lane == 0) edge_force[r] = sum;
   }
+}
+
+// Adds the chunk's edge forces to node k's sums: force[3], then the per-atom virial
+// [a][b] -= v[a] f[b] / 2. Thread q < 12 owns sums[q] and walks the edges in order.
+template <class T>
+__device__ void add_edge_forces(const T* vec, int n, const double* edge_force, double* sums) {
+  const int q = threadIdx.x;
+  if (q >= 12) return;
+  double sum = sums[q];
+  for (int e = 0; e < n; ++e) {
+    const double* f = edge_force + 3 * e;
+    if (q < 3) {
+      sum += f[q];
+    } else {
+      const int a = (q - 3) / 3, b = (q - 3) % 3;
+      sum -= 0.5 * static_cast<double>(vec[3 * e + a]) * f[b];
+    }
+  }
+  sums[q] = sum;
 }
 
 // ---------------------------------------------------------------------------
@@ -749,7 +750,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (threadIdx.x == 0) s_pos = g.row_offsets[k];
   const int64_t end = g.row_offsets[k + 1];
   const double cutoff2 = geo.cutoff * geo.cutoff;
-  ForceAcc acc;
+  double* edge_force = red;           // [EC][3]
+  double* force_sums = red + 3 * EC;  // node k's force [3] and virial [9]
+  if (threadIdx.x < 12) force_sums[threadIdx.x] = 0.0;
   __syncthreads();
   while (true) {
     take_chunk<EC>(g, k, cutoff2, end, &s_pos, &s_count, s_edge, error_node);
@@ -769,12 +772,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
             c, B, P, ch, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
             gx + P.gx_offset + ch, fe);
       });
-      for (int e = 0; e < n; ++e) {
-        const T f[3] = {fe[3 * e * kThreads], fe[(3 * e + 1) * kThreads],
-                        fe[(3 * e + 2) * kThreads]};
-        acc.add(vec + 3 * e, f);
-      }
     }
+    __syncthreads();
+    sum_edge_forces<T>(part, 3 * n, edge_force);
     __syncthreads();
     if constexpr (!TABLE) {  // with a table, the radial part went in with the tensor product
       // Radial part: dE/dr per edge through the MLP, f += dr * u.
@@ -785,11 +785,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
         T dr = T(0);
         for (int b = 0; b < geo.num_basis; ++b)
           dr += gemb[e * geo.num_basis + b] * demb[e * geo.num_basis + b];
-        const T fe[3] = {dr * u[3 * e], dr * u[3 * e + 1], dr * u[3 * e + 2]};
-        acc.add(vec + 3 * e, fe);
+        for (int a = 0; a < 3; ++a) edge_force[3 * e + a] += static_cast<double>(dr * u[3 * e + a]);
       }
       __syncthreads();
     }
+    add_edge_forces<T>(vec, n, edge_force, force_sums);
+    __syncthreads();
   }
   // dE/dx_k: each input block's path slots added in path order
   T* gk = grad_x + k * c.dim_in;
@@ -803,7 +804,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
       for (int p = B.path_begin; p < B.path_end; ++p) sum += gx[c.paths[p].gx_offset + r];
     gk[q] = sum * c.inv_denominator;
   }
-  reduce_forces(acc, red, k, forces, atom_virials);
+  if (threadIdx.x == 0) {
+    for (int a = 0; a < 3; ++a) forces[3 * k + a] += force_sums[a];
+    if (atom_virials)
+      for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += force_sums[3 + q];
+  }
 }
 
 // Largest dynamic shared memory a block may use on the current device.
@@ -1081,6 +1086,9 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         constexpr int EC = decltype(ec)::value;
         auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2>
                                       : conv_backward_kernel<T, EC, false, 2>;
+        static const bool three = std::getenv("E3FUSE_BACKWARD_THREE_BLOCKS") != nullptr;
+        if constexpr (std::is_same_v<T, float>)
+          if (three && conv.view.table) kernel = conv_backward_kernel<T, EC, true, 3>;
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
