@@ -1086,9 +1086,6 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         constexpr int EC = decltype(ec)::value;
         auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2>
                                       : conv_backward_kernel<T, EC, false, 2>;
-        static const bool three = std::getenv("E3FUSE_BACKWARD_THREE_BLOCKS") != nullptr;
-        if constexpr (std::is_same_v<T, float>)
-          if (three && conv.view.table) kernel = conv_backward_kernel<T, EC, true, 3>;
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
