@@ -89,62 +89,47 @@ __global__ void __launch_bounds__(linear_threads<TN>())
       for (int i = 0; i < kMicro; ++i)
 #pragma unroll
         for (int j = 0; j < kMicro; ++j) acc[i][j] = T(0);
-      // Slices in order (sources in path order, k ascending). The next slice's global
-      // loads are issued into registers before the current one is multiplied, so that
-      // their latency overlaps the FMAs.
-      T next_a[kLoadsA], next_w[kLoadsW];
-      auto load_slice = [&](int si, int k0) {
+      for (int si = task.source_begin; si < task.source_end; ++si) {
         const LinearSource so = sources[si];
-        const int kk = tid % kTileK;  // consecutive threads: consecutive k of one node
-        const bool k_ok = k0 + kk < so.K;
-        const T* p = src + so.offset + static_cast<int64_t>(m) * so.m_stride +
-                     (node0 + tid / kTileK) * dim_src + static_cast<int64_t>(k0 + kk) * so.k_stride;
+        const T* src_m = src + so.offset + static_cast<int64_t>(m) * so.m_stride;
+        for (int k0 = 0; k0 < so.K; k0 += kTileK) {
+          {  // consecutive threads: consecutive k of one node (contiguous in ir_mul)
+            const int kk = tid % kTileK;
+            const bool k_ok = k0 + kk < so.K;
+            const T* p = src_m + (node0 + tid / kTileK) * dim_src +
+                         static_cast<int64_t>(k0 + kk) * so.k_stride;
 #pragma unroll
-        for (int j = 0; j < kLoadsA; ++j) {
-          const int r = tid / kTileK + j * kRowsPerLoad;
-          next_a[j] = k_ok && node0 + r < num_nodes ? p[j * kRowsPerLoad * dim_src] : T(0);
+            for (int j = 0; j < kLoadsA; ++j) {
+              const int r = tid / kTileK + j * kRowsPerLoad;
+              a_tile[kk][r] = k_ok && node0 + r < num_nodes ? p[j * kRowsPerLoad * dim_src] : T(0);
+            }
+          }
+          {
+            const int c = tid % kLinearTileCols;
+            const bool c_ok = c < task.cols;
+#pragma unroll
+            for (int j = 0; j < kLoadsW; ++j) {
+              const int kk = tid / kLinearTileCols + j * (kThreadsPerBlock / kLinearTileCols);
+              w_tile[kk][c] = c_ok && k0 + kk < so.K
+                                  ? w_set[so.w + static_cast<int64_t>(k0 + kk) * so.w_row + c]
+                                  : T(0);
+            }
+          }
+          __syncthreads();
+#pragma unroll
+          for (int kk = 0; kk < kTileK; ++kk) {
+            T a[kMicro], b[kMicro];
+#pragma unroll
+            for (int i = 0; i < kMicro; ++i) a[i] = a_tile[kk][my_row + i];
+#pragma unroll
+            for (int j = 0; j < kMicro; ++j) b[j] = w_tile[kk][my_col + j];
+#pragma unroll
+            for (int i = 0; i < kMicro; ++i)
+#pragma unroll
+              for (int j = 0; j < kMicro; ++j) acc[i][j] += a[i] * b[j];
+          }
+          __syncthreads();
         }
-        const int c = tid % kLinearTileCols;
-        const bool c_ok = c < task.cols;
-#pragma unroll
-        for (int j = 0; j < kLoadsW; ++j) {
-          const int kw = tid / kLinearTileCols + j * (kThreadsPerBlock / kLinearTileCols);
-          next_w[j] = c_ok && k0 + kw < so.K
-                          ? w_set[so.w + static_cast<int64_t>(k0 + kw) * so.w_row + c]
-                          : T(0);
-        }
-        return so.K;
-      };
-      int si = task.source_begin, k0 = 0, K = 0;
-      if (si < task.source_end) K = load_slice(si, k0);
-      while (si < task.source_end) {
-#pragma unroll
-        for (int j = 0; j < kLoadsA; ++j)
-          a_tile[tid % kTileK][tid / kTileK + j * kRowsPerLoad] = next_a[j];
-#pragma unroll
-        for (int j = 0; j < kLoadsW; ++j)
-          w_tile[tid / kLinearTileCols + j * (kThreadsPerBlock / kLinearTileCols)]
-                [tid % kLinearTileCols] = next_w[j];
-        __syncthreads();
-        k0 += kTileK;
-        if (k0 >= K) {
-          ++si;
-          k0 = 0;
-        }
-        if (si < task.source_end) K = load_slice(si, k0);
-#pragma unroll
-        for (int kk = 0; kk < kTileK; ++kk) {
-          T a[kMicro], b[kMicro];
-#pragma unroll
-          for (int i = 0; i < kMicro; ++i) a[i] = a_tile[kk][my_row + i];
-#pragma unroll
-          for (int j = 0; j < kMicro; ++j) b[j] = w_tile[kk][my_col + j];
-#pragma unroll
-          for (int i = 0; i < kMicro; ++i)
-#pragma unroll
-            for (int j = 0; j < kMicro; ++j) acc[i][j] += a[i] * b[j];
-        }
-        __syncthreads();
       }
 #pragma unroll
       for (int i = 0; i < kMicro; ++i) {
