@@ -113,6 +113,15 @@ __global__ void virial_sum_kernel(int64_t n, const double* atom_virials, double*
 
 int grid(int64_t work) { return static_cast<int>(blocks_for(work, kThreads)); }
 
+// x = the species embedding of every node (table [species][dim]).
+template <class T>
+void embed_species(const GraphView& g, int64_t n, int dim, const DeviceArray<T>& table,
+                   DeviceArray<T>& x, cudaStream_t st) {
+  x.resize(static_cast<size_t>(n) * dim);
+  embed_kernel<T><<<grid(n * dim), kThreads, 0, st>>>(n, dim, g.species, table.data(), x.data());
+  check_launch("embed_kernel");
+}
+
 // out[r][c] = x[rows[r]][c] (halo pack: border rows, in double).
 template <class T>
 __global__ void gather_rows_kernel(int64_t count, int width, const int32_t* rows, const T* x,
@@ -386,7 +395,7 @@ class SevennetModel : public Model {
     const bool recompute_x1 = want_grad && !s.halo.active() && n >= recompute_from_nodes();
     x1_.resize(recompute_x1 ? 1 : L);
     pre_gate_.resize(L);
-    embed(g, n, st);
+    embed_species(g, n, embedding_dim_, embedding_, x_, st);
     for (int t = 0; t < L; ++t) {
       const Layer& l = layers_[t];
       s.profiler.mark("linear forward", st);
@@ -451,7 +460,7 @@ class SevennetModel : public Model {
       if (recompute_x1) {  // x1 = linear_1(this layer's input), bitwise as in the forward
         s.profiler.mark("recompute", st);
         if (t == 0) {
-          embed(g, n, st);
+          embed_species(g, n, embedding_dim_, embedding_, x_, st);
         } else {
           const Gate<T>& previous = layers_[t - 1].gate;
           x_.resize(static_cast<size_t>(n) * previous.dim_out);
@@ -476,14 +485,6 @@ class SevennetModel : public Model {
   }
 
  private:
-  // x_ = the species embedding of every node.
-  void embed(const GraphView& g, int64_t n, cudaStream_t st) {
-    x_.resize(static_cast<size_t>(n) * embedding_dim_);
-    embed_kernel<T><<<grid(n * embedding_dim_), kThreads, 0, st>>>(n, embedding_dim_, g.species,
-                                                                   embedding_.data(), x_.data());
-    check_launch("embed_kernel");
-  }
-
   Geometry<T> geom_;
   int embedding_dim_ = 0;
   DeviceArray<T> embedding_, scale_, shift_;
@@ -542,10 +543,7 @@ class MaceModel : public Model {
     up_.resize(L);
     m_.resize(L);
     hidden_.resize(L);
-    x_.resize(N * embedding_dim_);
-    embed_kernel<T><<<grid(n * embedding_dim_), kThreads, 0, st>>>(n, embedding_dim_, g.species,
-                                                                   embedding_.data(), x_.data());
-    check_launch("embed_kernel");
+    embed_species(g, n, embedding_dim_, embedding_, x_, st);
     inter_.resize(N);
     inter_.zero(st);
     for (int t = 0; t < L; ++t) {
@@ -657,14 +655,6 @@ class MaceModel : public Model {
   }
 
  private:
-  // x_ = the species embedding of every node.
-  void embed(const GraphView& g, int64_t n, cudaStream_t st) {
-    x_.resize(static_cast<size_t>(n) * embedding_dim_);
-    embed_kernel<T><<<grid(n * embedding_dim_), kThreads, 0, st>>>(n, embedding_dim_, g.species,
-                                                                   embedding_.data(), x_.data());
-    check_launch("embed_kernel");
-  }
-
   Geometry<T> geom_;
   int embedding_dim_ = 0;
   DeviceArray<T> embedding_;

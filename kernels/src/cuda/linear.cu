@@ -161,13 +161,14 @@ struct Block {
   int32_t m_stride() const { return ir_mul ? mul : 1; }
 };
 
-// Tasks and sources of one direction: per destination block (in order of offset), its
-// column tiles, each reading every path into that block; then tasks without sources
-// for the destination elements that no path reaches.
-void plan_products(
-    int64_t dim_dst,
-    const std::vector<std::pair<Block, std::vector<std::pair<Block, int64_t>>>>& into,
-    std::vector<LinearTask>& tasks, std::vector<LinearSource>& sources) {
+// Per destination block: the paths into it (source block, weight offset), in path order.
+using BlockSources = std::vector<std::pair<Block, std::vector<std::pair<Block, int64_t>>>>;
+
+// Tasks and sources of one direction: per destination block (in the order the paths
+// first reach them), its column tiles, each reading every path into that block; then
+// tasks without sources for the destination elements that no path reaches.
+void plan_products(int64_t dim_dst, const BlockSources& into, std::vector<LinearTask>& tasks,
+                   std::vector<LinearSource>& sources) {
   std::vector<bool> reached(static_cast<size_t>(dim_dst), false);
   for (const auto& [dst, from] : into) {
     for (int64_t e = dst.offset; e < dst.offset + static_cast<int64_t>(dst.mul) * dst.d; ++e)
@@ -257,10 +258,8 @@ void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool 
                          LinearTables<T>& tables) {
   if (layers.empty()) throw Error("internal: a linear layer without weights");
   const cpu::Linear<T>& first = *layers.front();
-  // Per destination block: its paths (source block, weight offset), in path order.
-  using Into = std::vector<std::pair<Block, std::vector<std::pair<Block, int64_t>>>>;
   std::map<int64_t, size_t> fwd_index, bwd_index;
-  Into fwd, bwd;
+  BlockSources fwd, bwd;
   std::vector<T> weights, weights_t;
   int64_t offset = 0;
   int max_d = 1;
@@ -271,8 +270,8 @@ void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool 
     }
     const Block in{p.in_offset, p.mul_in, p.d, first.in_ir_mul};
     const Block out{p.out_offset, p.mul_out, p.d, first.out_ir_mul};
-    auto add = [](Into& into, std::map<int64_t, size_t>& index, const Block& dst, const Block& src,
-                  int64_t w) {
+    auto add = [](BlockSources& into, std::map<int64_t, size_t>& index, const Block& dst,
+                  const Block& src, int64_t w) {
       auto [it, fresh] = index.emplace(dst.offset, into.size());
       if (fresh) into.push_back({dst, {}});
       const Block& have = into[it->second].first;
