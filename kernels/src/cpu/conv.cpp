@@ -244,6 +244,16 @@ void table_backward_to_r(const RadialTable<T>& table, int64_t numel, Tile<T>& t)
   }
 }
 
+// The radial weights R(r) of the tile's edges into t.weights: per edge through the MLP,
+// or from the table.
+template <class T>
+void radial_weights(const Conv<T>& conv, Tile<T>& t) {
+  if (conv.table.empty())
+    mlp_forward(conv.mlp, t);
+  else
+    table_weights(conv.table, conv.weight_numel, t);
+}
+
 template <class T>
 void coincident_error(const GraphView& g, int64_t i) {
   (void)g;
@@ -343,10 +353,7 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
         continue;
       }
       if (t.n == 0) continue;
-      if (conv.table.empty())
-        mlp_forward(conv.mlp, t);
-      else
-        table_weights(conv.table, conv.weight_numel, t);
+      radial_weights(conv, t);
       const int sh_dim = plan.sh.dim;
       for (int e = 0; e < t.n; ++e) {
         const T* xj = x + static_cast<int64_t>(t.sender[e]) * conv.dim_in;
@@ -385,10 +392,7 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
         continue;
       }
       if (t.n == 0) continue;
-      if (conv.table.empty())
-        mlp_forward(conv.mlp, t);
-      else
-        table_weights(conv.table, conv.weight_numel, t);
+      radial_weights(conv, t);
       t.grad_w.assign(static_cast<size_t>(t.n) * conv.weight_numel, T(0));
       std::vector<T>& dYc = t.dYc;
       dYc.resize(static_cast<size_t>(t.n) * sh_dim);

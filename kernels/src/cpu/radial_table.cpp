@@ -72,6 +72,15 @@ Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<d
   return {std::move(h), std::move(dh)};
 }
 
+// The cubic on [r_i, r_i + step] in t = (r - r_i) / step that matches values f0, f1 and
+// slopes (times step) m0, m1 at both ends, as ops::radial_table_value reads it.
+void hermite(double f0, double f1, double m0, double m1, double c[4]) {
+  c[0] = f0;
+  c[1] = m0;
+  c[2] = 3.0 * (f1 - f0) - 2.0 * m0 - m1;
+  c[3] = 2.0 * (f0 - f1) + m0 + m1;
+}
+
 }  // namespace
 
 template <class T>
@@ -116,12 +125,10 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp) {
       const double mid_sign = origin + (i + 0.5) * step < 0.0 ? -1.0 : 1.0;
       for (int w = 0; w < W; ++w) {
         const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
-        const double f0 = knots.value[a], f1 = knots.value[b];
-        const double m0 = knots.grad[a] * step, m1 = knots.grad[b] * step;
-        // the cubic at t = 1/2: (f0 + f1) / 2 + (m0 - m1) / 8, slope 3 (f1 - f0) / 2 - (m0 + m1) /
-        // 4
-        const double v = 0.5 * (f0 + f1) + 0.125 * (m0 - m1);
-        const double g = (1.5 * (f1 - f0) - 0.25 * (m0 + m1)) / step;
+        double c[4];
+        hermite(knots.value[a], knots.value[b], knots.grad[a] * step, knots.grad[b] * step, c);
+        const double v = ops::radial_table_value(c, 0.5);
+        const double g = ops::radial_table_grad(c, 0.5, 1.0 / step);
         if (vmax[w] > 0) verr = std::max(verr, std::abs(v - mids.value[a]) / vmax[w]);
         if (gmax[w] > 0) gerr = std::max(gerr, std::abs(g - mid_sign * mids.grad[a]) / gmax[w]);
       }
@@ -138,13 +145,9 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp) {
       for (int i = 0; i < intervals; ++i)
         for (int w = 0; w < W; ++w) {
           const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
-          const double f0 = knots.value[a], f1 = knots.value[b];
-          const double m0 = knots.grad[a] * step, m1 = knots.grad[b] * step;
-          T* c = &table.coeffs[4 * a];
-          c[0] = static_cast<T>(f0);
-          c[1] = static_cast<T>(m0);
-          c[2] = static_cast<T>(3.0 * (f1 - f0) - 2.0 * m0 - m1);
-          c[3] = static_cast<T>(2.0 * (f0 - f1) + m0 + m1);
+          double c[4];
+          hermite(knots.value[a], knots.value[b], knots.grad[a] * step, knots.grad[b] * step, c);
+          for (int q = 0; q < 4; ++q) table.coeffs[4 * a + q] = static_cast<T>(c[q]);
         }
       return table;
     }
