@@ -402,8 +402,27 @@ __device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
   }
 }
 
+// C consecutive values (C = 1 or 2) through the read-only path: one 4-, 8- or 16-byte
+// load (p aligned to C elements).
+template <class T, int C>
+__device__ __forceinline__ void ldg_vec(const T* p, T v[C]) {
+  static_assert(C == 1 || C == 2, "one or two channels per lane");
+  if constexpr (C == 1) {
+    v[0] = __ldg(p);
+  } else if constexpr (std::is_same_v<T, float>) {
+    const float2 a = __ldg(reinterpret_cast<const float2*>(p));
+    v[0] = a.x;
+    v[1] = a.y;
+  } else {
+    const double2 a = __ldg(reinterpret_cast<const double2*>(p));
+    v[0] = a.x;
+    v[1] = a.y;
+  }
+}
+
 // ---------------------------------------------------------------------------
-// Tensor product: warp tasks (conv.cuh), one channel u = task.u0 + lane per lane.
+// Tensor product: warp tasks (conv.cuh); lane l takes the C = lane_channels adjacent
+// channels u = task.u0 + C l .. u + C - 1.
 
 // Calls f(std::integral_constant<int, D>{}) for an irrep dimension d = 2l + 1, l <= 3,
 // so the per-channel loops below unroll over compile-time sizes.
@@ -431,8 +450,13 @@ __device__ __forceinline__ void with_path_dims(int d1, int d3, F&& f) {
   with_irrep_dim(d1, [&](auto a) { with_irrep_dim(d3, [&](auto b) { f(a, b); }); });
 }
 
-// Runs this warp's tensor-product tasks: f(d1, d3, B, P, u) with d1 and d3 compile-time
-// irrep dimensions and u this lane's channel (lanes past the block's width sit out).
+// Whether a path of these irrep dimensions may take two channels per lane: the larger
+// ones would need more than the backward kernel's 128 registers.
+E3F_HD constexpr bool pairs_channels(int d1, int d3) { return d1 + d3 <= 8; }
+
+// Runs this warp's tensor-product tasks: f(d1, d3, C, B, P, u) with d1, d3 and C
+// (channels per lane) compile-time constants and u this lane's first channel (lanes past
+// the block's width sit out). Two channels per lane exist in float32 only.
 template <class T, class F>
 __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View& c, F&& f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -440,48 +464,84 @@ __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View&
     const typename Conv<T>::Task task = c.tasks[q];
     const typename Conv<T>::InBlock B = c.blocks[task.block];
     const typename Conv<T>::Path P = c.paths[task.path];
-    const int u = task.u0 + lane;
+    const int u = task.u0 + task.lane_channels * lane;
     if (u >= B.mul) continue;
-    with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) { f(d1, d3, B, P, u); });
+    with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) {
+      if constexpr (std::is_same_v<T, float> && pairs_channels(d1, d3)) {
+        if (task.lane_channels == 2) {
+          f(d1, d3, std::integral_constant<int, 2>{}, B, P, u);
+          return;
+        }
+      }
+      f(d1, d3, std::integral_constant<int, 1>{}, B, P, u);
+    });
+  }
+}
+
+// The radial weights w[c] of channels u .. u + C - 1 of path P on edge e: from the radial
+// table (interval[e], local_t[e]), with dw/dr in dw_dr if given, or from the MLP's output
+// in wts.
+template <class T, int C, bool TABLE>
+__device__ __forceinline__ void edge_weights(const typename Conv<T>::View& c,
+                                             const typename Conv<T>::Path& P, int u, int e,
+                                             const T* wts, const int* interval, const T* local_t,
+                                             T w[C], T* dw_dr) {
+  if constexpr (TABLE) {
+    const T* entry = table_entry<T>(c, interval[e], P.weight_offset + u);
+    const T t = local_t[e];
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      T coef[4];
+      load_table_entry(entry + 4 * ch, coef);
+      w[ch] = ops::radial_table_value(coef, t);
+      if (dw_dr) dw_dr[ch] = ops::radial_table_grad(coef, t, static_cast<T>(c.table_inv_step));
+    }
+  } else {
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) w[ch] = wts[e * c.weight_numel + P.weight_offset + u + ch];
   }
 }
 
 // y[out block of P][k][u] += w_e sum_a M_e[a][k] x_j[a][u] over the chunk's edges, summed
-// in registers and added once (the slot belongs to this lane alone).
+// in registers and added once (the slots belong to this lane alone); C channels per lane
+// share each read of M.
 // TABLE: w_e comes from the radial table (interval[e], local_t[e]) instead of wts.
-template <class T, int D1, int D3, bool TABLE>
+template <class T, int D1, int D3, int C, bool TABLE>
 __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename Conv<T>::InBlock& B,
                                 const typename Conv<T>::Path& P, int u, int n, const int* sender,
                                 const T* __restrict__ x, const T* wts, const int* interval,
                                 const T* local_t, const T* M, T* yacc) {
-  T acc[D3];
+  T acc[D3][C];
 #pragma unroll
-  for (int k = 0; k < D3; ++k) acc[k] = T(0);
+  for (int k = 0; k < D3; ++k)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) acc[k][ch] = T(0);
   for (int e = 0; e < n; ++e) {
     const T* xj = x + static_cast<int64_t>(sender[e]) * c.dim_in + B.in_offset + u;
-    T xa[D1];
+    T xa[D1][C];
 #pragma unroll
-    for (int a = 0; a < D1; ++a) xa[a] = __ldg(xj + a * B.mul);
-    T w;
-    if constexpr (TABLE) {
-      T coef[4];
-      load_table_entry(table_entry<T>(c, interval[e], P.weight_offset + u), coef);
-      w = ops::radial_table_value(coef, local_t[e]);
-    } else {
-      w = wts[e * c.weight_numel + P.weight_offset + u];
-    }
+    for (int a = 0; a < D1; ++a) ldg_vec<T, C>(xj + a * B.mul, xa[a]);
+    T w[C];
+    edge_weights<T, C, TABLE>(c, P, u, e, wts, interval, local_t, w, nullptr);
     const T* Mp = M + e * c.m_per_edge + P.m_offset;
 #pragma unroll
     for (int k = 0; k < D3; ++k) {
-      T s = T(0);
+      T s[C] = {};
 #pragma unroll
-      for (int a = 0; a < D1; ++a) s += Mp[a * D3 + k] * xa[a];
-      acc[k] += w * s;
+      for (int a = 0; a < D1; ++a) {
+        const T m = Mp[a * D3 + k];
+#pragma unroll
+        for (int ch = 0; ch < C; ++ch) s[ch] += m * xa[a][ch];
+      }
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) acc[k][ch] += w[ch] * s[ch];
     }
   }
   T* y = yacc + P.out_offset + u;
 #pragma unroll
-  for (int k = 0; k < D3; ++k) y[k * B.mul] += acc[k];
+  for (int k = 0; k < D3; ++k)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) y[k * B.mul + ch] += acc[k][ch];
 }
 
 // The chunk's edges e = (k, j) of one task (both directions of each pair, see
@@ -492,79 +552,103 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
 //
 // TABLE: w and dw/dr come from the radial table, and the radial part of f,
 // (dE/dw) (dw/dr) u_e, goes to the same column (no MLP adjoint afterwards).
-template <class T, int D1, int D3, bool TABLE>
+//
+// C channels per lane share each {M, K} read and the force partials: with C > 1 each
+// channel's weight is folded into x_j and s x_k once per edge, so that the K contraction
+// runs once for the C channels.
+template <class T, int D1, int D3, int C, bool TABLE>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
                                  const typename Conv<T>::Path& P, int u, int64_t k, int n,
                                  const int* sender, const T* __restrict__ x,
                                  const T* __restrict__ grad_y, T* wts, const int* interval,
                                  const T* local_t, const T* unit, const T* MK, T* gx_slot, T* fe) {
+  constexpr bool kFold = C > 1;
   // sxk = s x_k: the parity sign of the reverse edge folded into node k's features
   const T s = P.parity ? T(-1) : T(1);
-  T sxk[D1], gk[D3], gxa[D1];
+  T sxk[D1][C], gk[D3][C], gxa[D1][C];
   const T* xk_row = x + k * c.dim_in + B.in_offset + u;
   const T* gk_row = grad_y + k * c.dim_out + P.out_offset + u;
 #pragma unroll
   for (int a = 0; a < D1; ++a) {
-    sxk[a] = s * __ldg(xk_row + a * B.mul);
-    gxa[a] = T(0);
+    ldg_vec<T, C>(xk_row + a * B.mul, sxk[a]);
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      sxk[a][ch] *= s;
+      gxa[a][ch] = T(0);
+    }
   }
 #pragma unroll
-  for (int q = 0; q < D3; ++q) gk[q] = __ldg(gk_row + q * B.mul);
+  for (int q = 0; q < D3; ++q) ldg_vec<T, C>(gk_row + q * B.mul, gk[q]);
 #pragma unroll 1
   for (int e = 0; e < n; ++e) {
     const int64_t j = sender[e];
-    T xj[D1], gj[D3];
+    T xj[D1][C], gj[D3][C];
     const T* xj_row = x + j * c.dim_in + B.in_offset + u;
     const T* gj_row = grad_y + j * c.dim_out + P.out_offset + u;
 #pragma unroll
-    for (int a = 0; a < D1; ++a) xj[a] = __ldg(xj_row + a * B.mul);
+    for (int a = 0; a < D1; ++a) ldg_vec<T, C>(xj_row + a * B.mul, xj[a]);
 #pragma unroll
-    for (int q = 0; q < D3; ++q) gj[q] = __ldg(gj_row + q * B.mul);
-    T w, dw_dr = T(0);
-    T* slot = nullptr;
-    if constexpr (TABLE) {
-      T coef[4];
-      load_table_entry(table_entry<T>(c, interval[e], P.weight_offset + u), coef);
-      w = ops::radial_table_value(coef, local_t[e]);
-      dw_dr = ops::radial_table_grad(coef, local_t[e], static_cast<T>(c.table_inv_step));
-    } else {
-      slot = wts + e * c.weight_numel + P.weight_offset + u;
-      w = *slot;
+    for (int q = 0; q < D3; ++q) ldg_vec<T, C>(gj_row + q * B.mul, gj[q]);
+    T w[C], dw_dr[C];
+    edge_weights<T, C, TABLE>(c, P, u, e, wts, interval, local_t, w, TABLE ? dw_dr : nullptr);
+    // with C > 1: w x_j and w s x_k per channel
+    T wxj[D1][C], wsxk[D1][C];
+    if constexpr (kFold) {
+#pragma unroll
+      for (int a = 0; a < D1; ++a)
+#pragma unroll
+        for (int ch = 0; ch < C; ++ch) {
+          wxj[a][ch] = w[ch] * xj[a][ch];
+          wsxk[a][ch] = w[ch] * sxk[a][ch];
+        }
     }
     const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
     // dw = x_j M g_k + s x_k M g_j (dE/dw over both directions); t = the same product
     // without M, contracted with K = dM/dv for the angular force
-    T dw = T(0), f0 = T(0), f1 = T(0), f2 = T(0);
+    T dw[C] = {}, f0 = T(0), f1 = T(0), f2 = T(0);
 #pragma unroll
     for (int a = 0; a < D1; ++a) {
-      T mg1 = T(0), mg2 = T(0);
+      T mg1[C] = {}, mg2[C] = {};
 #pragma unroll
       for (int q = 0; q < D3; ++q) {
         T v[4];
         load4_shared(mk + 4 * (a * D3 + q), v);
-        mg1 += v[0] * gk[q];
-        mg2 += v[0] * gj[q];
-        const T t = xj[a] * gk[q] + sxk[a] * gj[q];
+        T t = T(0);
+#pragma unroll
+        for (int ch = 0; ch < C; ++ch) {
+          mg1[ch] += v[0] * gk[q][ch];
+          mg2[ch] += v[0] * gj[q][ch];
+          if constexpr (kFold)
+            t += wxj[a][ch] * gk[q][ch] + wsxk[a][ch] * gj[q][ch];
+          else
+            t = xj[a][ch] * gk[q][ch] + sxk[a][ch] * gj[q][ch];
+        }
         f0 += v[1] * t;
         f1 += v[2] * t;
         f2 += v[3] * t;
       }
-      dw += xj[a] * mg1 + sxk[a] * mg2;
-      gxa[a] += w * mg2;
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) {
+        dw[ch] += xj[a][ch] * mg1[ch] + sxk[a][ch] * mg2[ch];
+        gxa[a][ch] += w[ch] * mg2[ch];
+      }
     }
-    const T ws = w * c.inv_denominator;
-    f0 *= ws;
-    f1 *= ws;
-    f2 *= ws;
-    const T gw = dw * c.inv_denominator;
+    const T fscale = kFold ? c.inv_denominator : w[0] * c.inv_denominator;
+    f0 *= fscale;
+    f1 *= fscale;
+    f2 *= fscale;
     if constexpr (TABLE) {
-      const T dr = gw * dw_dr;
+      T dr = T(0);
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) dr += dw[ch] * c.inv_denominator * dw_dr[ch];
       f0 += dr * unit[3 * e];
       f1 += dr * unit[3 * e + 1];
       f2 += dr * unit[3 * e + 2];
     } else {
-      *slot = gw;
+      T* slot = wts + e * c.weight_numel + P.weight_offset + u;
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) slot[ch] = dw[ch] * c.inv_denominator;
     }
     T* f = fe + 3 * e * kThreads;
     f[0] += f0;
@@ -572,7 +656,9 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     f[2 * kThreads] += f2;
   }
 #pragma unroll
-  for (int a = 0; a < D1; ++a) gx_slot[a * B.mul] += s * gxa[a];
+  for (int a = 0; a < D1; ++a)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) gx_slot[a * B.mul + ch] += s * gxa[a][ch];
 }
 
 // The force on each edge of the chunk: every thread's partial (its column of fe, rows
@@ -652,8 +738,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M);
     __syncthreads();
-    for_each_warp_task<T>(c, [&](auto d1, auto d3, const auto& B, const auto& P, int ch) {
-      tp_forward_task<T, decltype(d1)::value, decltype(d3)::value, TABLE>(
+    for_each_warp_task<T>(c, [&](auto d1, auto d3, auto lc, const auto& B, const auto& P, int ch) {
+      tp_forward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE>(
           c, B, P, ch, n, s_sender, x, wts, s_interval, s_t, M, yacc);
     });
     __syncthreads();
@@ -767,8 +853,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
     {
       T* fe = part + threadIdx.x;  // this thread's column [EC][3] of force partials
       for (int r = 0; r < 3 * n; ++r) fe[r * kThreads] = T(0);
-      for_each_warp_task<T>(c, [&](auto d1, auto d3, const auto& B, const auto& P, int ch) {
-        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, TABLE>(
+      for_each_warp_task<T>(c, [&](auto d1, auto d3, auto lc, const auto& B, const auto& P,
+                                   int ch) {
+        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE>(
             c, B, P, ch, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
             gx + P.gx_offset + ch, fe);
       });
@@ -821,13 +908,29 @@ size_t shared_limit() {
   return static_cast<size_t>(optin) - 2048;  // static shared variables and reserve
 }
 
-// Splits the tensor product into warp tasks (path, 32 channels) and deals them to the
-// kWarps warps, largest cost (d1 x d3 multiply-adds per edge and channel) first, each to
-// the least loaded warp; fills task_begin and returns the tasks grouped by warp.
+// Channels per lane of the tasks of path p (Conv<T>::Task): 2 in float32 when its block is
+// a multiple of 64 channels, every row it reads starts on an even element (8-byte loads of
+// channel pairs) and the path is small enough (pairs_channels), unless
+// E3FUSE_CONV_LANE_CHANNELS=1 (kept to measure both); 1 otherwise.
+template <class T>
+int lane_channels(const typename Conv<T>::View& v, const typename Conv<T>::InBlock& b,
+                  const typename Conv<T>::Path& p) {
+  if (!std::is_same_v<T, float>) return 1;
+  static const char* env = std::getenv("E3FUSE_CONV_LANE_CHANNELS");
+  if (env && std::string(env) == "1") return 1;
+  const bool aligned = b.mul % 64 == 0 && b.in_offset % 2 == 0 && p.out_offset % 2 == 0 &&
+                       v.dim_in % 2 == 0 && v.dim_out % 2 == 0;
+  return aligned && pairs_channels(b.d1, p.d3) ? 2 : 1;
+}
+
+// Splits the tensor product into warp tasks (path, 32 x lane_channels channels) and deals
+// them to the kWarps warps, largest cost (d1 x d3 x lane_channels multiply-adds per edge
+// and lane) first, each to the least loaded warp; fills v.task_begin and
+// v.max_lane_channels and returns the tasks grouped by warp.
 template <class T>
 std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T>::InBlock>& blocks,
                                                const std::vector<typename Conv<T>::Path>& paths,
-                                               int task_begin[kWarps + 1]) {
+                                               typename Conv<T>::View& v) {
   using Task = typename Conv<T>::Task;
   struct Costed {
     Task task;
@@ -835,9 +938,12 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
   };
   std::vector<Costed> all;
   for (size_t b = 0; b < blocks.size(); ++b)
-    for (int p = blocks[b].path_begin; p < blocks[b].path_end; ++p)
-      for (int u0 = 0; u0 < blocks[b].mul; u0 += 32)
-        all.push_back({{static_cast<int>(b), p, u0}, blocks[b].d1 * paths[p].d3});
+    for (int p = blocks[b].path_begin; p < blocks[b].path_end; ++p) {
+      const int lc = lane_channels<T>(v, blocks[b], paths[p]);
+      v.max_lane_channels = std::max(v.max_lane_channels, lc);
+      for (int u0 = 0; u0 < blocks[b].mul; u0 += 32 * lc)
+        all.push_back({{static_cast<int>(b), p, u0, lc}, blocks[b].d1 * paths[p].d3 * lc});
+    }
   std::stable_sort(all.begin(), all.end(),
                    [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
   std::vector<std::vector<Task>> per_warp(kWarps);
@@ -849,10 +955,10 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
   }
   std::vector<Task> out;
   for (int w = 0; w < kWarps; ++w) {
-    task_begin[w] = static_cast<int>(out.size());
+    v.task_begin[w] = static_cast<int>(out.size());
     out.insert(out.end(), per_warp[w].begin(), per_warp[w].end());
   }
-  task_begin[kWarps] = static_cast<int>(out.size());
+  v.task_begin[kWarps] = static_cast<int>(out.size());
   return out;
 }
 
@@ -953,7 +1059,7 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
     throw Error("internal: convolution path outside the input blocks");
   v.num_blocks = static_cast<int>(blocks.size());
   v.gx_slots = gx_slots;
-  const std::vector<Task> tasks = deal_tasks<T>(blocks, paths, v.task_begin);
+  const std::vector<Task> tasks = deal_tasks<T>(blocks, paths, v);
   c.tasks.upload(tasks);
   v.tasks = c.tasks.data();
   v.m_per_edge = static_cast<int>(entries.size());
@@ -1045,6 +1151,14 @@ bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, si
   return true;
 }
 
+// Channel pairs are read as one vector (lane_channels): the node rows must be aligned to it.
+template <class T>
+void check_row_alignment(const Conv<T>& conv, const T* x, const T* rows) {
+  const uintptr_t align = sizeof(T) * conv.view.max_lane_channels;
+  if (reinterpret_cast<uintptr_t>(x) % align != 0 || reinterpret_cast<uintptr_t>(rows) % align != 0)
+    throw Error("internal: convolution input rows not aligned for paired-channel loads");
+}
+
 // Tries chunks of 16, 8, 4 and 2 edges; `launch(ec, bytes)` starts the kernel.
 template <class T, class Launch>
 void launch_largest_chunk(const Geometry<T>& geom, const Conv<T>& conv, bool backward,
@@ -1064,6 +1178,7 @@ template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
                   T* y, int64_t* error_node, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
+  check_row_alignment(conv, x, x);
   launch_largest_chunk(
       geom, conv, false, "convolution", "conv_forward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
@@ -1081,6 +1196,7 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
                    const T* grad_y, T* grad_x, double* forces, double* atom_virials,
                    int64_t* error_node, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
+  check_row_alignment(conv, x, grad_y);
   launch_largest_chunk(
       geom, conv, true, "convolution backward", "conv_backward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;

@@ -61,12 +61,15 @@ struct Conv {
   struct Path {
     int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset, gx_offset;
   };
-  // The tensor product is dealt to the warps as tasks: path `path` for the 32 channels
-  // u0 .. u0 + 31 of its input block (one per lane). Tasks are balanced over the warps by
-  // their cost (d1 x d3) once, at load time, so no warp waits on another carrying the
-  // high-l paths alone.
+  // The tensor product is dealt to the warps as tasks: path `path` for the 32 x C channels
+  // u0 .. u0 + 32 C - 1 of its input block, C = lane_channels adjacent channels per lane:
+  // 1, or 2 read as one 8-byte vector (float32, 64-channel blocks, small paths; see
+  // lane_channels() in conv.cu), so that both share the per-edge {M, K} reads, the edge's
+  // bookkeeping and the force partials. Tasks are balanced over the warps by their cost
+  // (d1 x d3 x C) once, at load time, so no warp waits on another carrying the high-l
+  // paths alone.
   struct Task {
-    int block, path, u0;
+    int block, path, u0, lane_channels;
   };
   // M[e][m] = sum_b cg[cg_base + b * d3] * Y[e][sh_offset + b] (see ops/tp.h).
   struct MEntry {
@@ -75,6 +78,7 @@ struct Conv {
   struct View {
     int dim_in = 0, dim_out = 0, weight_numel = 0;
     int num_blocks = 0;
+    int max_lane_channels = 1;  // over the tasks: 2 asks rows aligned to 2 elements
     const InBlock* blocks = nullptr;
     const Path* paths = nullptr;  // grouped by input block
     const Task* tasks = nullptr;  // warp w runs tasks[task_begin[w] .. task_begin[w + 1])
