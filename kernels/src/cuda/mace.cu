@@ -2,16 +2,23 @@
 // (product basis, Batatia et al. eq. 10-11), forward and adjoint with respect to
 // node features: the GPU version of cpu/symmetric_contraction.cpp.
 //
-//   out[c][m] = sum_terms sum_rows value * W[s][k][c] * prod_{j=1..nu} x[c][i_j]
+//   out[c][m] = sum_g W[s][g][c] * prod_{j=1..nu_g} x[c][i_j(g)]
 //
-// Symmetric contraction: one thread per (node n, channel c), c fastest, so that the
-// weights W[s][k][c] are read coalesced and every thread walks the same sparse rows
-// (broadcast reads, no divergence). Each thread keeps its private vectors (the
-// gathered xt[i] = x[c][i], and acc[m] or grad_xt[i]) in dynamic shared memory laid
-// out [slot][thread] (bank-conflict free, no synchronisation needed), which allows
-// the rows' data-dependent indices. Rows are visited in the CPU's order, so every
-// sum is accumulated in the same order as on the CPU.
+// with the weights contracted into the coupling coefficients at load time (one group g
+// per distinct product, see SymmetricContraction in node_ops.cuh): layer 0 of
+// MACE-MP-0 medium has 1,970 rows (m, i_1..i_nu, k) but 416 distinct products.
+//
+// One thread per (node n, channel c), c fastest, so that the weights W[s][g][c] are read
+// coalesced and every thread walks the same groups (broadcast reads, no divergence). Each
+// thread keeps its gathered xt[i] = x[c][i] (and grad_xt[i]) in dynamic shared memory laid
+// out [slot][thread] (bank-conflict free, no synchronisation needed), which allows the
+// groups' data-dependent indices. The sums run in a fixed order: deterministic, but not the
+// CPU's order (the CPU sums the rows).
 #include <algorithm>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cuda/node_ops.cuh"
@@ -21,88 +28,96 @@ namespace e3fuse::cuda {
 namespace {
 
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
+constexpr int kMaxCorrelation = 4;  // factors per product packed in one 32-bit word
 
-template <class T>
+// The NU factors of one product: slots of xt (slot num_ell holds 1).
+template <int NU>
+__device__ __forceinline__ void product_slots(uint32_t factors, int slot[NU]) {
+#pragma unroll
+  for (int j = 0; j < NU; ++j) slot[j] = (factors >> (8 * j)) & 255u;
+}
+
+template <class T, int NU>
 __global__ void sc_forward_kernel(
-    int64_t num_nodes, int C, int num_ell, int64_t dim_in, int64_t dim_out, int num_contractions,
-    const int64_t* __restrict__ ell_offset, const int32_t* __restrict__ ell_stride,
-    const ScContraction* __restrict__ contractions, const ScTerm* __restrict__ terms,
-    const int32_t* __restrict__ index, const T* __restrict__ values, const T* __restrict__ weights,
-    const int32_t* __restrict__ species, const T* __restrict__ x, T* __restrict__ out) {
+    int64_t num_nodes, int C, int num_ell, int num_groups, int64_t dim_in, int64_t dim_out,
+    int num_contractions, const int64_t* __restrict__ ell_offset,
+    const int32_t* __restrict__ ell_stride, const ScContraction* __restrict__ contractions,
+    const int32_t* __restrict__ group_begin, const uint32_t* __restrict__ factors,
+    const T* __restrict__ weights, const int32_t* __restrict__ species, const T* __restrict__ x,
+    T* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int bd = blockDim.x;
-  T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i]
-  T* acc = xt + static_cast<int64_t>(num_ell) * bd;      // acc[m * bd]
+  T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i], xt[num_ell] = 1
   const int64_t t = static_cast<int64_t>(blockIdx.x) * bd + threadIdx.x;
   if (t >= num_nodes * C) return;
   const int c = static_cast<int>(t % C);
   const int64_t n = t / C;
-  const int64_t s = species[n];
   const T* xn = x + n * dim_in;
   for (int i = 0; i < num_ell; ++i)
     xt[i * bd] = xn[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]];
+  xt[num_ell * bd] = T(1);
+  const T* W = weights + static_cast<int64_t>(species[n]) * num_groups * C + c;  // W[g * C]
   T* on = out + n * dim_out;
   for (int q = 0; q < num_contractions; ++q) {
     const ScContraction con = contractions[q];
-    for (int m = 0; m < con.d; ++m) acc[m * bd] = T(0);
-    for (int tt = con.term_begin; tt < con.term_end; ++tt) {
-      const ScTerm term = terms[tt];
-      const int nu = term.nu, width = nu + 2;
-      const T* W = weights + term.weight_begin + s * term.num_params * C + c;  // W[k * C]
-      const int32_t* rows = index + term.index_begin;
-      const T* vals = values + term.value_begin;
-      for (int64_t r = 0; r < term.rows; ++r) {
-        const int32_t* row = rows + r * width;  // m, i_1..i_nu, k
-        T prod = vals[r] * W[static_cast<int64_t>(row[nu + 1]) * C] * xt[row[1] * bd];
-        for (int j = 2; j <= nu; ++j) prod *= xt[row[j] * bd];
-        acc[row[0] * bd] += prod;
+    for (int m = 0; m < con.d; ++m) {
+      T sum = T(0);
+      for (int g = group_begin[con.m_at + m]; g < group_begin[con.m_at + m + 1]; ++g) {
+        int slot[NU];
+        product_slots<NU>(__ldg(factors + g), slot);
+        T prod = W[static_cast<int64_t>(g) * C];
+#pragma unroll
+        for (int j = 0; j < NU; ++j) prod *= xt[slot[j] * bd];
+        sum += prod;
       }
+      on[con.out_offset + static_cast<int64_t>(c) * con.d + m] = sum;
     }
-    for (int m = 0; m < con.d; ++m)
-      on[con.out_offset + static_cast<int64_t>(c) * con.d + m] = acc[m * bd];
   }
 }
 
-template <class T>
+template <class T, int NU>
 __global__ void sc_backward_kernel(
-    int64_t num_nodes, int C, int num_ell, int64_t dim_in, int64_t dim_out, int num_contractions,
-    const int64_t* __restrict__ ell_offset, const int32_t* __restrict__ ell_stride,
-    const ScContraction* __restrict__ contractions, const ScTerm* __restrict__ terms,
-    const int32_t* __restrict__ index, const T* __restrict__ values, const T* __restrict__ weights,
-    const int32_t* __restrict__ species, const T* __restrict__ x, const T* __restrict__ grad_out,
-    T* __restrict__ grad_x) {
+    int64_t num_nodes, int C, int num_ell, int num_groups, int64_t dim_in, int64_t dim_out,
+    int num_contractions, const int64_t* __restrict__ ell_offset,
+    const int32_t* __restrict__ ell_stride, const ScContraction* __restrict__ contractions,
+    const int32_t* __restrict__ group_begin, const uint32_t* __restrict__ factors,
+    const T* __restrict__ weights, const int32_t* __restrict__ species, const T* __restrict__ x,
+    const T* __restrict__ grad_out, T* __restrict__ grad_x) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int bd = blockDim.x;
-  T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i]
-  T* gxt = xt + static_cast<int64_t>(num_ell) * bd;      // gxt[i * bd]: dE/dx[c][i]
+  T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i], xt[num_ell] = 1
+  T* gxt = xt + static_cast<int64_t>(num_ell + 1) * bd;  // gxt[i * bd]: dE/dx[c][i]
   const int64_t t = static_cast<int64_t>(blockIdx.x) * bd + threadIdx.x;
   if (t >= num_nodes * C) return;
   const int c = static_cast<int>(t % C);
   const int64_t n = t / C;
-  const int64_t s = species[n];
   const T* xn = x + n * dim_in;
   for (int i = 0; i < num_ell; ++i) {
     xt[i * bd] = xn[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]];
     gxt[i * bd] = T(0);
   }
+  xt[num_ell * bd] = T(1);
+  gxt[num_ell * bd] = T(0);  // collects the (unused) adjoint of the constant slot
+  const T* W = weights + static_cast<int64_t>(species[n]) * num_groups * C + c;
   const T* gn = grad_out + n * dim_out;
   for (int q = 0; q < num_contractions; ++q) {
     const ScContraction con = contractions[q];
-    const T* g = gn + con.out_offset + static_cast<int64_t>(c) * con.d;  // g[m]
-    for (int tt = con.term_begin; tt < con.term_end; ++tt) {
-      const ScTerm term = terms[tt];
-      const int nu = term.nu, width = nu + 2;
-      const T* W = weights + term.weight_begin + s * term.num_params * C + c;
-      const int32_t* rows = index + term.index_begin;
-      const T* vals = values + term.value_begin;
-      for (int64_t r = 0; r < term.rows; ++r) {
-        const int32_t* row = rows + r * width;  // m, i_1..i_nu, k
-        const T base = vals[r] * W[static_cast<int64_t>(row[nu + 1]) * C] * g[row[0]];
-        for (int j = 1; j <= nu; ++j) {  // d/dx[i_j]: the product of the other factors
+    for (int m = 0; m < con.d; ++m) {
+      const T gm = gn[con.out_offset + static_cast<int64_t>(c) * con.d + m];
+      for (int g = group_begin[con.m_at + m]; g < group_begin[con.m_at + m + 1]; ++g) {
+        int slot[NU];
+        product_slots<NU>(__ldg(factors + g), slot);
+        T f[NU];
+#pragma unroll
+        for (int j = 0; j < NU; ++j) f[j] = xt[slot[j] * bd];
+        const T base = W[static_cast<int64_t>(g) * C] * gm;
+#pragma unroll
+        for (int j = 0; j < NU; ++j) {  // d/dx[i_j]: the product of the other factors
           T part = base;
-          for (int p = 1; p <= nu; ++p)
-            if (p != j) part *= xt[row[p] * bd];
-          gxt[row[j] * bd] += part;
+#pragma unroll
+          for (int p = 0; p < NU; ++p)
+            if (p != j) part *= f[p];
+          gxt[slot[j] * bd] += part;
         }
       }
     }
@@ -110,6 +125,25 @@ __global__ void sc_backward_kernel(
   T* gx = grad_x + n * dim_in;
   for (int i = 0; i < num_ell; ++i)
     gx[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]] = gxt[i * bd];
+}
+
+// Calls f(std::integral_constant<int, NU>{}) for the correlation order nu (1..4).
+template <class F>
+void with_correlation(int nu, F&& f) {
+  switch (nu) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>{});
+      break;
+    default:
+      f(std::integral_constant<int, 4>{});
+      break;
+  }
 }
 
 // Threads per block such that `slots` values of T per thread fit in the default
@@ -179,52 +213,102 @@ SymmetricContraction<T> make_symmetric_contraction(const cpu::SymmetricContracti
       static_cast<int>(host.ell_stride.size()) != host.num_ell) {
     throw Error("internal: symmetric contraction ell tables of the wrong size");
   }
+  if (host.num_ell + 1 > 255)
+    throw Error("the CUDA backend supports symmetric contractions of at most 254 components");
+  int num_species = -1;
+  for (const auto& con : host.contractions)
+    for (const auto& t : con.terms) {
+      if (t.nu < 1 || static_cast<int64_t>(t.index.size()) != t.rows * (t.nu + 2) ||
+          static_cast<int64_t>(t.values.size()) != t.rows || t.num_params < 1 ||
+          t.weights.size() % (static_cast<size_t>(t.num_params) * host.C) != 0) {
+        throw Error("internal: inconsistent symmetric contraction term");
+      }
+      if (t.nu > kMaxCorrelation)
+        throw Error("the CUDA backend supports correlation orders up to " +
+                    std::to_string(kMaxCorrelation));
+      const int s =
+          static_cast<int>(t.weights.size() / (static_cast<size_t>(t.num_params) * host.C));
+      if (num_species >= 0 && s != num_species)
+        throw Error("internal: symmetric contraction terms of different species counts");
+      num_species = s;
+      sc.max_nu = std::max(sc.max_nu, t.nu);
+    }
+  // One group per distinct (m, product); its rows (term, k, value) are summed into the
+  // group's weight below. Groups are ordered by m, then by first appearance.
+  struct Row {
+    const typename cpu::SymmetricContraction<T>::Term* term;
+    int32_t k;
+    double value;
+  };
+  struct Group {
+    int32_t m;
+    uint32_t factors;
+    std::vector<Row> rows;
+  };
   std::vector<ScContraction> contractions;
-  std::vector<ScTerm> terms;
-  std::vector<int32_t> index;
-  std::vector<T> values, weights;
+  std::vector<int32_t> group_begin;
+  std::vector<Group> groups;
   for (const auto& con : host.contractions) {
-    ScContraction q;
-    q.out_offset = con.out_offset;
-    q.d = con.d;
-    q.term_begin = static_cast<int32_t>(terms.size());
-    sc.max_d = std::max(sc.max_d, con.d);
     if (con.out_offset + static_cast<int64_t>(host.C) * con.d > host.dim_out) {
       throw Error("internal: symmetric contraction output out of range");
     }
+    std::vector<Group> mine;
+    std::map<std::pair<int32_t, uint32_t>, size_t> where;
     for (const auto& t : con.terms) {
-      if (t.nu < 1 || static_cast<int64_t>(t.index.size()) != t.rows * (t.nu + 2) ||
-          static_cast<int64_t>(t.values.size()) != t.rows) {
-        throw Error("internal: inconsistent symmetric contraction term");
-      }
       for (int64_t r = 0; r < t.rows; ++r) {
         const int32_t* row = t.index.data() + r * (t.nu + 2);
         bool ok =
             row[0] >= 0 && row[0] < con.d && row[t.nu + 1] >= 0 && row[t.nu + 1] < t.num_params;
-        for (int j = 1; j <= t.nu; ++j) ok = ok && row[j] >= 0 && row[j] < host.num_ell;
+        uint32_t factors = 0;
+        for (int j = 0; j < sc.max_nu; ++j) {
+          const int32_t i = j < t.nu ? row[j + 1] : host.num_ell;
+          ok = ok && i >= 0 && (i < host.num_ell || j >= t.nu);
+          factors |= static_cast<uint32_t>(i) << (8 * j);
+        }
         if (!ok) throw Error("internal: symmetric contraction index out of range");
+        const auto key = std::make_pair(row[0], factors);
+        auto [it, added] = where.emplace(key, mine.size());
+        if (added) mine.push_back({row[0], factors, {}});
+        mine[it->second].rows.push_back({&t, row[t.nu + 1], static_cast<double>(t.values[r])});
       }
-      ScTerm u;
-      u.rows = t.rows;
-      u.nu = t.nu;
-      u.num_params = t.num_params;
-      u.index_begin = static_cast<int64_t>(index.size());
-      u.value_begin = static_cast<int64_t>(values.size());
-      u.weight_begin = static_cast<int64_t>(weights.size());
-      index.insert(index.end(), t.index.begin(), t.index.end());
-      values.insert(values.end(), t.values.begin(), t.values.end());
-      weights.insert(weights.end(), t.weights.begin(), t.weights.end());
-      terms.push_back(u);
     }
-    q.term_end = static_cast<int32_t>(terms.size());
+    std::stable_sort(mine.begin(), mine.end(),
+                     [](const Group& a, const Group& b) { return a.m < b.m; });
+    ScContraction q;
+    q.out_offset = con.out_offset;
+    q.d = con.d;
+    q.m_at = static_cast<int32_t>(group_begin.size());
+    sc.max_d = std::max(sc.max_d, con.d);
+    size_t g = 0;
+    for (int m = 0; m <= con.d; ++m) {
+      while (g < mine.size() && mine[g].m < m) ++g;
+      group_begin.push_back(static_cast<int32_t>(groups.size() + g));
+    }
+    for (auto& grp : mine) groups.push_back(std::move(grp));
     contractions.push_back(q);
+  }
+  sc.num_groups = static_cast<int>(groups.size());
+  const int S = std::max(num_species, 0);
+  std::vector<uint32_t> factors(groups.size());
+  std::vector<T> weights(static_cast<size_t>(S) * groups.size() * host.C);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    factors[g] = groups[g].factors;
+    for (int s = 0; s < S; ++s)
+      for (int c = 0; c < host.C; ++c) {
+        double w = 0.0;
+        for (const Row& r : groups[g].rows)
+          w += r.value *
+               static_cast<double>(
+                   r.term
+                       ->weights[(static_cast<size_t>(s) * r.term->num_params + r.k) * host.C + c]);
+        weights[(static_cast<size_t>(s) * groups.size() + g) * host.C + c] = static_cast<T>(w);
+      }
   }
   sc.ell_offset.upload(host.ell_offset);
   sc.ell_stride.upload(std::vector<int32_t>(host.ell_stride.begin(), host.ell_stride.end()));
   sc.contractions.upload(contractions);
-  sc.terms.upload(terms);
-  sc.index.upload(index);
-  sc.values.upload(values);
+  sc.group_begin.upload(group_begin);
+  sc.factors.upload(factors);
   sc.weights.upload(weights);
   check(cudaStreamSynchronize(nullptr), "symmetric contraction upload");
   return sc;
@@ -236,13 +320,15 @@ void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t nu
                                    cudaStream_t stream) {
   const int64_t work = num_nodes * sc.C;
   if (work <= 0) return;
-  size_t bytes = 0;
-  const int threads = sc_block<T>(sc_forward_kernel<T>, sc.num_ell + sc.max_d, bytes);
-  sc_forward_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
-          num_nodes, sc.C, sc.num_ell, sc.dim_in, sc.dim_out, sc.num_contractions,
-          sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.terms.data(),
-          sc.index.data(), sc.values.data(), sc.weights.data(), species, x, out);
+  with_correlation(sc.max_nu, [&](auto nu) {
+    auto kernel = sc_forward_kernel<T, decltype(nu)::value>;
+    size_t bytes = 0;
+    const int threads = sc_block<T>(kernel, sc.num_ell + 1, bytes);
+    kernel<<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
+        num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, sc.num_contractions,
+        sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.group_begin.data(),
+        sc.factors.data(), sc.weights.data(), species, x, out);
+  });
   check_launch("sc_forward_kernel");
 }
 
@@ -252,13 +338,15 @@ void symmetric_contraction_backward(const SymmetricContraction<T>& sc, int64_t n
                                     T* grad_x, cudaStream_t stream) {
   const int64_t work = num_nodes * sc.C;
   if (work <= 0) return;
-  size_t bytes = 0;
-  const int threads = sc_block<T>(sc_backward_kernel<T>, 2 * sc.num_ell, bytes);
-  sc_backward_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
-          num_nodes, sc.C, sc.num_ell, sc.dim_in, sc.dim_out, sc.num_contractions,
-          sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.terms.data(),
-          sc.index.data(), sc.values.data(), sc.weights.data(), species, x, grad_out, grad_x);
+  with_correlation(sc.max_nu, [&](auto nu) {
+    auto kernel = sc_backward_kernel<T, decltype(nu)::value>;
+    size_t bytes = 0;
+    const int threads = sc_block<T>(kernel, 2 * (sc.num_ell + 1), bytes);
+    kernel<<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
+        num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, sc.num_contractions,
+        sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.group_begin.data(),
+        sc.factors.data(), sc.weights.data(), species, x, grad_out, grad_x);
+  });
   check_launch("sc_backward_kernel");
 }
 

@@ -149,29 +149,31 @@ template <class T>
 void element_linear_backward(const ElementLinear<T>& lin, int64_t num_nodes, const int32_t* species,
                              const T* grad_out, T* grad_x, bool accumulate, cudaStream_t stream);
 
-// One output irrep of the symmetric contraction: terms[term_begin .. term_end).
+// The symmetric contraction on the GPU, with the weights contracted into the coupling
+// coefficients at load time: the CPU's rows (m, i_1..i_nu, k, value) are grouped by their
+// product (m, i_1..i_nu), and per species s, group g and channel c
+//   W[s][g][c] = sum_{rows r of g} value_r * W_nu[s][k_r][c],
+// so that out[c][m] = sum_g W[s][g][c] prod_j x[c][i_j] (Batatia et al. 2022, eq. 10-11)
+// visits each product once instead of once per (product, k) row.
+// One output irrep: its component m sums the groups
+// [group_begin[m_at + m] .. group_begin[m_at + m + 1]).
 struct ScContraction {
   int64_t out_offset = 0;
-  int32_t d = 1, term_begin = 0, term_end = 0;
-};
-// One correlation order nu: `rows` rows (m, i_1..i_nu, k) at index[index_begin ..],
-// their values at values[value_begin ..], weights [species][num_params][C] at
-// weights[weight_begin ..]. Same data and row order as cpu::SymmetricContraction.
-struct ScTerm {
-  int64_t rows = 0, index_begin = 0, value_begin = 0, weight_begin = 0;
-  int32_t nu = 0, num_params = 0;
+  int32_t d = 1, m_at = 0;
 };
 
 template <class T>
 struct SymmetricContraction {
   int64_t dim_in = 0, dim_out = 0;
-  int C = 0, num_ell = 0, max_d = 1, num_contractions = 0;
+  int C = 0, num_ell = 0, max_d = 1, num_contractions = 0, max_nu = 1, num_groups = 0;
   DeviceArray<int64_t> ell_offset;  // x[c][i] = x_flat[ell_offset[i] + c * ell_stride[i]]
   DeviceArray<int32_t> ell_stride;
   DeviceArray<ScContraction> contractions;
-  DeviceArray<ScTerm> terms;
-  DeviceArray<int32_t> index;
-  DeviceArray<T> values, weights;
+  DeviceArray<int32_t> group_begin;
+  // per group, its product x[i_1] ... x[i_nu]: factor j in byte j - 1; factors past nu
+  // name the slot num_ell, which holds 1
+  DeviceArray<uint32_t> factors;
+  DeviceArray<T> weights;  // [species][num_groups][C]
 };
 
 template <class T>
