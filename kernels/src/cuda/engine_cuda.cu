@@ -257,6 +257,13 @@ void zero_rows(T* a, int64_t first_row, int64_t num_rows, int width, cudaStream_
           "memset");
 }
 
+// Copies `count` values between device arrays.
+template <class T>
+void copy_values(const T* from, T* to, int64_t count, cudaStream_t stream) {
+  if (count > 0)
+    check(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToDevice, stream), "copy");
+}
+
 // E3FUSE_PROFILE=1: device time of each stage (events around it, summed over calls),
 // printed to stderr when the engine is destroyed. Off by default (no events recorded).
 class StageProfiler {
@@ -569,9 +576,11 @@ class MaceModel : public Model {
       if (l.residual) {
         linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
       } else {
-        mlin_.resize(N * l.linear.dim_out);
-        linear_forward(l.linear, rows, y_.data(), mlin_.data(), st);
-        element_linear_forward(l.skip, rows, g.species, mlin_.data(), m_[t].data(), st);
+        // m = skip(linear(y)): y's buffer, dead after the linear, takes skip's output
+        linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
+        y_.resize(std::max(y_.size(), N * l.skip.dim_out));
+        element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
+        copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
       }
       p_.resize(N * l.product.dim_out);
       s.profiler.mark("symmetric contraction", st);
@@ -604,8 +613,12 @@ class MaceModel : public Model {
     seed_kernel<T><<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, nullptr,
                                                  static_cast<T>(scale_), seed_.data());
     check_launch("seed_kernel");
-    gx_.resize(N * layers_.back().product_linear.dim_out);
-    gx_.zero(st);
+    // The backward's node adjoints reuse the forward's buffers that it no longer reads:
+    // dE/dx goes to x's, dE/dp to p's, dE/dm to m's own (the contraction's adjoint runs in
+    // place) and dE/dy to y's.
+    DeviceArray<T>& gx = x_;
+    gx.resize(N * layers_.back().product_linear.dim_out);
+    gx.zero(st);
     for (int t = L - 1; t >= 0; --t) {
       const Layer& l = layers_[t];
       s.profiler.mark("readout, energy", st);
@@ -614,26 +627,27 @@ class MaceModel : public Model {
         linear_backward(l.readout_2, rows, seed_.data(), gh_.data(), false, st);
         activation_backward(l.act, l.act_scale, static_cast<int64_t>(gh_.size()), hidden_[t].data(),
                             gh_.data(), st);
-        linear_backward(l.readout_1, rows, gh_.data(), gx_.data(), true, st);
+        linear_backward(l.readout_1, rows, gh_.data(), gx.data(), true, st);
       } else {
-        linear_backward(l.readout_1, rows, seed_.data(), gx_.data(), true, st);
+        linear_backward(l.readout_1, rows, seed_.data(), gx.data(), true, st);
       }
-      gp_.resize(N * l.product_linear.dim_in);
-      linear_backward(l.product_linear, rows, gx_.data(), gp_.data(), false, st);
-      gm_.resize(N * l.product.dim_in);
+      DeviceArray<T>& gp = p_;
+      gp.resize(N * l.product_linear.dim_in);
+      linear_backward(l.product_linear, rows, gx.data(), gp.data(), false, st);
+      DeviceArray<T>& gm = m_[t];
       s.profiler.mark("symmetric contraction", st);
-      symmetric_contraction_backward(l.product, rows, g.species, m_[t].data(), gp_.data(),
-                                     gm_.data(), st);
-      if (!l.residual) {
-        gmlin_.resize(N * l.linear.dim_out);
-        element_linear_backward(l.skip, rows, g.species, gm_.data(), gmlin_.data(), false, st);
-        std::swap(gm_, gmlin_);
+      symmetric_contraction_backward(l.product, rows, g.species, m_[t].data(), gp.data(), gm.data(),
+                                     st);
+      if (!l.residual) {  // dE/d linear(y) = skip^T dE/dm, through y's (dead) buffer
+        y_.resize(std::max(y_.size(), N * l.skip.dim_in));
+        element_linear_backward(l.skip, rows, g.species, gm.data(), y_.data(), false, st);
+        copy_values(y_.data(), gm.data(), rows * l.skip.dim_in, st);
       }
       s.profiler.mark("linear backward", st);
       // dE/dy reuses y's buffer (dead after the forward's linear; the largest node tensor)
       y_.resize(N * l.linear.dim_in);
       T* gy = y_.data();
-      linear_backward(l.linear, rows, gm_.data(), gy, false, st);
+      linear_backward(l.linear, rows, gm.data(), gy, false, st);
       zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
       gup_.resize(N * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
@@ -649,8 +663,8 @@ class MaceModel : public Model {
       gprev_.resize(N * l.linear_up.dim_in);
       linear_backward(l.linear_up, rows, gup_.data(), gprev_.data(), false, st);
       if (l.add_sc)
-        element_linear_backward(l.skip, rows, g.species, gx_.data(), gprev_.data(), true, st);
-      std::swap(gx_, gprev_);
+        element_linear_backward(l.skip, rows, g.species, gx.data(), gprev_.data(), true, st);
+      std::swap(gx, gprev_);
     }
   }
 
@@ -662,7 +676,7 @@ class MaceModel : public Model {
   double scale_ = 1.0, shift_ = 0.0;
   std::vector<Layer> layers_;
   std::vector<DeviceArray<T>> up_, m_, hidden_;
-  DeviceArray<T> x_, sc_, y_, mlin_, p_, r_, a_, seed_, gx_, gh_, gp_, gm_, gmlin_, gup_, gprev_;
+  DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
 };
 
 class BackendImpl : public Backend {

@@ -75,14 +75,16 @@ __global__ void sc_forward_kernel(
   }
 }
 
+// grad_x may be x (in place): each thread reads its own elements of x before it writes
+// the same elements of grad_x, and no other thread touches them.
 template <class T, int NU>
 __global__ void sc_backward_kernel(
     int64_t num_nodes, int C, int num_ell, int num_groups, int64_t dim_in, int64_t dim_out,
     int num_contractions, const int64_t* __restrict__ ell_offset,
     const int32_t* __restrict__ ell_stride, const ScContraction* __restrict__ contractions,
     const int32_t* __restrict__ group_begin, const uint32_t* __restrict__ factors,
-    const T* __restrict__ weights, const int32_t* __restrict__ species, const T* __restrict__ x,
-    const T* __restrict__ grad_out, T* __restrict__ grad_x) {
+    const T* __restrict__ weights, const int32_t* __restrict__ species, const T* x,
+    const T* __restrict__ grad_out, T* grad_x) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int bd = blockDim.x;
   T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i], xt[num_ell] = 1

@@ -182,7 +182,7 @@ SymmetricContraction<T> make_symmetric_contraction(const cpu::SymmetricContracti
 template <class T>
 void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t num_nodes,
                                    const int32_t* species, const T* x, T* out, cudaStream_t stream);
-// grad_x = (d SC / dx)^T grad_out (overwritten).
+// grad_x = (d SC / dx)^T grad_out (overwritten; grad_x may be x).
 template <class T>
 void symmetric_contraction_backward(const SymmetricContraction<T>& sc, int64_t num_nodes,
                                     const int32_t* species, const T* x, const T* grad_out,
