@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,22 @@ def _forces(calc: Any, atoms: Atoms) -> np.ndarray:
 def test_error_type() -> None:
     assert issubclass(E3fuseError, ValueError)
     assert e3fuse.E3fuseError is _core.E3fuseError
+
+
+def test_import_leaves_the_core_and_torch_unloaded() -> None:
+    """`import e3fuse` (and the CLI module) load neither the compiled core nor torch, so that
+    `e3fuse convert` can import torch before the core: the other order crashed in `import
+    torch` on the GPU machines."""
+    code = (
+        "import sys, e3fuse, e3fuse.cli; "
+        "print(sorted(m for m in ('e3fuse._core', 'torch', 'ase') if m in sys.modules)); "
+        "print(e3fuse.E3fuseError.__module__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "e3fuse._core"
 
 
 # --------------------------------------------------------------------------------------
