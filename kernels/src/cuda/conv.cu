@@ -1153,9 +1153,8 @@ bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, si
 
 // Channel pairs are read as one vector (lane_channels): the node rows must be aligned to it.
 template <class T>
-void check_row_alignment(const Conv<T>& conv, const T* x, const T* rows) {
-  const uintptr_t align = sizeof(T) * conv.view.max_lane_channels;
-  if (reinterpret_cast<uintptr_t>(x) % align != 0 || reinterpret_cast<uintptr_t>(rows) % align != 0)
+void check_row_alignment(const Conv<T>& conv, const T* rows) {
+  if (reinterpret_cast<uintptr_t>(rows) % (sizeof(T) * conv.view.max_lane_channels) != 0)
     throw Error("internal: convolution input rows not aligned for paired-channel loads");
 }
 
@@ -1178,7 +1177,7 @@ template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
                   T* y, int64_t* error_node, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  check_row_alignment(conv, x, x);
+  check_row_alignment(conv, x);
   launch_largest_chunk(
       geom, conv, false, "convolution", "conv_forward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
@@ -1196,7 +1195,8 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
                    const T* grad_y, T* grad_x, double* forces, double* atom_virials,
                    int64_t* error_node, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  check_row_alignment(conv, x, grad_y);
+  check_row_alignment(conv, x);
+  check_row_alignment(conv, grad_y);
   launch_largest_chunk(
       geom, conv, true, "convolution backward", "conv_backward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
