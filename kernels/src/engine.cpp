@@ -26,6 +26,7 @@
 #include "e3fuse/neighbors.h"
 #include "model/plan.h"
 #include "ops/activation.h"
+#include "regions.h"
 
 #ifndef E3FUSE_VERSION
 #define E3FUSE_VERSION "0.0.0"
@@ -409,7 +410,10 @@ struct Engine::Impl {
 #ifdef E3FUSE_WITH_CUDA
   std::unique_ptr<cuda::Backend> gpu;
 #endif
-  std::unique_ptr<NeighborList> neighbors;  // compute(SystemView) on the CPU
+  std::unique_ptr<NeighborList> neighbors;         // compute(SystemView) on the CPU
+  std::unique_ptr<NeighborList> region_neighbors;  // the same, one region at a time
+  int64_t region_atoms = 0;
+  int num_regions = 1;
   double skin = 0.5;
   double min_distance = 0.1;
   int num_threads = 0;
@@ -515,13 +519,65 @@ void Engine::reset_device_bytes_peak() {
 #endif
 }
 
+void Engine::set_region_atoms(int64_t max_atoms) {
+  if (max_atoms < 0) throw Error("the most atoms per region must be >= 0 (0: automatic)");
+  impl_->region_atoms = max_atoms;
+}
+
+int64_t Engine::region_atoms() const { return impl_->region_atoms; }
+
+int Engine::num_regions() const { return impl_->num_regions; }
+
+#ifdef E3FUSE_WITH_CUDA
+namespace {
+
+// Automatic regions (GPU) are considered for larger systems only, and never smaller.
+constexpr int64_t kMinAutomaticRegionAtoms = 65536;
+
+// Edges per atom of a neighbor list of radius `radius`: from the density of a fully
+// periodic cell, else (or when denser) that of a dense solid, 0.15 atoms per A^3.
+double expected_edges_per_atom(const SystemView& s, double radius) {
+  double density = 0.15;
+  if (s.pbc[0] && s.pbc[1] && s.pbc[2] && s.cell && s.num_atoms > 0) {
+    const double* c = s.cell;
+    const double volume =
+        std::abs(c[0] * (c[4] * c[8] - c[5] * c[7]) - c[1] * (c[3] * c[8] - c[5] * c[6]) +
+                 c[2] * (c[3] * c[7] - c[4] * c[6]));
+    if (volume > 0.0) density = std::max(density, static_cast<double>(s.num_atoms) / volume);
+  }
+  return density * 4.0 / 3.0 * 3.141592653589793 * radius * radius * radius;
+}
+
+}  // namespace
+#endif
+
 void Engine::compute(const SystemView& s, ComputeOutput& out) {
   if (s.num_atoms < 0) throw Error("invalid system: negative atom count");
   const int num_species = static_cast<int>(model_->atomic_numbers().size());
   check_atoms(s.num_atoms, s.species, s.positions, num_species);
+  int64_t max_atoms = impl_->region_atoms;
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu && max_atoms == 0 && s.num_atoms > kMinAutomaticRegionAtoms) {
+    const bool want_grad = out.forces || out.virial || out.atom_virials;
+    const bool want_virial = out.virial || out.atom_virials;
+    const double radius = model_->cutoff() + impl_->skin;
+    max_atoms =
+        std::max(kMinAutomaticRegionAtoms,
+                 impl_->gpu->max_atoms(expected_edges_per_atom(s, radius), want_grad, want_virial));
+  }
+#endif
+  impl_->num_regions = 1;
+  if (max_atoms > 0 && s.num_atoms > max_atoms) {
+    const RegionSplitter splitter(s, model_->num_layers() * model_->cutoff());
+    const RegionGrid grid = splitter.choose(max_atoms);
+    if (grid.total() > 1) {
+      compute_regions(splitter, grid, out);
+      return;
+    }
+  }
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) {
-    impl_->gpu->compute_system(s, impl_->skin, impl_->min_distance, out);
+    impl_->gpu->compute_system(s, impl_->skin, impl_->min_distance, out, s.num_atoms, false);
     return;
   }
 #endif
@@ -530,6 +586,70 @@ void Engine::compute(const SystemView& s, ComputeOutput& out) {
   impl_->neighbors->set_min_distance(impl_->min_distance);
   impl_->neighbors->update(s.num_atoms, s.positions, s.cell, s.pbc);
   compute(impl_->neighbors->view(s.positions, s.species), out);
+}
+
+void Engine::compute_regions(const RegionSplitter& splitter, const RegionGrid& grid,
+                             ComputeOutput& out) {
+  out.energy = 0.0;
+  if (out.virial) std::fill(out.virial, out.virial + 9, 0.0);
+  const int64_t n = splitter.num_atoms();
+  if (out.atom_energies) std::fill(out.atom_energies, out.atom_energies + n, 0.0);
+  if (out.forces) std::fill(out.forces, out.forces + 3 * n, 0.0);
+  if (out.atom_virials) std::fill(out.atom_virials, out.atom_virials + 9 * n, 0.0);
+  Region region;
+  std::vector<double> energies, forces, virial(9), atom_virials;
+  for (int r = 0; r < grid.total(); ++r) {
+    splitter.make(grid, r, region);
+    if (region.num_owned == 0) continue;
+    const int64_t m = region.num_atoms();
+    ComputeOutput part;
+    if (out.atom_energies) part.atom_energies = (energies.resize(m), energies.data());
+    if (out.forces) part.forces = (forces.resize(3 * m), forces.data());
+    if (out.virial) part.virial = virial.data();
+    if (out.atom_virials) part.atom_virials = (atom_virials.resize(9 * m), atom_virials.data());
+    SystemView sub;
+    sub.num_atoms = m;
+    sub.positions = region.positions.data();
+    sub.species = region.species.data();
+    sub.cell = region.cell;
+    for (int a = 0; a < 3; ++a) sub.pbc[a] = region.pbc[a];
+    try {
+      compute_region(sub, region.num_owned, part);
+    } catch (const Error& e) {
+      throw Error(region_message(e.what(), region));
+    }
+    out.energy += part.energy;
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t j = region.atom[i];
+      if (out.atom_energies && i < region.num_owned) out.atom_energies[j] = energies[i];
+      if (out.forces)
+        for (int k = 0; k < 3; ++k) out.forces[3 * j + k] += forces[3 * i + k];
+      if (out.atom_virials)
+        for (int k = 0; k < 9; ++k) out.atom_virials[9 * j + k] += atom_virials[9 * i + k];
+    }
+    if (out.virial)
+      for (int k = 0; k < 9; ++k) out.virial[k] += virial[k];
+  }
+  impl_->num_regions = grid.total();
+}
+
+// One region: a fresh neighbor list without skin (the next call is another region).
+void Engine::compute_region(const SystemView& sub, int64_t num_owned, ComputeOutput& out) {
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) {
+    impl_->gpu->compute_system(sub, 0.0, impl_->min_distance, out, num_owned, true);
+    return;
+  }
+#endif
+  if (!impl_->region_neighbors)
+    impl_->region_neighbors = std::make_unique<NeighborList>(model_->cutoff(), 0.0);
+  NeighborList& list = *impl_->region_neighbors;
+  list.set_min_distance(impl_->min_distance);
+  list.invalidate();
+  list.update(sub.num_atoms, sub.positions, sub.cell, sub.pbc);
+  GraphView g = list.view(sub.positions, sub.species);
+  g.num_energy_nodes = num_owned;
+  compute(g, out, nullptr);
 }
 
 void Engine::compute(const GraphView& g, ComputeOutput& out) { compute(g, out, nullptr); }

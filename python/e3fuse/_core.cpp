@@ -344,6 +344,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_neighbor_builds", &Engine::num_neighbor_builds)
       .def_property_readonly("num_neighbor_edges", &Engine::num_neighbor_edges)
       .def_property_readonly("neighbor_skin", &Engine::neighbor_skin)
+      .def_property("region_atoms", &Engine::region_atoms, &Engine::set_region_atoms,
+                    "most atoms (owned + ghosts) per region of compute_system; 0: automatic")
+      .def_property_readonly("num_regions", &Engine::num_regions)
       .def_static("device_bytes_in_use", &Engine::device_bytes_in_use)
       .def_static("device_bytes_peak", &Engine::device_bytes_peak)
       .def_static("reset_device_bytes_peak", &Engine::reset_device_bytes_peak)

@@ -261,6 +261,7 @@ def measure_size(
     displacement: float,
     seed: int = 0,
     radial: str = "auto",
+    region_atoms: int = 0,
 ) -> dict[str, Any]:
     """One size: build the supercell and a fresh calculator, one warm-up step, then `steps`
     timed MD-like steps (every coordinate moved by N(0, displacement) before each)."""
@@ -275,7 +276,9 @@ def measure_size(
     host_reset = reset_host_peak()
     if on_gpu:
         e3fuse_reset_device_peak()
-    calc = Calculator(model, device=device, dtype=dtype, skin=skin, radial=radial)
+    calc = Calculator(
+        model, device=device, dtype=dtype, skin=skin, radial=radial, region_atoms=region_atoms
+    )
     try:
         t0 = time.perf_counter()
         calc.calculate(atoms, PROPERTIES)
@@ -290,6 +293,7 @@ def measure_size(
         energy = float(calc.results["energy"])
         edges = _edges_in_list(calc)
         builds = _builds(calc)
+        regions = int(calc.engine.num_regions)
     finally:
         del calc
         gc.collect()
@@ -309,6 +313,7 @@ def measure_size(
             builds - builds0 if builds is not None and builds0 is not None else None
         ),
         "energy_per_atom": energy / n,
+        "regions": regions,
     }
     if on_gpu:
         in_use, peak = e3fuse_device_bytes()
@@ -324,7 +329,7 @@ def measure_size(
 
 HEADER = (
     f"{'atoms':>10} {'edges':>12} {'ms/step':>10} {'atom-steps/s':>13} {'us/atom':>8} "
-    f"{'peak MiB':>9} {'builds':>6}"
+    f"{'peak MiB':>9} {'builds':>6} {'regions':>7}"
 )
 
 
@@ -335,7 +340,7 @@ def format_row(r: dict[str, Any]) -> str:
     return (
         f"{r['atoms']:>10,} {edges:>12} {r['ms_per_step']:>10.2f} "
         f"{r['atom_steps_per_s']:>13,.0f} {r['us_per_atom_step']:>8.2f} {peak:>9} "
-        f"{'-' if builds is None else builds:>6}"
+        f"{'-' if builds is None else builds:>6} {r.get('regions', 1):>7}"
     )
 
 
@@ -403,6 +408,7 @@ def run_scaling(
     json_out: str | None = None,
     echo: Callable[[str], None] = print,
     radial: str = "auto",
+    region_atoms: int = 0,
 ) -> list[dict[str, Any]]:
     """Grow the supercell until out of memory, `max_atoms` or `time_limit_s`; one row per size."""
     if sizes:
@@ -438,7 +444,17 @@ def run_scaling(
                 break
         t0 = time.perf_counter()
         try:
-            row = measure_size(model, n, device, dtype, steps, skin, displacement, radial=radial)
+            row = measure_size(
+                model,
+                n,
+                device,
+                dtype,
+                steps,
+                skin,
+                displacement,
+                radial=radial,
+                region_atoms=region_atoms,
+            )
         except Exception as err:  # noqa: BLE001 - report and stop growing
             if is_out_of_memory(err):
                 stopped = f"out of memory at {4 * n**3:,} atoms ({type(err).__name__}: {err})"

@@ -53,6 +53,11 @@ class Calculator(AseCalculator):
     radial: how the radial MLPs are evaluated: "mlp" (per edge, the model's layers),
         "table" (a cubic table in r built at load, error below float32 rounding) or
         "auto" (table in float32, mlp in float64).
+    region_atoms: systems larger than this are evaluated region by region, each region
+        with the atoms within num_layers x cutoff of it as ghosts (their work is the
+        price; the results are those of one pass up to rounding). 0 (the default):
+        automatic, on a GPU as many atoms per region as its free memory holds, on the CPU
+        one pass. ``calc.engine.num_regions`` tells how many the last call used.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress", "stresses"]
@@ -66,6 +71,7 @@ class Calculator(AseCalculator):
         num_threads: int = 0,
         min_distance: float = 0.1,
         radial: str = "auto",
+        region_atoms: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -76,6 +82,7 @@ class Calculator(AseCalculator):
         self.engine = _core.Engine(self.model, device, dtype, num_threads, radial)
         self.engine.set_neighbor_skin(float(skin))
         self.engine.set_min_distance(float(min_distance))
+        self.engine.region_atoms = int(region_atoms)
         self.neighbors = NeighborInfo(self.engine)
         self._species_key: bytes | None = None
         self._species = np.zeros(0, dtype=np.int32)
@@ -86,7 +93,9 @@ class Calculator(AseCalculator):
     def _species_of(self, numbers: np.ndarray) -> np.ndarray:
         key = numbers.tobytes()
         if key != self._species_key:
-            species = np.array([self.model.species_of(int(z)) for z in numbers], dtype=np.int32)
+            elements, inverse = np.unique(numbers, return_inverse=True)
+            of_element = np.array([self.model.species_of(int(z)) for z in elements], dtype=np.int32)
+            species = of_element[inverse.reshape(-1)]
             if (species < 0).any():
                 from ase.data import chemical_symbols
 

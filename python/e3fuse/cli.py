@@ -119,6 +119,7 @@ def cmd_bench_scaling(args: argparse.Namespace) -> int:
         plot=args.plot,
         json_out=args.json,
         radial=args.radial,
+        region_atoms=args.region_atoms,
     )
     return 0 if rows else 1
 
@@ -184,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="stop growing when the next size would end after this many seconds",
+    )
+    p.add_argument(
+        "--region-atoms",
+        type=int,
+        default=0,
+        help="most atoms (owned + ghosts) per region for systems evaluated region by region "
+        "(0: automatic, as many as the GPU's free memory holds)",
     )
     p.add_argument("--plot", default=None, help="write a PNG of time and memory against atoms")
     p.add_argument("--json", default=None, help="write the rows and metadata as JSON")

@@ -10,6 +10,9 @@
 
 namespace e3fuse {
 
+class RegionSplitter;
+struct RegionGrid;
+
 enum class Device { cpu, cuda };
 enum class Precision { float32, float64 };
 // How each convolution evaluates its radial MLP R(r): per edge with the model's own
@@ -98,6 +101,17 @@ class Engine {
   void compute(const SystemView& system, ComputeOutput& output);
   void set_neighbor_skin(double skin);
   void set_min_distance(double min_distance);
+  // Systems too large for one pass are evaluated region by region (compute(SystemView)
+  // only): the atoms are split along the lattice directions into regions, each
+  // evaluated with the atoms and periodic images within num_layers x cutoff of it as
+  // ghosts, which costs their extra work and holds the node tensors of one region at
+  // a time. Energies, forces and virials are those of one pass up to rounding.
+  // max_atoms: the most atoms (owned + ghosts) a region may hold; 0 (the default):
+  // automatic, on a GPU what its free memory holds (estimated per atom and edge), on
+  // the CPU always one pass. The neighbor list of a region is built for each call.
+  void set_region_atoms(int64_t max_atoms);
+  int64_t region_atoms() const;
+  int num_regions() const;  // regions of the last compute(SystemView); 1: one pass
   int64_t num_neighbor_builds() const;
   int64_t num_neighbor_edges() const;  // of the current list, skin included
   double neighbor_skin() const;
@@ -114,6 +128,10 @@ class Engine {
   std::string describe() const;              // model, device, precision, threads
 
  private:
+  void compute_regions(const RegionSplitter& splitter, const RegionGrid& grid,
+                       ComputeOutput& output);
+  void compute_region(const SystemView& region, int64_t num_owned, ComputeOutput& output);
+
   struct Impl;
   std::shared_ptr<const Model> model_;
   Device device_;

@@ -20,9 +20,14 @@ class Backend {
   // halo (may be null): see e3fuse::HaloExchange; rows are packed and unpacked on
   // the GPU and staged through pinned host buffers.
   virtual void compute(const GraphView& host_graph, ComputeOutput& out, HaloExchange* halo) = 0;
-  // A system: neighbors are found on the GPU (cell list with skin, kept between calls).
+  // A system: neighbors are found on the GPU (cell list with skin, kept between calls;
+  // rebuild forces a new one). Atoms [0, num_energy_nodes) contribute energy.
   virtual void compute_system(const SystemView& system, double skin, double min_distance,
-                              ComputeOutput& out) = 0;
+                              ComputeOutput& out, int64_t num_energy_nodes, bool rebuild) = 0;
+  // The most atoms one compute_system call can take now on this GPU (estimated: free
+  // memory plus what this backend's per-call arrays hold, over the bytes per atom of a
+  // system with edges_per_atom edges per atom).
+  virtual int64_t max_atoms(double edges_per_atom, bool want_grad, bool want_virial) const = 0;
   virtual int64_t num_neighbor_builds() const = 0;
   virtual int64_t num_neighbor_edges() const = 0;
   virtual std::string device_name() const = 0;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -363,6 +364,9 @@ class Model {
   // atom_virials [n][9] (both zeroed first). With s.halo active, node features are
   // computed on owned nodes only and ghost rows of layer inputs are exchanged.
   virtual void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) = 0;
+  // Bytes of the node tensors run() holds per node for a graph of n nodes (single GPU):
+  // the sum of the widths it resizes its arrays to, kept next to run() so the two agree.
+  virtual size_t node_bytes(int64_t n, bool want_grad) const = 0;
 };
 
 template <class T>
@@ -489,6 +493,30 @@ class SevennetModel : public Model {
       s.profiler.mark("linear backward", st);
       linear_backward(l.linear_1, rows, grad_x1_.data(), grad_.data(), true, st);
     }
+  }
+
+  size_t node_bytes(int64_t n, bool want_grad) const override {
+    const bool recompute_x1 = want_grad && n >= recompute_from_nodes();
+    size_t pre_gate = 0, x1 = 0, x1_max = 0, y = 0, x = embedding_dim_, grad = 1, grad_p = 0,
+           grad_x1 = 0;
+    for (const Layer& l : layers_) {
+      pre_gate += l.linear_2.dim_out;
+      x1 += l.linear_1.dim_out;
+      x1_max = std::max<size_t>(x1_max, l.linear_1.dim_out);
+      y = std::max<size_t>({y, size_t(l.conv.view.dim_out), size_t(l.linear_2.dim_in)});
+      x = std::max<size_t>(x, l.gate.dim_out);
+      grad = std::max<size_t>(grad, l.self_connection.dim_in);
+      grad_p = std::max<size_t>(grad_p, l.gate.dim_in);
+      grad_x1 = std::max<size_t>(grad_x1, l.conv.view.dim_in);
+    }
+    size_t h[2] = {0, 0};
+    for (size_t r = 0; r < readout_.size(); ++r) {
+      h[r % 2] = std::max<size_t>(h[r % 2], readout_[r].dim_out);
+      grad = std::max<size_t>({grad, size_t(readout_[r].dim_in), size_t(readout_[r].dim_out)});
+    }
+    size_t floats = pre_gate + (recompute_x1 ? x1_max : x1) + y + x + h[0] + h[1];
+    if (want_grad) floats += 2 * grad + grad_p + grad_x1;  // grad_ and tmp_ swap
+    return floats * sizeof(T);
   }
 
  private:
@@ -668,6 +696,30 @@ class MaceModel : public Model {
     }
   }
 
+  size_t node_bytes(int64_t /*n*/, bool want_grad) const override {
+    size_t up = 0, m = 0, hidden = 0, x = embedding_dim_, sc = 0, y = 0, p = 0, a = 0, gh = 0,
+           gup = 0, gprev = 0;
+    for (const Layer& l : layers_) {
+      up += l.linear_up.dim_out;
+      m += l.linear.dim_out;
+      x = std::max<size_t>(x, l.product_linear.dim_out);
+      if (l.residual) sc = std::max<size_t>(sc, l.skip.dim_out);
+      y = std::max<size_t>({y, size_t(l.conv.view.dim_out), size_t(l.skip.dim_out),
+                            size_t(l.skip.dim_in), size_t(l.linear.dim_in)});
+      p = std::max<size_t>({p, size_t(l.product.dim_out), size_t(l.product_linear.dim_in)});
+      if (l.nonlinear) {
+        hidden += l.readout_1.dim_out;
+        a = std::max<size_t>(a, l.readout_1.dim_out);
+        gh = std::max<size_t>(gh, l.readout_2.dim_in);
+      }
+      gup = std::max<size_t>(gup, l.conv.view.dim_in);
+      gprev = std::max<size_t>(gprev, l.linear_up.dim_in);
+    }
+    size_t floats = up + m + hidden + x + sc + y + p + 1 + a;  // + r_
+    if (want_grad) floats += 1 + gh + gup + gprev;             // + seed_
+    return floats * sizeof(T) + sizeof(double);                // + inter_
+  }
+
  private:
   Geometry<T> geom_;
   int embedding_dim_ = 0;
@@ -701,6 +753,7 @@ class BackendImpl : public Backend {
     }
     state_.error_node.resize(1);
     state_.virial.resize(9);
+    bytes_after_load_ = DeviceBytes::in_use().load();
   }
   ~BackendImpl() override { cudaSetDevice(device_); }  // the arrays are freed on their GPU
 
@@ -733,8 +786,8 @@ class BackendImpl : public Backend {
     run(g, out);
   }
 
-  void compute_system(const SystemView& sys, double skin, double min_distance,
-                      ComputeOutput& out) override {
+  void compute_system(const SystemView& sys, double skin, double min_distance, ComputeOutput& out,
+                      int64_t num_energy_nodes, bool rebuild) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
     DeviceState& s = state_;
     const cudaStream_t st = s.stream();
@@ -743,14 +796,36 @@ class BackendImpl : public Backend {
       neighbors_ = std::make_unique<DeviceNeighborList>(cutoff_, skin);
       neighbor_skin_ = skin;
     }
+    if (rebuild) neighbors_->invalidate();
     s.positions.upload(sys.positions, 3 * n, st);
     s.species.upload(sys.species, n, st);
     s.profiler.mark("neighbor list", st);
     neighbors_->update(n, s.positions.data(), sys.cell, sys.pbc, min_distance, st);
     GraphView g = neighbors_->view(s.positions.data(), s.species.data());
-    g.num_nodes = g.num_energy_nodes = n;
+    g.num_nodes = n;
+    g.num_energy_nodes = num_energy_nodes;
     s.halo.bind(nullptr, n, n, st);
     run(g, out);
+    largest_call_bytes_ = std::max(
+        largest_call_bytes_,
+        n * call_bytes_per_atom(
+                static_cast<double>(neighbors_->num_edges()) / std::max<int64_t>(n, 1),
+                out.forces || out.virial || out.atom_virials, out.atom_virials || out.virial));
+  }
+
+  int64_t max_atoms(double edges_per_atom, bool want_grad, bool want_virial) const override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    // what this backend's per-call arrays hold now is theirs to reuse
+    const size_t held = DeviceBytes::in_use().load();
+    const double reusable = std::min<double>(
+        largest_call_bytes_, held > bytes_after_load_ ? double(held - bytes_after_load_) : 0.0);
+    const double budget = kUsableFraction * (static_cast<double>(free) + reusable) - kReserve;
+    if (budget <= 0.0) return 1;
+    return std::max<int64_t>(
+        1,
+        static_cast<int64_t>(budget / call_bytes_per_atom(edges_per_atom, want_grad, want_virial)));
   }
 
   int64_t num_neighbor_builds() const override { return neighbors_ ? neighbors_->num_builds() : 0; }
@@ -826,6 +901,23 @@ class BackendImpl : public Backend {
       state_.halo.reverse<double>(*w, nullptr);
   }
 
+  // Device bytes per atom of one compute_system call: node tensors, per-atom state
+  // (positions, species, energies, forces, per-atom virials) and the neighbor list (about
+  // 150 bytes per atom with its sort buffers, 8 per edge plus growth slack).
+  double call_bytes_per_atom(double edges_per_atom, bool want_grad, bool want_virial) const {
+    const double node =
+        static_cast<double>(model_->node_bytes(std::numeric_limits<int64_t>::max(), want_grad));
+    const double state = 3 * 8 + 4 + 8 + (want_grad ? 3 * 8 : 0) + (want_virial ? 9 * 8 : 0);
+    return node + state + kNeighborBytesPerAtom + kNeighborBytesPerEdge * edges_per_atom;
+  }
+
+  static constexpr double kUsableFraction = 0.9;
+  static constexpr double kReserve = 512.0 * 1024 * 1024;  // CUDA runtime and launch workspace
+  static constexpr double kNeighborBytesPerAtom = 160.0;
+  static constexpr double kNeighborBytesPerEdge = 9.0;
+
+  size_t bytes_after_load_ = 0;      // e3fuse device bytes once the model was uploaded
+  double largest_call_bytes_ = 0.0;  // estimated bytes of the largest call so far
   double cutoff_;
   std::vector<int> halo_widths_;  // of the exchanges an empty graph still takes part in
   int device_ = 0;
