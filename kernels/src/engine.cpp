@@ -181,9 +181,9 @@ class CpuRunner {
   // halo: see HaloExchange; null for a graph that holds every node's neighborhood.
   void run(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {
     const int64_t n = g.num_nodes;
-    const int64_t rows = halo ? g.num_energy_nodes : n;  // nodes whose features we compute
     const auto& layers = plan_.layers;
     const int num_layers = static_cast<int>(layers.size());
+    const int64_t last_rows = cpu::layer_output_rows(g, halo, num_layers - 1);
     const bool want_grad = out.forces || out.virial || out.atom_virials;
 
     x1_.resize(num_layers);
@@ -193,12 +193,16 @@ class CpuRunner {
     std::vector<T> sc, y;
     for (int t = 0; t < num_layers; ++t) {
       const cpu::Layer<T>& L = layers[t];
+      const int64_t rows = cpu::layer_output_rows(g, halo, t);
       sc.resize(static_cast<size_t>(n) * L.self_connection.dim_out);
       cpu::linear_forward(L.self_connection, rows, x.data(), sc.data());
       x1_[t].resize(static_cast<size_t>(n) * L.linear_1.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
-      cpu::linear_forward(L.linear_1, t == 0 ? n : rows, x.data(), x1_[t].data());
+      // (halo) or from the previous layer's rows
+      const int64_t in_rows = cpu::layer_input_rows(g, halo, t);
+      cpu::linear_forward(L.linear_1, in_rows, x.data(), x1_[t].data());
       if (halo && t > 0) halo_.forward(*halo, g, L.linear_1.dim_out, x1_[t].data());
+      if (!halo) zero_rows_from(x1_[t], in_rows, L.linear_1.dim_out);  // read times 0
       y.resize(static_cast<size_t>(n) * L.conv.dim_out);
       cpu::conv_forward(plan_, L.conv, cpu::first_receivers(g, rows), x1_[t].data(), y.data());
       std::vector<T>& p = pre_gate_[t];
@@ -212,7 +216,7 @@ class CpuRunner {
     std::vector<T> h = x;
     for (size_t r = 0; r < plan_.readout.size(); ++r) {
       std::vector<T> next(static_cast<size_t>(n) * plan_.readout[r].dim_out);
-      cpu::linear_forward(plan_.readout[r], rows, h.data(), next.data());
+      cpu::linear_forward(plan_.readout[r], last_rows, h.data(), next.data());
       h.swap(next);
     }
     double energy = 0.0;
@@ -232,7 +236,7 @@ class CpuRunner {
     for (int64_t i = 0; i < g.num_energy_nodes; ++i) grad[i] = plan_.scale[g.species[i]];
     for (int r = static_cast<int>(plan_.readout.size()) - 1; r >= 0; --r) {
       std::vector<T> prev(static_cast<size_t>(n) * plan_.readout[r].dim_in);
-      cpu::linear_backward(plan_.readout[r], rows, grad.data(), prev.data(), false);
+      cpu::linear_backward(plan_.readout[r], last_rows, grad.data(), prev.data(), false);
       grad.swap(prev);
     }
     std::vector<double> forces(static_cast<size_t>(n) * 3, 0.0);
@@ -242,19 +246,24 @@ class CpuRunner {
     std::vector<T> grad_p, grad_y, grad_x1;
     for (int t = num_layers - 1; t >= 0; --t) {
       const cpu::Layer<T>& L = layers[t];
+      const int64_t rows = cpu::layer_output_rows(g, halo, t);
+      const int64_t in_rows = cpu::layer_input_rows(g, halo, t);
       grad_p.resize(static_cast<size_t>(n) * L.gate.plan.dim_in);
       cpu::gate_backward(L.gate, rows, pre_gate_[t].data(), grad.data(), grad_p.data());
       grad.resize(static_cast<size_t>(n) * L.self_connection.dim_in);
       cpu::linear_backward(L.self_connection, rows, grad_p.data(), grad.data(), false);
+      zero_rows_from(grad, rows, L.self_connection.dim_in);  // linear_1's rows may be more
       grad_y.resize(static_cast<size_t>(n) * L.linear_2.dim_in);
       cpu::linear_backward(L.linear_2, rows, grad_p.data(), grad_y.data(), false);
       zero_rows_from(grad_y, rows, L.linear_2.dim_in);  // ghosts' energies are not ours
       grad_x1.resize(static_cast<size_t>(n) * L.conv.dim_in);
-      cpu::conv_backward(plan_, L.conv, g, x1_[t].data(), grad_y.data(), grad_x1.data(),
-                         forces.data(), want_virial ? atom_virials.data() : nullptr);
+      cpu::conv_backward(plan_, L.conv,
+                         cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
+                         x1_[t].data(), grad_y.data(), grad_x1.data(), forces.data(),
+                         want_virial ? atom_virials.data() : nullptr);
       if (t == 0) break;
       if (halo) halo_.reverse(*halo, g, L.conv.dim_in, grad_x1.data());
-      cpu::linear_backward(L.linear_1, rows, grad_x1.data(), grad.data(), true);
+      cpu::linear_backward(L.linear_1, in_rows, grad_x1.data(), grad.data(), true);
     }
     write_gradients(forces, atom_virials, out);
   }
@@ -285,7 +294,6 @@ class MaceRunner {
 
   void run(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {
     const int64_t n = g.num_nodes;
-    const int64_t rows = halo ? g.num_energy_nodes : n;  // nodes whose features we compute
     const int num_layers = static_cast<int>(layers_.size());
     const bool want_grad = out.forces || out.virial || out.atom_virials;
     const auto N = static_cast<size_t>(n);
@@ -298,14 +306,18 @@ class MaceRunner {
     std::vector<T> sc, y, mlin, p, r(N);
     for (int t = 0; t < num_layers; ++t) {
       const Layer& L = layers_[t];
+      const int64_t rows = cpu::layer_output_rows(g, halo, t);
       if (L.residual) {
         sc.resize(N * L.skip.dim_out);
         cpu::element_linear_forward(L.skip, rows, g.species, x.data(), sc.data());
       }
       up_[t].resize(N * L.linear_up.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
-      cpu::linear_forward(L.linear_up, t == 0 ? n : rows, x.data(), up_[t].data());
+      // (halo) or from the previous layer's rows
+      const int64_t in_rows = cpu::layer_input_rows(g, halo, t);
+      cpu::linear_forward(L.linear_up, in_rows, x.data(), up_[t].data());
       if (halo && t > 0) halo_.forward(*halo, g, L.linear_up.dim_out, up_[t].data());
+      if (!halo) zero_rows_from(up_[t], in_rows, L.linear_up.dim_out);  // read times 0
       y.resize(N * L.conv.dim_out);
       cpu::conv_forward(geom_, L.conv, cpu::first_receivers(g, rows), up_[t].data(), y.data());
       m_[t].resize(N * L.linear.dim_out);
@@ -354,6 +366,7 @@ class MaceRunner {
     std::vector<T> gx(N * layers_.back().product_linear.dim_out, T(0)), gp, gm, gmlin, gy, gup, gh;
     for (int t = num_layers - 1; t >= 0; --t) {
       const Layer& L = layers_[t];
+      const int64_t rows = cpu::layer_output_rows(g, halo, t);
       if (L.nonlinear) {  // gx += readout^T(seed)
         gh.resize(N * L.readout_2.dim_in);
         cpu::linear_backward(L.readout_2, rows, seed.data(), gh.data(), false);
@@ -378,12 +391,15 @@ class MaceRunner {
       cpu::linear_backward(L.linear, rows, gm.data(), gy.data(), false);
       zero_rows_from(gy, rows, L.linear.dim_in);  // ghosts' energies are not ours
       gup.resize(N * L.conv.dim_in);
-      cpu::conv_backward(geom_, L.conv, g, up_[t].data(), gy.data(), gup.data(), forces.data(),
+      cpu::conv_backward(geom_, L.conv,
+                         cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
+                         up_[t].data(), gy.data(), gup.data(), forces.data(),
                          want_virial ? atom_virials.data() : nullptr);
       if (t == 0) break;
       if (halo) halo_.reverse(*halo, g, L.conv.dim_in, gup.data());
       std::vector<T> gprev(N * L.linear_up.dim_in, T(0));
-      cpu::linear_backward(L.linear_up, rows, gup.data(), gprev.data(), true);
+      cpu::linear_backward(L.linear_up, cpu::layer_input_rows(g, halo, t), gup.data(), gprev.data(),
+                           true);
       if (L.add_sc)
         cpu::element_linear_backward(L.skip, rows, g.species, gx.data(), gprev.data(), true);
       gx.swap(gprev);
@@ -568,7 +584,7 @@ void Engine::compute(const SystemView& s, ComputeOutput& out) {
 #endif
   impl_->num_regions = 1;
   if (max_atoms > 0 && s.num_atoms > max_atoms) {
-    const RegionSplitter splitter(s, model_->num_layers() * model_->cutoff());
+    const RegionSplitter splitter(s, model_->cutoff(), model_->num_layers());
     const RegionGrid grid = splitter.choose(max_atoms);
     if (grid.total() > 1) {
       compute_regions(splitter, grid, out);
@@ -577,7 +593,8 @@ void Engine::compute(const SystemView& s, ComputeOutput& out) {
   }
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) {
-    impl_->gpu->compute_system(s, impl_->skin, impl_->min_distance, out, s.num_atoms, false);
+    impl_->gpu->compute_system(s, impl_->skin, impl_->min_distance, out, s.num_atoms, false,
+                               nullptr);
     return;
   }
 #endif
@@ -614,7 +631,7 @@ void Engine::compute_regions(const RegionSplitter& splitter, const RegionGrid& g
     sub.cell = region.cell;
     for (int a = 0; a < 3; ++a) sub.pbc[a] = region.pbc[a];
     try {
-      compute_region(sub, region.num_owned, part);
+      compute_region(sub, region.num_owned, region.layer_rows.data(), part);
     } catch (const Error& e) {
       throw Error(region_message(e.what(), region));
     }
@@ -634,10 +651,11 @@ void Engine::compute_regions(const RegionSplitter& splitter, const RegionGrid& g
 }
 
 // One region: a fresh neighbor list without skin (the next call is another region).
-void Engine::compute_region(const SystemView& sub, int64_t num_owned, ComputeOutput& out) {
+void Engine::compute_region(const SystemView& sub, int64_t num_owned, const int64_t* layer_rows,
+                            ComputeOutput& out) {
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) {
-    impl_->gpu->compute_system(sub, 0.0, impl_->min_distance, out, num_owned, true);
+    impl_->gpu->compute_system(sub, 0.0, impl_->min_distance, out, num_owned, true, layer_rows);
     return;
   }
 #endif
@@ -649,6 +667,7 @@ void Engine::compute_region(const SystemView& sub, int64_t num_owned, ComputeOut
   list.update(sub.num_atoms, sub.positions, sub.cell, sub.pbc);
   GraphView g = list.view(sub.positions, sub.species);
   g.num_energy_nodes = num_owned;
+  g.layer_rows = layer_rows;
   compute(g, out, nullptr);
 }
 
@@ -669,6 +688,16 @@ void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo)
   for (int64_t e = 0; e < num_edges; ++e) {
     if (g.neighbors[e] < 0 || g.neighbors[e] >= g.num_nodes)
       throw Error("invalid graph: neighbor index out of range");
+  }
+  if (g.layer_rows) {
+    for (int t = 0; t < model_->num_layers(); ++t) {
+      const int64_t rows = g.layer_rows[t];
+      const int64_t inner = t == 0 ? g.num_nodes : g.layer_rows[t - 1];
+      if (rows < g.num_energy_nodes || rows > inner)
+        throw Error(
+            "invalid graph: layer_rows must not increase with the layer and lie "
+            "between num_energy_nodes and num_nodes");
+    }
   }
   if (halo) {
     const int32_t* border = halo->border_nodes();

@@ -19,10 +19,12 @@ constexpr double kGhostSlack = 1e-9;
 
 }  // namespace
 
-RegionSplitter::RegionSplitter(const SystemView& system, double depth)
+RegionSplitter::RegionSplitter(const SystemView& system, double cutoff, int num_layers)
     : system_(system),
       lattice_(lattice::make_lattice(system.cell ? system.cell : kNoCell, system.pbc)),
-      depth_(depth) {
+      cutoff_(cutoff),
+      num_layers_(num_layers) {
+  const double depth = cutoff * num_layers;
   const int64_t n = system.num_atoms;
   unit_.resize(3 * static_cast<size_t>(n));
   wrap_.assign(3 * static_cast<size_t>(n), 0);
@@ -42,7 +44,8 @@ RegionSplitter::RegionSplitter(const SystemView& system, double depth)
         unit_[3 * i + a] = u;
         wrap_[3 * i + a] = static_cast<int32_t>(w);
       }
-      ghost_[a] = depth / lattice_.spacing[a];
+      scale_[a] = lattice_.spacing[a];
+      ghost_[a] = depth / scale_[a];
     } else {
       double lo = std::numeric_limits<double>::infinity(), hi = -lo;
       for (int64_t i = 0; i < n; ++i) {
@@ -56,7 +59,8 @@ RegionSplitter::RegionSplitter(const SystemView& system, double depth)
         const double s = lattice::dot3(r, system.positions + 3 * i);
         unit_[3 * i + a] = std::min((s - lo_[a]) / width_[a], std::nextafter(1.0, 0.0));
       }
-      ghost_[a] = depth / (lattice_.spacing[a] * width_[a]);
+      scale_[a] = lattice_.spacing[a] * width_[a];
+      ghost_[a] = depth / scale_[a];
     }
   }
 }
@@ -143,6 +147,23 @@ void RegionSplitter::make(const RegionGrid& grid, int index, Region& region) con
     region.species.push_back(system_.species[i]);
     region.atom.push_back(i);
   };
+  // a ghost's shell: its largest distance beyond the region along a cut direction, in cutoffs
+  auto shell_of = [&](int64_t i, const int m[3]) {
+    double d = 0.0;
+    for (int a = 0; a < 3; ++a) {
+      if (!cut[a]) continue;
+      const double c = unit_[3 * i + a] + m[a];
+      const double beyond = std::max({0.0, static_cast<double>(k[a]) / grid.count[a] - c,
+                                      c - static_cast<double>(k[a] + 1) / grid.count[a]});
+      d = std::max(d, beyond * scale_[a]);
+    }
+    return std::clamp(static_cast<int>(std::ceil(d / cutoff_)), 1, num_layers_);
+  };
+  struct Ghost {
+    int64_t atom;
+    int m[3];
+  };
+  std::vector<std::vector<Ghost>> shells(num_layers_ + 1);
   const int zero[3] = {0, 0, 0};
   for (int64_t i = 0; i < n; ++i)
     if (owned(i)) add(i, zero);
@@ -165,8 +186,16 @@ void RegionSplitter::make(const RegionGrid& grid, int index, Region& region) con
     for (m[0] = first[0]; m[0] <= last[0]; ++m[0])
       for (m[1] = first[1]; m[1] <= last[1]; ++m[1])
         for (m[2] = first[2]; m[2] <= last[2]; ++m[2])
-          if (!(is_owned && m[0] == 0 && m[1] == 0 && m[2] == 0)) add(i, m);
+          if (!(is_owned && m[0] == 0 && m[1] == 0 && m[2] == 0))
+            shells[shell_of(i, m)].push_back({i, {m[0], m[1], m[2]}});
   }
+  std::vector<int64_t> shell_end(num_layers_ + 1, region.num_owned);
+  for (int s = 1; s <= num_layers_; ++s) {
+    for (const Ghost& ghost : shells[s]) add(ghost.atom, ghost.m);
+    shell_end[s] = region.num_atoms();
+  }
+  region.layer_rows.resize(num_layers_);
+  for (int t = 0; t < num_layers_; ++t) region.layer_rows[t] = shell_end[num_layers_ - 1 - t];
 }
 
 std::string region_message(const std::string& message, const Region& region) {

@@ -38,6 +38,11 @@ struct Region {
   std::vector<int32_t> species;
   std::vector<int64_t> atom;
   int64_t num_owned = 0;
+  // Ghosts come in shells: shell s >= 1 holds those whose distance from the region (along
+  // each cut direction, a lower bound of the distance to its atoms) is at most s cutoffs.
+  // layer_rows[t]: atoms in shells 0 .. num_layers - 1 - t, those whose layer-t features
+  // reach an owned energy (see GraphView::layer_rows).
+  std::vector<int64_t> layer_rows;
   double cell[9] = {};
   bool pbc[3] = {false, false, false};
   int64_t num_atoms() const { return static_cast<int64_t>(atom.size()); }
@@ -45,8 +50,8 @@ struct Region {
 
 class RegionSplitter {
  public:
-  // depth: how far (Angstrom) a region's ghosts reach.
-  RegionSplitter(const SystemView& system, double depth);
+  // Ghosts reach num_layers x cutoff (Angstrom) from a region.
+  RegionSplitter(const SystemView& system, double cutoff, int num_layers);
 
   // The grid with the least total work (owned + ghost atoms, estimated from a
   // uniform density) whose regions hold at most max_atoms atoms each; when none does,
@@ -65,7 +70,9 @@ class RegionSplitter {
 
   SystemView system_;
   lattice::Lattice lattice_;
-  double depth_;
+  double cutoff_;
+  int num_layers_;
+  double scale_[3] = {};       // Angstrom per unit of each direction's coordinate
   std::vector<double> unit_;   // per atom and direction: coordinate in [0, 1) of the extent
   std::vector<int32_t> wrap_;  // per atom and periodic direction: the integer wrap taken off
   double lo_[3] = {}, width_[3] = {1.0, 1.0, 1.0};  // open directions: extent of the atoms

@@ -130,7 +130,8 @@ class Engine {
  private:
   void compute_regions(const RegionSplitter& splitter, const RegionGrid& grid,
                        ComputeOutput& output);
-  void compute_region(const SystemView& region, int64_t num_owned, ComputeOutput& output);
+  void compute_region(const SystemView& region, int64_t num_owned, const int64_t* layer_rows,
+                      ComputeOutput& output);
 
   struct Impl;
   std::shared_ptr<const Model> model_;

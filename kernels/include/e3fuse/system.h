@@ -27,6 +27,12 @@ struct GraphView {
   const int32_t* neighbors = nullptr;    // row_offsets[num_nodes]
   const int32_t* shift_index = nullptr;  // per edge; nullptr means all shifts are zero
   const double* shifts = nullptr;        // Cartesian shift vectors, 3 per entry
+  // Optional, host memory (regions, see Engine::set_region_atoms): per interaction layer t,
+  // the number of leading nodes whose layer-t output is read on the way to the energy of
+  // nodes [0, num_energy_nodes). Nodes are then ordered by their distance from those, so
+  // that every neighbor of a node in layer_rows[t] is in layer_rows[t - 1]. Ignored with
+  // a halo exchange.
+  const int64_t* layer_rows = nullptr;
 };
 
 // A whole system for Engine::compute(SystemView): the engine finds the neighbors

@@ -39,6 +39,23 @@ inline GraphView first_receivers(const GraphView& g, int64_t rows) {
   return r;
 }
 
+// Nodes whose layer-t features are computed on graph g: the owned nodes with a halo
+// exchange; with GraphView::layer_rows (regions), layer_rows[t] (the inputs of layer t on
+// the outputs of layer t - 1, every node for layer 0, the embedding); otherwise all.
+inline int64_t layer_output_rows(const GraphView& g, bool halo, int t) {
+  if (halo) return g.num_energy_nodes;
+  return g.layer_rows ? g.layer_rows[t] : g.num_nodes;
+}
+inline int64_t layer_input_rows(const GraphView& g, bool halo, int t) {
+  return t == 0 ? g.num_nodes : layer_output_rows(g, halo, t - 1);
+}
+// The nodes the backward pass of layer t's convolution visits: with layer_rows, nodes past
+// its inputs touch no receiver of it (their per-axis distance from the energy nodes is a
+// whole shell further out); with a halo, ghosts collect adjoints for their owners.
+inline int64_t layer_backward_nodes(const GraphView& g, bool halo, int t) {
+  return halo ? g.num_nodes : layer_input_rows(g, false, t);
+}
+
 // y_i = (1/D) sum_{j in N(i), r_ij < cutoff} TP(x_j, Y(v_ij), MLP(emb(r_ij))) for all nodes.
 template <class T>
 void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& graph, const T* x,

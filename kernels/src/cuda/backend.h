@@ -21,9 +21,11 @@ class Backend {
   // the GPU and staged through pinned host buffers.
   virtual void compute(const GraphView& host_graph, ComputeOutput& out, HaloExchange* halo) = 0;
   // A system: neighbors are found on the GPU (cell list with skin, kept between calls;
-  // rebuild forces a new one). Atoms [0, num_energy_nodes) contribute energy.
+  // rebuild forces a new one). Atoms [0, num_energy_nodes) contribute energy; layer_rows
+  // (host, may be null): see GraphView::layer_rows.
   virtual void compute_system(const SystemView& system, double skin, double min_distance,
-                              ComputeOutput& out, int64_t num_energy_nodes, bool rebuild) = 0;
+                              ComputeOutput& out, int64_t num_energy_nodes, bool rebuild,
+                              const int64_t* layer_rows) = 0;
   // The most atoms one compute_system call can take now on this GPU (estimated: free
   // memory plus what this backend's per-call arrays hold, over the bytes per atom of a
   // system with edges_per_atom edges per atom).

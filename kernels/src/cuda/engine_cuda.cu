@@ -396,9 +396,10 @@ class SevennetModel : public Model {
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
     const int64_t n = g.num_nodes;
-    const int64_t rows = s.halo.active() ? g.num_energy_nodes : n;  // features computed here
+    const bool halo = s.halo.active();
     const cudaStream_t st = s.stream();
     const int L = static_cast<int>(layers_.size());
+    const int64_t last_rows = cpu::layer_output_rows(g, halo, L - 1);
     // Large single-GPU systems keep one convolution input (x1) instead of one per layer
     // and recompute it in the backward pass from the stored gate inputs (a gate and a
     // linear layer per layer, ~1.5 % of a step): 480 floats per atom and layer for
@@ -409,6 +410,8 @@ class SevennetModel : public Model {
     embed_species(g, n, embedding_dim_, embedding_, x_, st);
     for (int t = 0; t < L; ++t) {
       const Layer& l = layers_[t];
+      const int64_t rows = cpu::layer_output_rows(g, halo, t);
+      const int64_t in_rows = cpu::layer_input_rows(g, halo, t);
       s.profiler.mark("linear forward", st);
       // the self-connection goes straight into the gate's input; linear_2 adds to it
       pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
@@ -416,11 +419,13 @@ class SevennetModel : public Model {
       DeviceArray<T>& x1 = x1_[recompute_x1 ? 0 : t];
       x1.resize(static_cast<size_t>(n) * l.linear_1.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
-      linear_forward(l.linear_1, t == 0 ? n : rows, x_.data(), x1.data(), st);
-      if (s.halo.active() && t > 0) {
+      // (halo) or from the previous layer's rows
+      linear_forward(l.linear_1, in_rows, x_.data(), x1.data(), st);
+      if (halo && t > 0) {
         s.profiler.mark("halo exchange", st);
         s.halo.forward(l.linear_1.dim_out, x1.data());
       }
+      if (!halo) zero_rows(x1.data(), in_rows, n, static_cast<int>(l.linear_1.dim_out), st);
       y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
       conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), x1.data(), y_.data(),
@@ -436,7 +441,7 @@ class SevennetModel : public Model {
     for (size_t r = 0; r < readout_.size(); ++r) {
       DeviceArray<T>& next = (r % 2 == 0) ? h0_ : h1_;
       next.resize(static_cast<size_t>(n) * readout_[r].dim_out);
-      linear_forward(readout_[r], rows, h, next.data(), st);
+      linear_forward(readout_[r], last_rows, h, next.data(), st);
       h = next.data();
     }
     sevennet_energy_kernel<T><<<grid(n), kThreads, 0, st>>>(
@@ -450,17 +455,21 @@ class SevennetModel : public Model {
     check_launch("seed_kernel");
     for (int r = static_cast<int>(readout_.size()) - 1; r >= 0; --r) {
       tmp_.resize(static_cast<size_t>(n) * readout_[r].dim_in);
-      linear_backward(readout_[r], rows, grad_.data(), tmp_.data(), false, st);
+      linear_backward(readout_[r], last_rows, grad_.data(), tmp_.data(), false, st);
       std::swap(grad_, tmp_);
     }
     for (int t = L - 1; t >= 0; --t) {
       const Layer& l = layers_[t];
+      const int64_t rows = cpu::layer_output_rows(g, halo, t);
+      const int64_t in_rows = cpu::layer_input_rows(g, halo, t);
       s.profiler.mark("gate", st);
       grad_p_.resize(static_cast<size_t>(n) * l.gate.dim_in);
       gate_backward(l.gate, rows, pre_gate_[t].data(), grad_.data(), grad_p_.data(), st);
       s.profiler.mark("linear backward", st);
       grad_.resize(static_cast<size_t>(n) * l.self_connection.dim_in);
       linear_backward(l.self_connection, rows, grad_p_.data(), grad_.data(), false, st);
+      // linear_1's rows may be more
+      zero_rows(grad_.data(), rows, in_rows, static_cast<int>(l.self_connection.dim_in), st);
       // dE/dy reuses y's buffer: y is dead once linear_2 has run, and the two
       // (N x conv.dim_out each) are the largest node tensors of the model
       y_.resize(static_cast<size_t>(n) * l.linear_2.dim_in);
@@ -475,15 +484,17 @@ class SevennetModel : public Model {
         } else {
           const Gate<T>& previous = layers_[t - 1].gate;
           x_.resize(static_cast<size_t>(n) * previous.dim_out);
-          gate_forward(previous, rows, pre_gate_[t - 1].data(), x_.data(), st);
+          gate_forward(previous, in_rows, pre_gate_[t - 1].data(), x_.data(), st);
         }
         x1_[0].resize(static_cast<size_t>(n) * l.linear_1.dim_out);
-        linear_forward(l.linear_1, t == 0 ? n : rows, x_.data(), x1_[0].data(), st);
+        linear_forward(l.linear_1, in_rows, x_.data(), x1_[0].data(), st);
+        zero_rows(x1_[0].data(), in_rows, n, static_cast<int>(l.linear_1.dim_out), st);
       }
       const T* x1 = x1_[recompute_x1 ? 0 : t].data();
       grad_x1_.resize(static_cast<size_t>(n) * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
-      conv_backward(geom_, l.conv, g, x1, grad_y, grad_x1_.data(), s.forces.data(),
+      conv_backward(geom_, l.conv, cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
+                    x1, grad_y, grad_x1_.data(), s.forces.data(),
                     want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
       if (t == 0) break;
       if (s.halo.active()) {
@@ -491,7 +502,7 @@ class SevennetModel : public Model {
         s.halo.reverse(l.conv.view.dim_in, grad_x1_.data());
       }
       s.profiler.mark("linear backward", st);
-      linear_backward(l.linear_1, rows, grad_x1_.data(), grad_.data(), true, st);
+      linear_backward(l.linear_1, in_rows, grad_x1_.data(), grad_.data(), true, st);
     }
   }
 
@@ -571,7 +582,7 @@ class MaceModel : public Model {
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
     const int64_t n = g.num_nodes;
-    const int64_t rows = s.halo.active() ? g.num_energy_nodes : n;  // features computed here
+    const bool halo = s.halo.active();
     const auto N = static_cast<size_t>(n);
     const cudaStream_t st = s.stream();
     const int L = static_cast<int>(layers_.size());
@@ -583,6 +594,8 @@ class MaceModel : public Model {
     inter_.zero(st);
     for (int t = 0; t < L; ++t) {
       const Layer& l = layers_[t];
+      const int64_t rows = cpu::layer_output_rows(g, halo, t);
+      const int64_t in_rows = cpu::layer_input_rows(g, halo, t);
       s.profiler.mark("linear forward", st);
       if (l.residual) {
         sc_.resize(N * l.skip.dim_out);
@@ -590,11 +603,13 @@ class MaceModel : public Model {
       }
       up_[t].resize(N * l.linear_up.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
-      linear_forward(l.linear_up, t == 0 ? n : rows, x_.data(), up_[t].data(), st);
-      if (s.halo.active() && t > 0) {
+      // (halo) or from the previous layer's rows
+      linear_forward(l.linear_up, in_rows, x_.data(), up_[t].data(), st);
+      if (halo && t > 0) {
         s.profiler.mark("halo exchange", st);
         s.halo.forward(l.conv.view.dim_in, up_[t].data());
       }
+      if (!halo) zero_rows(up_[t].data(), in_rows, n, static_cast<int>(l.linear_up.dim_out), st);
       y_.resize(N * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
       conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), up_[t].data(), y_.data(),
@@ -649,6 +664,8 @@ class MaceModel : public Model {
     gx.zero(st);
     for (int t = L - 1; t >= 0; --t) {
       const Layer& l = layers_[t];
+      const int64_t rows = cpu::layer_output_rows(g, halo, t);
+      const int64_t in_rows = cpu::layer_input_rows(g, halo, t);
       s.profiler.mark("readout, energy", st);
       if (l.nonlinear) {
         gh_.resize(N * l.readout_2.dim_in);
@@ -679,7 +696,8 @@ class MaceModel : public Model {
       zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
       gup_.resize(N * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
-      conv_backward(geom_, l.conv, g, up_[t].data(), gy, gup_.data(), s.forces.data(),
+      conv_backward(geom_, l.conv, cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
+                    up_[t].data(), gy, gup_.data(), s.forces.data(),
                     want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
@@ -689,7 +707,7 @@ class MaceModel : public Model {
       }
       s.profiler.mark("linear backward", st);
       gprev_.resize(N * l.linear_up.dim_in);
-      linear_backward(l.linear_up, rows, gup_.data(), gprev_.data(), false, st);
+      linear_backward(l.linear_up, in_rows, gup_.data(), gprev_.data(), false, st);
       if (l.add_sc)
         element_linear_backward(l.skip, rows, g.species, gx.data(), gprev_.data(), true, st);
       std::swap(gx, gprev_);
@@ -770,6 +788,7 @@ class BackendImpl : public Backend {
     GraphView g;
     g.num_nodes = n;
     g.num_energy_nodes = h.num_energy_nodes;
+    g.layer_rows = h.layer_rows;
     g.positions = s.positions.data();
     g.species = s.species.data();
     g.row_offsets = s.row_offsets.data();
@@ -787,7 +806,7 @@ class BackendImpl : public Backend {
   }
 
   void compute_system(const SystemView& sys, double skin, double min_distance, ComputeOutput& out,
-                      int64_t num_energy_nodes, bool rebuild) override {
+                      int64_t num_energy_nodes, bool rebuild, const int64_t* layer_rows) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
     DeviceState& s = state_;
     const cudaStream_t st = s.stream();
@@ -804,6 +823,7 @@ class BackendImpl : public Backend {
     GraphView g = neighbors_->view(s.positions.data(), s.species.data());
     g.num_nodes = n;
     g.num_energy_nodes = num_energy_nodes;
+    g.layer_rows = layer_rows;
     s.halo.bind(nullptr, n, n, st);
     run(g, out);
     largest_call_bytes_ = std::max(
