@@ -164,3 +164,39 @@ def test_sevennet0_regions_on_the_gpu(sevennet0_path: Path) -> None:
     assert abs(regions["energy"] - one_pass["energy"]) / len(atoms) < tol.energy_per_atom
     assert np.abs(regions["forces"] - one_pass["forces"]).max() < tol.forces
     assert np.abs(regions["virial"] - one_pass["virial"]).max() / atoms.get_volume() < tol.stress
+
+
+def test_open_cluster_and_unwrapped_positions(small_mace: Path) -> None:
+    """No periodic direction at all (cuts over the atoms' extent), and a periodic cell whose
+    atoms sit several cell vectors away from it, as in an unwrapped MD trajectory."""
+    cluster = alloy(8, seed=8)
+    cluster.pbc = False
+    one_pass, _ = compute(small_mace, cluster, 0)
+    regions, n = compute(small_mace, cluster, 1100)
+    assert n > 1
+    assert_same(regions, one_pass, 1e-12)
+
+    bulk_cell = alloy(8, seed=9)
+    one_pass, _ = compute(small_mace, bulk_cell, 0)
+    moved = bulk_cell.copy()
+    shifts = np.random.default_rng(9).integers(-3, 4, size=(len(moved), 3))
+    moved.positions += shifts @ moved.cell.array
+    regions, n = compute(small_mace, moved, 1100)
+    assert n > 1
+    assert_same(regions, one_pass, 1e-11)
+
+
+def test_bench_scaling_reports_regions(small_mace: Path, tmp_path: Path) -> None:
+    import json
+
+    from e3fuse import cli
+
+    rows = {}
+    for cap in (0, 1100):
+        out = tmp_path / f"scaling_{cap}.json"
+        args = ["bench", "scaling", "--model", str(small_mace), "--device", "cpu"]
+        args += ["--dtype", "float64", "--sizes", "2048", "--steps", "1"]
+        assert cli.main([*args, "--region-atoms", str(cap), "--json", str(out)]) == 0
+        rows[cap] = json.loads(out.read_text())["rows"][0]
+    assert rows[0]["regions"] == 1 and rows[1100]["regions"] > 1
+    assert abs(rows[1100]["energy_per_atom"] - rows[0]["energy_per_atom"]) < 1e-12

@@ -411,6 +411,7 @@ def run_scaling(
     region_atoms: int = 0,
 ) -> list[dict[str, Any]]:
     """Grow the supercell until out of memory, `max_atoms` or `time_limit_s`; one row per size."""
+    until_regions = False
     if sizes:
         repeats = []
         for s in sizes:
@@ -419,6 +420,8 @@ def run_scaling(
                 raise ValueError(f"size {s} is not 4 n^3 (cubic fcc supercell); try {4 * n**3}")
             repeats.append(n)
     else:
+        # default growth: up to the first size that one pass no longer holds (regions)
+        until_regions = max_atoms is None
         if max_atoms is None:
             max_atoms = 64_000_000 if device == "cuda" else 4000
         repeats = repeats_for(max_atoms)
@@ -464,6 +467,12 @@ def run_scaling(
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
         echo(format_row(row))
+        if until_regions and row.get("regions", 1) > 1:
+            stopped = (
+                f"{row['atoms']:,} atoms already needed {row['regions']} regions "
+                "(pass --max-atoms to grow further)"
+            )
+            break
     if stopped:
         echo(f"# stopped: {stopped}")
     doc = {

@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         "--max-atoms",
         type=int,
         default=None,
-        help="largest size of the default growth (default: 64M on cuda, 4000 on cpu)",
+        help="largest size of the default growth (default: on cuda, the first size evaluated "
+        "in regions, i.e. beyond one pass; 4000 on cpu)",
     )
     p.add_argument("--steps", type=int, default=10, help="timed steps per size")
     p.add_argument("--skin", type=float, default=0.5, help="neighbor-list skin (A)")
