@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "e3fuse/error.h"
@@ -24,6 +26,30 @@ inline void check(cudaError_t status, const char* what) {
 inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
 
 inline int64_t blocks_for(int64_t work, int threads) { return (work + threads - 1) / threads; }
+
+// An integer setting from the environment (the E3FUSE_* switches kept to time variants),
+// or `fallback` when the variable is unset or not a number.
+inline int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long value = std::strtoll(v, &end, 10);
+  return *end == '\0' ? value : fallback;
+}
+
+// Calls f(std::integral_constant<int, V>{}) for the first V of the list equal to v, or
+// for the last one otherwise (callers check the range first), so that loops over v
+// unroll over a compile-time size.
+template <int First, int... Rest, class F>
+__host__ __device__ __forceinline__ void with_int_constant(int v, F&& f) {
+  if constexpr (sizeof...(Rest) == 0) {
+    f(std::integral_constant<int, First>{});
+  } else if (v == First) {
+    f(std::integral_constant<int, First>{});
+  } else {
+    with_int_constant<Rest...>(v, static_cast<F&&>(f));
+  }
+}
 
 // Bytes held in DeviceArrays by this process, and the peak since the last reset
 // (what the memory-scaling benchmark reports besides the driver's own count).

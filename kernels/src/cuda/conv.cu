@@ -424,24 +424,11 @@ __device__ __forceinline__ void ldg_vec(const T* p, T v[C]) {
 // Tensor product: warp tasks (conv.cuh); lane l takes the C = lane_channels adjacent
 // channels u = task.u0 + C l .. u + C - 1.
 
-// Calls f(std::integral_constant<int, D>{}) for an irrep dimension d = 2l + 1, l <= 3,
-// so the per-channel loops below unroll over compile-time sizes.
+// f(std::integral_constant<int, D>{}) for an irrep dimension d = 2l + 1, l <= 3, so the
+// per-channel loops below unroll over compile-time sizes.
 template <class F>
 __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
-  switch (d) {
-    case 1:
-      f(std::integral_constant<int, 1>{});
-      break;
-    case 3:
-      f(std::integral_constant<int, 3>{});
-      break;
-    case 5:
-      f(std::integral_constant<int, 5>{});
-      break;
-    default:
-      f(std::integral_constant<int, 7>{});
-      break;
-  }
+  with_int_constant<1, 3, 5, 7>(d, static_cast<F&&>(f));
 }
 
 // f(d1, d3) with both as compile-time constants.
@@ -916,8 +903,8 @@ template <class T>
 int lane_channels(const typename Conv<T>::View& v, const typename Conv<T>::InBlock& b,
                   const typename Conv<T>::Path& p) {
   if (!std::is_same_v<T, float>) return 1;
-  static const char* env = std::getenv("E3FUSE_CONV_LANE_CHANNELS");
-  if (env && std::string(env) == "1") return 1;
+  static const bool one_channel = env_int("E3FUSE_CONV_LANE_CHANNELS", 2) == 1;
+  if (one_channel) return 1;
   const bool aligned = b.mul % 64 == 0 && b.in_offset % 2 == 0 && p.out_offset % 2 == 0 &&
                        v.dim_in % 2 == 0 && v.dim_out % 2 == 0;
   return aligned && pairs_channels(b.d1, p.d3) ? 2 : 1;
@@ -967,8 +954,7 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
 // The kernels' shared-memory layout depends on it, so it also checks the code that
 // runs was compiled for sm_80 or later (not JIT-compiled from older PTX).
 bool tensor_cores_enabled() {
-  const char* env = std::getenv("E3FUSE_TF32");
-  if (env && std::string(env) == "0") return false;
+  if (env_int("E3FUSE_TF32", 1) == 0) return false;
   int device = 0, major = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
@@ -1130,12 +1116,8 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
 // reads the MLP's weights fewer times and synchronizes less, but takes more shared
 // memory (benchmarks/results/gpu_summary.md has the measurements).
 int max_edge_chunk(bool backward, bool table) {
-  auto from_env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v ? std::atoi(v) : 0;
-  };
-  static const int forward = from_env("E3FUSE_EDGE_CHUNK_FORWARD");
-  static const int backward_chunk = from_env("E3FUSE_EDGE_CHUNK_BACKWARD");
+  static const int forward = static_cast<int>(env_int("E3FUSE_EDGE_CHUNK_FORWARD", 0));
+  static const int backward_chunk = static_cast<int>(env_int("E3FUSE_EDGE_CHUNK_BACKWARD", 0));
   const int chosen = backward ? backward_chunk : forward;
   return chosen > 0 ? chosen : table ? 16 : 8;
 }

@@ -49,8 +49,7 @@ constexpr int kThreads = 256;
 // From this many nodes, SevenNet recomputes each layer's convolution input in the backward
 // pass instead of keeping it (E3FUSE_RECOMPUTE_FROM_NODES overrides; 0: always).
 int64_t recompute_from_nodes() {
-  const char* v = std::getenv("E3FUSE_RECOMPUTE_FROM_NODES");
-  return v ? std::max<int64_t>(0, std::atoll(v)) : 65536;
+  return std::max<int64_t>(0, env_int("E3FUSE_RECOMPUTE_FROM_NODES", 65536));
 }
 
 template <class T>

@@ -129,23 +129,10 @@ __global__ void sc_backward_kernel(
     gx[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]] = gxt[i * bd];
 }
 
-// Calls f(std::integral_constant<int, NU>{}) for the correlation order nu (1..4).
+// f(std::integral_constant<int, NU>{}) for the correlation order nu (1..4).
 template <class F>
 void with_correlation(int nu, F&& f) {
-  switch (nu) {
-    case 1:
-      f(std::integral_constant<int, 1>{});
-      break;
-    case 2:
-      f(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      f(std::integral_constant<int, 3>{});
-      break;
-    default:
-      f(std::integral_constant<int, 4>{});
-      break;
-  }
+  with_int_constant<1, 2, 3, 4>(nu, static_cast<F&&>(f));
 }
 
 // Threads per block such that `slots` values of T per thread fit in the default
