@@ -131,11 +131,13 @@ def build_mace(
     return model.eval()
 
 
-def structure(elements: tuple[int, ...], seed: int = 0, repeat: int = 2) -> Any:
+def structure(
+    elements: tuple[int, ...], seed: int = 0, repeat: int = 2, cubic: bool = False
+) -> Any:
     from ase.build import bulk
 
     rng = np.random.default_rng(seed)
-    atoms = bulk("Cu", "fcc", a=3.6).repeat((repeat, repeat, repeat))
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=cubic).repeat((repeat, repeat, repeat))
     atoms.set_atomic_numbers(rng.choice(list(elements), size=len(atoms)))
     atoms.set_cell(
         atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))), scale_atoms=True

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
 from conftest import DEVICES, TOLERANCES, calculator, evaluate  # noqa: E402
-from test_mace import build_mace  # noqa: E402
+from test_mace import build_mace, structure  # noqa: E402
 
 from e3fuse import E3fuseError, _core  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
@@ -36,14 +36,8 @@ def small_mace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def alloy(repeat: int, seed: int = 0) -> Atoms:
-    rng = np.random.default_rng(seed)
-    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((repeat, repeat, repeat))
-    atoms.set_atomic_numbers(rng.choice(ELEMENTS, size=len(atoms)))
-    atoms.set_cell(
-        atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))), scale_atoms=True
-    )
-    atoms.positions += 0.1 * rng.standard_normal(atoms.positions.shape)
-    return atoms
+    """test_mace's random strained and rattled alloy, from the cubic fcc cell."""
+    return structure(ELEMENTS, seed=seed, repeat=repeat, cubic=True)
 
 
 def compute(

@@ -25,6 +25,7 @@
 #include "e3fuse/error.h"
 #include "e3fuse/neighbors.h"
 #include "model/plan.h"
+#include "neighbors/lattice.h"
 #include "ops/activation.h"
 #include "regions.h"
 
@@ -555,10 +556,9 @@ constexpr int64_t kMinAutomaticRegionAtoms = 65536;
 double expected_edges_per_atom(const SystemView& s, double radius) {
   double density = 0.15;
   if (s.pbc[0] && s.pbc[1] && s.pbc[2] && s.cell && s.num_atoms > 0) {
-    const double* c = s.cell;
-    const double volume =
-        std::abs(c[0] * (c[4] * c[8] - c[5] * c[7]) - c[1] * (c[3] * c[8] - c[5] * c[6]) +
-                 c[2] * (c[3] * c[7] - c[4] * c[6]));
+    double c12[3];
+    lattice::cross3(s.cell + 3, s.cell + 6, c12);
+    const double volume = std::abs(lattice::dot3(s.cell, c12));
     if (volume > 0.0) density = std::max(density, static_cast<double>(s.num_atoms) / volume);
   }
   return density * 4.0 / 3.0 * 3.141592653589793 * radius * radius * radius;
@@ -620,10 +620,13 @@ void Engine::compute_regions(const RegionSplitter& splitter, const RegionGrid& g
     if (region.num_owned == 0) continue;
     const int64_t m = region.num_atoms();
     ComputeOutput part;
-    if (out.atom_energies) part.atom_energies = (energies.resize(m), energies.data());
-    if (out.forces) part.forces = (forces.resize(3 * m), forces.data());
+    energies.resize(out.atom_energies ? m : 0);
+    forces.resize(out.forces ? 3 * m : 0);
+    atom_virials.resize(out.atom_virials ? 9 * m : 0);
+    if (out.atom_energies) part.atom_energies = energies.data();
+    if (out.forces) part.forces = forces.data();
     if (out.virial) part.virial = virial.data();
-    if (out.atom_virials) part.atom_virials = (atom_virials.resize(9 * m), atom_virials.data());
+    if (out.atom_virials) part.atom_virials = atom_virials.data();
     SystemView sub;
     sub.num_atoms = m;
     sub.positions = region.positions.data();

@@ -47,19 +47,18 @@ RegionSplitter::RegionSplitter(const SystemView& system, double cutoff, int num_
       scale_[a] = lattice_.spacing[a];
       ghost_[a] = depth / scale_[a];
     } else {
+      // the coordinate along the atoms' extent [lo, lo + width]
       double lo = std::numeric_limits<double>::infinity(), hi = -lo;
       for (int64_t i = 0; i < n; ++i) {
         const double s = lattice::dot3(r, system.positions + 3 * i);
+        unit_[3 * i + a] = s;
         lo = std::min(lo, s);
         hi = std::max(hi, s);
       }
-      lo_[a] = n > 0 ? lo : 0.0;
-      width_[a] = (n > 0 && hi > lo) ? hi - lo : 1.0;
-      for (int64_t i = 0; i < n; ++i) {
-        const double s = lattice::dot3(r, system.positions + 3 * i);
-        unit_[3 * i + a] = std::min((s - lo_[a]) / width_[a], std::nextafter(1.0, 0.0));
-      }
-      scale_[a] = lattice_.spacing[a] * width_[a];
+      const double width = (n > 0 && hi > lo) ? hi - lo : 1.0;
+      for (int64_t i = 0; i < n; ++i)
+        unit_[3 * i + a] = std::min((unit_[3 * i + a] - lo) / width, std::nextafter(1.0, 0.0));
+      scale_[a] = lattice_.spacing[a] * width;
       ghost_[a] = depth / scale_[a];
     }
   }

@@ -75,8 +75,7 @@ class RegionSplitter {
   double scale_[3] = {};       // Angstrom per unit of each direction's coordinate
   std::vector<double> unit_;   // per atom and direction: coordinate in [0, 1) of the extent
   std::vector<int32_t> wrap_;  // per atom and periodic direction: the integer wrap taken off
-  double lo_[3] = {}, width_[3] = {1.0, 1.0, 1.0};  // open directions: extent of the atoms
-  double ghost_[3] = {};  // depth as a fraction of each direction's extent
+  double ghost_[3] = {};       // depth as a fraction of each direction's extent
 };
 
 // An error message from one region's evaluation with its atom indices rewritten
