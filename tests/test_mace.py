@@ -295,6 +295,12 @@ def test_element_linear_op(workdir: Path, device: str) -> None:
                 assert np.abs(ours[rows] - uniform[rows]).max() < 1e-13 * scale
             cpu = probe.element_linear(layer, x, species, transpose=transpose)
             assert np.abs(ours - cpu).max() < 1e-12 * scale
+            # the float32 kernels, to float32 accuracy
+            ours32 = probe.element_linear(
+                layer, x, species, transpose=transpose, device=device, dtype="float32"
+            )
+            assert ours32.dtype == np.float32
+            assert np.abs(ours32 - cpu).max() < 2e-6 * scale
 
 
 def test_finite_differences(workdir: Path) -> None:

@@ -239,6 +239,27 @@ def test_linear_many_nodes_cuda_matches_cpu(probe: Any, sevenn_model: Any, name:
         assert np.abs(ours - ref).max() < 1e-12 * max(1.0, np.abs(ref).max())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", LINEAR_NAMES)
+def test_linear_float32(probe: Any, sevenn_model: Any, name: str, device: str) -> None:
+    """The float32 kernels against the float64 layer on 301 rows (several node tiles, the
+    last one partial), forward and transpose: float32 accuracy (TF32 products, with their
+    10-bit mantissa, would miss it by ~100x)."""
+    lin = _linear_module(sevenn_model, name)
+    rng = np.random.default_rng(3 + zlib.crc32(name.encode()))
+    x = rng.standard_normal((301, lin.irreps_in.dim))
+    g = rng.standard_normal((301, lin.irreps_out.dim))
+    for ours, ref in (
+        (probe.linear(name, x, device=device, dtype="float32"), probe.linear(name, x)),
+        (
+            probe.linear_transpose(name, g, device=device, dtype="float32"),
+            probe.linear_transpose(name, g),
+        ),
+    ):
+        assert ours.dtype == np.float32 and ours.shape == ref.shape
+        assert np.abs(ours - ref).max() < 2e-6 * max(1.0, np.abs(ref).max())
+
+
 def test_linear_unknown_name(probe: Any) -> None:
     from e3fuse import E3fuseError
 

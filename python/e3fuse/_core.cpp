@@ -96,6 +96,48 @@ bool probe_on_cuda(const std::string& device) {
 #endif
 }
 
+// The `dtype` keyword of the linear probes: "float64" or "float32" (each its own kernels).
+bool probe_float32(const std::string& dtype) {
+  if (dtype == "float64") return false;
+  if (dtype != "float32") throw Error("unknown dtype '" + dtype + "' (float64 or float32)");
+  return true;
+}
+
+// A float32 copy of a float64 layer.
+cpu::Linear<float> to_float32(const cpu::Linear<double>& d) {
+  cpu::Linear<float> f;
+  f.dim_in = d.dim_in;
+  f.dim_out = d.dim_out;
+  f.max_mul = d.max_mul;
+  f.in_ir_mul = d.in_ir_mul;
+  f.out_ir_mul = d.out_ir_mul;
+  for (const auto& p : d.paths)
+    f.paths.push_back({p.in_offset, p.out_offset, p.mul_in, p.mul_out, p.d,
+                       std::vector<float>(p.weight.begin(), p.weight.end())});
+  for (const auto& b : d.biases)
+    f.biases.push_back({b.out_offset, std::vector<float>(b.bias.begin(), b.bias.end())});
+  return f;
+}
+
+// out = W x + b, or with `transpose` out = W^T x, for n rows of x, in T on the CPU or GPU.
+template <class T>
+py::object run_linear_probe(const cpu::Linear<T>& lin, const Array<double>& x, bool transpose,
+                            bool cuda) {
+  const int64_t n = x.shape(0);
+  const std::vector<T> in(x.data(), x.data() + x.size());
+  Array<T> out({n, transpose ? lin.dim_in : lin.dim_out});
+  if (cuda) {
+#ifdef E3FUSE_WITH_CUDA
+    cuda::probe_linear(lin, n, in.data(), out.mutable_data(), transpose);
+#endif
+  } else if (transpose) {
+    cpu::linear_backward(lin, n, in.data(), out.mutable_data(), false);
+  } else {
+    cpu::linear_forward(lin, n, in.data(), out.mutable_data());
+  }
+  return std::move(out);
+}
+
 void check_species(const Array<int32_t>& species, int num_species) {
   for (int64_t i = 0; i < species.shape(0); ++i)
     if (species.data()[i] < 0 || species.data()[i] >= num_species)
@@ -414,68 +456,62 @@ PYBIND11_MODULE(_core, m) {
            })
       .def(
           "linear",
-          [](const OpsProbe& p, const std::string& name, Array<double> x,
-             const std::string& device) {
+          [](const OpsProbe& p, const std::string& name, Array<double> x, const std::string& device,
+             const std::string& dtype) {
             const auto& lin = p.linear(name);
             check_shape(x, {-1, lin.dim_in}, "x");
-            const int64_t n = x.shape(0);
-            Array<double> out({n, lin.dim_out});
-            if (probe_on_cuda(device)) {
-#ifdef E3FUSE_WITH_CUDA
-              cuda::probe_linear(lin, n, x.data(), out.mutable_data(), false);
-#endif
-            } else {
-              cpu::linear_forward(lin, n, x.data(), out.mutable_data());
-            }
-            return out;
+            const bool cuda = probe_on_cuda(device);
+            return probe_float32(dtype) ? run_linear_probe(to_float32(lin), x, false, cuda)
+                                        : run_linear_probe(lin, x, false, cuda);
           },
-          py::arg("name"), py::arg("x"), py::kw_only(), py::arg("device") = "cpu")
+          py::arg("name"), py::arg("x"), py::kw_only(), py::arg("device") = "cpu",
+          py::arg("dtype") = "float64")
       .def(
           "linear_transpose",
-          [](const OpsProbe& p, const std::string& name, Array<double> g,
-             const std::string& device) {
+          [](const OpsProbe& p, const std::string& name, Array<double> g, const std::string& device,
+             const std::string& dtype) {
             const auto& lin = p.linear(name);
             check_shape(g, {-1, lin.dim_out}, "grad");
-            const int64_t n = g.shape(0);
-            Array<double> out({n, lin.dim_in});
-            if (probe_on_cuda(device)) {
-#ifdef E3FUSE_WITH_CUDA
-              cuda::probe_linear(lin, n, g.data(), out.mutable_data(), true);
-#endif
-            } else {
-              cpu::linear_backward(lin, n, g.data(), out.mutable_data(), false);
-            }
-            return out;
+            const bool cuda = probe_on_cuda(device);
+            return probe_float32(dtype) ? run_linear_probe(to_float32(lin), g, true, cuda)
+                                        : run_linear_probe(lin, g, true, cuda);
           },
-          py::arg("name"), py::arg("grad"), py::kw_only(), py::arg("device") = "cpu")
+          py::arg("name"), py::arg("grad"), py::kw_only(), py::arg("device") = "cpu",
+          py::arg("dtype") = "float64")
       .def(
           "element_linear",
           [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species, bool transpose,
-             const std::string& device) {
-            const auto lin =
-                cpu::make_element_linear<double>(p.model->plan().mace_layers.at(layer).skip);
-            const int64_t dim_src = transpose ? lin.dim_out : lin.dim_in;
-            const int64_t dim_dst = transpose ? lin.dim_in : lin.dim_out;
-            check_shape(x, {-1, dim_src}, "x");
+             const std::string& device, const std::string& dtype) -> py::object {
+            const auto& plan = p.model->plan().mace_layers.at(layer).skip;
             const int64_t n = x.shape(0);
-            check_shape(species, {n}, "species");
             check_species(species, p.plan.num_species);
-            Array<double> out({n, dim_dst});
-            if (probe_on_cuda(device)) {
+            const bool cuda = probe_on_cuda(device);
+            auto run = [&](auto typed) -> py::object {
+              using T = decltype(typed);
+              const auto lin = cpu::make_element_linear<T>(plan);
+              const int64_t dim_src = transpose ? lin.dim_out : lin.dim_in;
+              const int64_t dim_dst = transpose ? lin.dim_in : lin.dim_out;
+              check_shape(x, {-1, dim_src}, "x");
+              check_shape(species, {n}, "species");
+              const std::vector<T> in(x.data(), x.data() + x.size());
+              Array<T> out({n, dim_dst});
+              if (cuda) {
 #ifdef E3FUSE_WITH_CUDA
-              cuda::probe_element_linear(lin, n, species.data(), x.data(), out.mutable_data(),
-                                         transpose);
+                cuda::probe_element_linear(lin, n, species.data(), in.data(), out.mutable_data(),
+                                           transpose);
 #endif
-            } else if (transpose) {
-              cpu::element_linear_backward(lin, n, species.data(), x.data(), out.mutable_data(),
-                                           false);
-            } else {
-              cpu::element_linear_forward(lin, n, species.data(), x.data(), out.mutable_data());
-            }
-            return out;
+              } else if (transpose) {
+                cpu::element_linear_backward(lin, n, species.data(), in.data(), out.mutable_data(),
+                                             false);
+              } else {
+                cpu::element_linear_forward(lin, n, species.data(), in.data(), out.mutable_data());
+              }
+              return std::move(out);
+            };
+            return probe_float32(dtype) ? run(0.0f) : run(0.0);
           },
           py::arg("layer"), py::arg("x"), py::arg("species"), py::kw_only(),
-          py::arg("transpose") = false, py::arg("device") = "cpu")
+          py::arg("transpose") = false, py::arg("device") = "cpu", py::arg("dtype") = "float64")
       .def(
           "symmetric_contraction",
           [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species,

@@ -35,11 +35,12 @@ constexpr int linear_threads() {
   return (TN / kMicro) * kColThreads;
 }
 
-// grid: (node tiles of TN, tasks, 1), or with split_m (small systems: shorter serial
-// chains per block) (node tiles, tasks, components m of the widest irrep).
+// grid: (node tiles of TN x tasks, 1, 1), the task fastest, or with split_m (small
+// systems: shorter serial chains per block) (node tiles x tasks, 1, components m of the
+// widest irrep).
 template <class T, int TN>
 __global__ void __launch_bounds__(linear_threads<TN>())
-    linear_gemm_kernel(int64_t num_nodes, int64_t dim_src, int64_t dim_dst,
+    linear_gemm_kernel(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
                        const LinearTask* __restrict__ tasks,
                        const LinearSource* __restrict__ sources, const T* __restrict__ weights,
                        int64_t species_stride, const T* __restrict__ bias,
@@ -58,12 +59,14 @@ __global__ void __launch_bounds__(linear_threads<TN>())
   __shared__ __align__(16) T w_tile[kTileK][kLinearTileCols];
   __shared__ int next_species;
 
-  const LinearTask task = tasks[blockIdx.y];
+  // Tasks fastest: the column tiles of a destination block read the same source rows,
+  // and side by side they read them from DRAM once (after it, from L2).
+  const LinearTask task = tasks[blockIdx.x % num_tasks];
   // components m of this block: all of them, or with split_m (grid.z > 1) one
   const int m_begin = split_m ? static_cast<int>(blockIdx.z) : 0;
   const int m_end = split_m ? m_begin + 1 : task.d;
   if (m_begin >= task.d) return;
-  const int64_t node0 = static_cast<int64_t>(blockIdx.x) * TN;
+  const int64_t node0 = static_cast<int64_t>(blockIdx.x / num_tasks) * TN;
   const int tid = static_cast<int>(threadIdx.x);
   const int my_row = (tid / kColThreads) * kMicro, my_col = (tid % kColThreads) * kMicro;
 
@@ -241,11 +244,12 @@ void launch_linear(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_
                    const LinearTask* tasks, const LinearSource* sources, const T* weights,
                    int64_t species_stride, const T* bias, const int32_t* species, bool accumulate,
                    const T* src, T* dst, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((num_nodes + TN - 1) / TN),
-                  static_cast<unsigned>(num_tasks), static_cast<unsigned>(split_d));
+  const int64_t blocks = (num_nodes + TN - 1) / TN * num_tasks;
+  if (blocks > INT32_MAX) throw Error("linear layer: too many nodes for one launch");
+  const dim3 grid(static_cast<unsigned>(blocks), 1u, static_cast<unsigned>(split_d));
   linear_gemm_kernel<T, TN><<<grid, linear_threads<TN>(), 0, stream>>>(
-      num_nodes, dim_src, dim_dst, tasks, sources, weights, species_stride, bias, species,
-      accumulate, split_d > 1, src, dst);
+      num_nodes, dim_src, dim_dst, num_tasks, tasks, sources, weights, species_stride, bias,
+      species, accumulate, split_d > 1, src, dst);
   check_launch("linear_gemm_kernel");
 }
 
