@@ -72,10 +72,13 @@ struct OpsProbe {
   explicit OpsProbe(std::shared_ptr<const Model> m)
       : model(std::move(m)), plan(cpu::make_typed_plan<double>(model->plan())) {}
 
-  const cpu::Linear<double>& linear(const std::string& name) const {
-    if (name.rfind("readout.", 0) == 0) return plan.readout.at(std::stoi(name.substr(8)));
+  // The plan of linear layer `name` ("layers.T.linear_1", "readout.0", ...), from which
+  // cpu::make_linear<T> builds it in either precision (as make_typed_plan does).
+  const LinearPlan& linear_plan(const std::string& name) const {
+    const ModelPlan& mp = model->plan();
+    if (name.rfind("readout.", 0) == 0) return mp.readout.at(std::stoi(name.substr(8)));
     const size_t dot = name.find('.', 7);
-    const auto& layer = plan.layers.at(std::stoi(name.substr(7, dot - 7)));
+    const auto& layer = mp.layers.at(std::stoi(name.substr(7, dot - 7)));
     const std::string which = name.substr(dot + 1);
     if (which == "self_connection") return layer.self_connection;
     if (which == "linear_1") return layer.linear_1;
@@ -101,22 +104,6 @@ bool probe_float32(const std::string& dtype) {
   if (dtype == "float64") return false;
   if (dtype != "float32") throw Error("unknown dtype '" + dtype + "' (float64 or float32)");
   return true;
-}
-
-// A float32 copy of a float64 layer.
-cpu::Linear<float> to_float32(const cpu::Linear<double>& d) {
-  cpu::Linear<float> f;
-  f.dim_in = d.dim_in;
-  f.dim_out = d.dim_out;
-  f.max_mul = d.max_mul;
-  f.in_ir_mul = d.in_ir_mul;
-  f.out_ir_mul = d.out_ir_mul;
-  for (const auto& p : d.paths)
-    f.paths.push_back({p.in_offset, p.out_offset, p.mul_in, p.mul_out, p.d,
-                       std::vector<float>(p.weight.begin(), p.weight.end())});
-  for (const auto& b : d.biases)
-    f.biases.push_back({b.out_offset, std::vector<float>(b.bias.begin(), b.bias.end())});
-  return f;
 }
 
 // out = W x + b, or with `transpose` out = W^T x, for n rows of x, in T on the CPU or GPU.
@@ -458,11 +445,12 @@ PYBIND11_MODULE(_core, m) {
           "linear",
           [](const OpsProbe& p, const std::string& name, Array<double> x, const std::string& device,
              const std::string& dtype) {
-            const auto& lin = p.linear(name);
-            check_shape(x, {-1, lin.dim_in}, "x");
+            const LinearPlan& lin = p.linear_plan(name);
+            check_shape(x, {-1, lin.in.dim}, "x");
             const bool cuda = probe_on_cuda(device);
-            return probe_float32(dtype) ? run_linear_probe(to_float32(lin), x, false, cuda)
-                                        : run_linear_probe(lin, x, false, cuda);
+            return probe_float32(dtype)
+                       ? run_linear_probe(cpu::make_linear<float>(lin), x, false, cuda)
+                       : run_linear_probe(cpu::make_linear<double>(lin), x, false, cuda);
           },
           py::arg("name"), py::arg("x"), py::kw_only(), py::arg("device") = "cpu",
           py::arg("dtype") = "float64")
@@ -470,11 +458,12 @@ PYBIND11_MODULE(_core, m) {
           "linear_transpose",
           [](const OpsProbe& p, const std::string& name, Array<double> g, const std::string& device,
              const std::string& dtype) {
-            const auto& lin = p.linear(name);
-            check_shape(g, {-1, lin.dim_out}, "grad");
+            const LinearPlan& lin = p.linear_plan(name);
+            check_shape(g, {-1, lin.out.dim}, "grad");
             const bool cuda = probe_on_cuda(device);
-            return probe_float32(dtype) ? run_linear_probe(to_float32(lin), g, true, cuda)
-                                        : run_linear_probe(lin, g, true, cuda);
+            return probe_float32(dtype)
+                       ? run_linear_probe(cpu::make_linear<float>(lin), g, true, cuda)
+                       : run_linear_probe(cpu::make_linear<double>(lin), g, true, cuda);
           },
           py::arg("name"), py::arg("grad"), py::kw_only(), py::arg("device") = "cpu",
           py::arg("dtype") = "float64")
