@@ -95,11 +95,13 @@ __device__ inline void edge_vector(const GraphView& g, int64_t i, int64_t e, dou
   }
 }
 
-// Warp 0 fills s_edge[0..count) with the next edges of row i inside the cutoff,
-// in list order, starting at *pos; returns count through *count. Block-wide sync after.
+// Warp 0 fills s_edge[0..count) with the next edges of row i inside the cutoff whose
+// neighbor is below neighbor_end, in list order, starting at *pos; returns count through
+// *count. Block-wide sync after.
 template <int EC>
-__device__ void take_chunk(const GraphView& g, int64_t i, double cutoff2, int64_t end, int64_t* pos,
-                           int* count, int64_t* s_edge, int64_t* error_node) {
+__device__ void take_chunk(const GraphView& g, int64_t i, double cutoff2, int64_t neighbor_end,
+                           int64_t end, int64_t* pos, int* count, int64_t* s_edge,
+                           int64_t* error_node) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     int64_t p = *pos;
@@ -111,7 +113,7 @@ __device__ void take_chunk(const GraphView& g, int64_t i, double cutoff2, int64_
         double v[3];
         edge_vector(g, i, e, v);
         const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
-        ok = r2 < cutoff2;
+        ok = r2 < cutoff2 && g.neighbors[e] < neighbor_end;
         if (r2 == 0.0) {
           ok = false;
           atomicMax(reinterpret_cast<unsigned long long*>(error_node),
@@ -546,31 +548,121 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
     for (int ch = 0; ch < C; ++ch) y[k * B.mul + ch] += acc[k][ch];
 }
 
-// The chunk's edges e = (k, j) of one task (both directions of each pair, see
-// cpu/conv.cpp): the MLP-output adjoint goes to the weight slot, dE/dx_k's partial to
-// the path's gx slot, and the angular part of f = dE/dv(e1) - dE/dv(e2), contracted
-// through K, to this thread's column of fe: fe[(3 e + a) * kThreads] (shared memory;
+// One edge e of a backward task (tp_backward_task): g_j's row gj, and with TABLE the
+// weights' cubic coefficients, already in registers.
+template <class T, int D1, int D3, int C, bool TABLE>
+__device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c,
+                                                 const typename Conv<T>::Path& P, int u, int e,
+                                                 const T (&gj)[D3][C], const T (&coef)[C][4],
+                                                 T* wts, const T* local_t, const T* unit,
+                                                 const T* MK, const T (&sxk)[D1][C],
+                                                 T (&gxa)[D1][C], T* fe) {
+  constexpr bool kFold = C > 1;
+  T w[C], dw_dr[C];
+  if constexpr (TABLE) {
+    const T t = local_t[e];
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      w[ch] = ops::radial_table_value(coef[ch], t);
+      dw_dr[ch] = ops::radial_table_grad(coef[ch], t, static_cast<T>(c.table_inv_step));
+    }
+  } else {
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) w[ch] = wts[e * c.weight_numel + P.weight_offset + u + ch];
+  }
+  const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
+  // dw = s x_k M g_j; t = the same product without M, contracted with K for the force
+  T dw[C] = {}, f0 = T(0), f1 = T(0), f2 = T(0);
+#pragma unroll
+  for (int a = 0; a < D1; ++a) {
+    T wsxk[C];
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) wsxk[ch] = kFold ? w[ch] * sxk[a][ch] : sxk[a][ch];
+    T mg[C] = {};
+#pragma unroll
+    for (int q = 0; q < D3; ++q) {
+      T v[4];
+      load4_shared(mk + 4 * (a * D3 + q), v);
+      T t = T(0);
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) {
+        mg[ch] += v[0] * gj[q][ch];
+        t += wsxk[ch] * gj[q][ch];
+      }
+      f0 += v[1] * t;
+      f1 += v[2] * t;
+      f2 += v[3] * t;
+    }
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      dw[ch] += sxk[a][ch] * mg[ch];
+      gxa[a][ch] += w[ch] * mg[ch];
+    }
+  }
+  const T fscale = kFold ? c.inv_denominator : w[0] * c.inv_denominator;
+  f0 *= fscale;
+  f1 *= fscale;
+  f2 *= fscale;
+  if constexpr (TABLE) {
+    T dr = T(0);
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) dr += dw[ch] * c.inv_denominator * dw_dr[ch];
+    f0 += dr * unit[3 * e];
+    f1 += dr * unit[3 * e + 1];
+    f2 += dr * unit[3 * e + 2];
+  } else {
+    T* slot = wts + e * c.weight_numel + P.weight_offset + u;
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) slot[ch] = dw[ch] * c.inv_denominator;
+  }
+  T* f = fe + 3 * e * kThreads;
+  f[0] += f0;
+  f[kThreads] += f1;
+  f[2 * kThreads] += f2;
+}
+
+// Edge e's inputs of a backward task: g_j's row of path P (channels u ..) and with TABLE
+// the cubic coefficients of its weights.
+template <class T, int D3, int C, bool TABLE>
+__device__ __forceinline__ void gather_backward_edge(
+    const typename Conv<T>::View& c, const typename Conv<T>::InBlock& B,
+    const typename Conv<T>::Path& P, int u, int e, const int* receiver,
+    const T* __restrict__ grad_y, const int* interval, T (&g)[D3][C], T (&coef)[C][4]) {
+  const T* row = grad_y + static_cast<int64_t>(receiver[e]) * c.dim_out + P.out_offset + u;
+#pragma unroll
+  for (int q = 0; q < D3; ++q) ldg_vec<T, C>(row + q * B.mul, g[q]);
+  if constexpr (TABLE) {
+    const T* entry = table_entry<T>(c, interval[e], P.weight_offset + u);
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) load_table_entry(entry + 4 * ch, coef[ch]);
+  }
+}
+
+// The chunk's edges e = (k, j) of one task, for the message k -> j that node k sends
+// (conv.cuh): the weight's adjoint dE/dw goes to the weight slot, dE/dx_k's partial to the
+// path's gx slot, and the angular part of f = dE/dv (v = r_j - r_k), contracted through
+// K = dM/dv, to this thread's column of fe: fe[(3 e + a) * kThreads] (shared memory;
 // registers would spill).
+//
+// The message is y_j += w s TP(x_k, Y(v)): Y_l(-v) = (-1)^l Y_l(v) puts the parity sign s of
+// the path on x_k, so M and K are the chunk's own (v from k to j).
 //
 // TABLE: w and dw/dr come from the radial table, and the radial part of f,
 // (dE/dw) (dw/dr) u_e, goes to the same column (no MLP adjoint afterwards).
 //
 // C channels per lane share each {M, K} read and the force partials: with C > 1 each
-// channel's weight is folded into x_j and s x_k once per edge, so that the K contraction
-// runs once for the C channels.
+// channel's weight is folded into s x_k once per task, so that the K contraction runs once
+// for the C channels.
 template <class T, int D1, int D3, int C, bool TABLE>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
                                  const typename Conv<T>::Path& P, int u, int64_t k, int n,
-                                 const int* sender, const T* __restrict__ x,
+                                 const int* receiver, const T* __restrict__ x,
                                  const T* __restrict__ grad_y, T* wts, const int* interval,
                                  const T* local_t, const T* unit, const T* MK, T* gx_slot, T* fe) {
-  constexpr bool kFold = C > 1;
-  // sxk = s x_k: the parity sign of the reverse edge folded into node k's features
   const T s = P.parity ? T(-1) : T(1);
-  T sxk[D1][C], gk[D3][C], gxa[D1][C];
+  T sxk[D1][C], gxa[D1][C];
   const T* xk_row = x + k * c.dim_in + B.in_offset + u;
-  const T* gk_row = grad_y + k * c.dim_out + P.out_offset + u;
 #pragma unroll
   for (int a = 0; a < D1; ++a) {
     ldg_vec<T, C>(xk_row + a * B.mul, sxk[a]);
@@ -580,82 +672,12 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
       gxa[a][ch] = T(0);
     }
   }
-#pragma unroll
-  for (int q = 0; q < D3; ++q) ldg_vec<T, C>(gk_row + q * B.mul, gk[q]);
+  T gj[D3][C], coef[C][4];
 #pragma unroll 1
   for (int e = 0; e < n; ++e) {
-    const int64_t j = sender[e];
-    T xj[D1][C], gj[D3][C];
-    const T* xj_row = x + j * c.dim_in + B.in_offset + u;
-    const T* gj_row = grad_y + j * c.dim_out + P.out_offset + u;
-#pragma unroll
-    for (int a = 0; a < D1; ++a) ldg_vec<T, C>(xj_row + a * B.mul, xj[a]);
-#pragma unroll
-    for (int q = 0; q < D3; ++q) ldg_vec<T, C>(gj_row + q * B.mul, gj[q]);
-    T w[C], dw_dr[C];
-    edge_weights<T, C, TABLE>(c, P, u, e, wts, interval, local_t, w, TABLE ? dw_dr : nullptr);
-    // with C > 1: w x_j and w s x_k per channel
-    T wxj[D1][C], wsxk[D1][C];
-    if constexpr (kFold) {
-#pragma unroll
-      for (int a = 0; a < D1; ++a)
-#pragma unroll
-        for (int ch = 0; ch < C; ++ch) {
-          wxj[a][ch] = w[ch] * xj[a][ch];
-          wsxk[a][ch] = w[ch] * sxk[a][ch];
-        }
-    }
-    const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
-    // dw = x_j M g_k + s x_k M g_j (dE/dw over both directions); t = the same product
-    // without M, contracted with K = dM/dv for the angular force
-    T dw[C] = {}, f0 = T(0), f1 = T(0), f2 = T(0);
-#pragma unroll
-    for (int a = 0; a < D1; ++a) {
-      T mg1[C] = {}, mg2[C] = {};
-#pragma unroll
-      for (int q = 0; q < D3; ++q) {
-        T v[4];
-        load4_shared(mk + 4 * (a * D3 + q), v);
-        T t = T(0);
-#pragma unroll
-        for (int ch = 0; ch < C; ++ch) {
-          mg1[ch] += v[0] * gk[q][ch];
-          mg2[ch] += v[0] * gj[q][ch];
-          if constexpr (kFold)
-            t += wxj[a][ch] * gk[q][ch] + wsxk[a][ch] * gj[q][ch];
-          else
-            t = xj[a][ch] * gk[q][ch] + sxk[a][ch] * gj[q][ch];
-        }
-        f0 += v[1] * t;
-        f1 += v[2] * t;
-        f2 += v[3] * t;
-      }
-#pragma unroll
-      for (int ch = 0; ch < C; ++ch) {
-        dw[ch] += xj[a][ch] * mg1[ch] + sxk[a][ch] * mg2[ch];
-        gxa[a][ch] += w[ch] * mg2[ch];
-      }
-    }
-    const T fscale = kFold ? c.inv_denominator : w[0] * c.inv_denominator;
-    f0 *= fscale;
-    f1 *= fscale;
-    f2 *= fscale;
-    if constexpr (TABLE) {
-      T dr = T(0);
-#pragma unroll
-      for (int ch = 0; ch < C; ++ch) dr += dw[ch] * c.inv_denominator * dw_dr[ch];
-      f0 += dr * unit[3 * e];
-      f1 += dr * unit[3 * e + 1];
-      f2 += dr * unit[3 * e + 2];
-    } else {
-      T* slot = wts + e * c.weight_numel + P.weight_offset + u;
-#pragma unroll
-      for (int ch = 0; ch < C; ++ch) slot[ch] = dw[ch] * c.inv_denominator;
-    }
-    T* f = fe + 3 * e * kThreads;
-    f[0] += f0;
-    f[kThreads] += f1;
-    f[2 * kThreads] += f2;
+    gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
+    tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, e, gj, coef, wts, local_t, unit, MK, sxk, gxa,
+                                          fe);
   }
 #pragma unroll
   for (int a = 0; a < D1; ++a)
@@ -679,9 +701,11 @@ __device__ void sum_edge_forces(const T* part, int rows, double* edge_force) {
 }
 
 // Adds the chunk's edge forces to node k's sums: force[3], then the per-atom virial
-// [a][b] -= v[a] f[b] / 2. Thread q < 12 owns sums[q] and walks the edges in order.
+// [a][b] -= share v[a] f[b] (share 1/2 when the receiver takes the other half, else 1).
+// Thread q < 12 owns sums[q] and walks the edges in order.
 template <class T>
-__device__ void add_edge_forces(const T* vec, int n, const double* edge_force, double* sums) {
+__device__ void add_edge_forces(const T* vec, int n, const double* edge_force, double share,
+                                double* sums) {
   const int q = threadIdx.x;
   if (q >= 12) return;
   double sum = sums[q];
@@ -691,10 +715,45 @@ __device__ void add_edge_forces(const T* vec, int n, const double* edge_force, d
       sum += f[q];
     } else {
       const int a = (q - 3) / 3, b = (q - 3) % 3;
-      sum -= 0.5 * static_cast<double>(vec[3 * e + a]) * f[b];
+      sum -= share * static_cast<double>(vec[3 * e + a]) * f[b];
     }
   }
   sums[q] = sum;
+}
+
+// Adds value to a fixed-point sum {hi, lo} (RemoteForces); a value out of range flags its
+// node.
+__device__ inline void add_fixed(unsigned long long* sum, double value, int64_t node,
+                                 int64_t* overflow_node) {
+  if (!(fabs(value) < kFixedLimit)) {
+    atomicMax(reinterpret_cast<unsigned long long*>(overflow_node),
+              static_cast<unsigned long long>(node + 1));
+    return;
+  }
+  const double hi = rint(value * kFixedHiScale);
+  const double lo = rint((value - hi / kFixedHiScale) * kFixedLoScale);
+  atomicAdd(sum, static_cast<unsigned long long>(static_cast<long long>(hi)));
+  atomicAdd(sum + 1, static_cast<unsigned long long>(static_cast<long long>(lo)));
+}
+
+// The chunk's message forces on their receivers j: -f_e, and j's half of the per-atom
+// virial, -v f_e / 2 (the sender took the other half in add_edge_forces).
+template <class T>
+__device__ void deliver_edge_forces(const RemoteForces& remote, const int* receiver, const T* vec,
+                                    int n, const double* edge_force) {
+  const int per_edge = remote.virials ? 12 : 3;
+  for (int q = threadIdx.x; q < n * per_edge; q += blockDim.x) {
+    const int e = q / per_edge, r = q - e * per_edge;
+    const int64_t j = receiver[e];
+    const double* f = edge_force + 3 * e;
+    if (r < 3) {
+      add_fixed(remote.forces + 2 * (3 * j + r), -f[r], j, remote.overflow_node);
+    } else {
+      const int a = (r - 3) / 3, b = (r - 3) % 3;
+      add_fixed(remote.virials + 2 * (9 * j + r - 3),
+                -0.5 * static_cast<double>(vec[3 * e + a]) * f[b], j, remote.overflow_node);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -730,7 +789,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const double cutoff2 = geo.cutoff * geo.cutoff;
   __syncthreads();
   while (true) {
-    take_chunk<EC>(g, i, cutoff2, end, &s_pos, &s_count, s_edge, error_node);
+    take_chunk<EC>(g, i, cutoff2, INT64_MAX, end, &s_pos, &s_count, s_edge, error_node);
     const int n = s_count;
     if (n == 0) break;
     // h0 holds the embedding with row stride num_basis = dims[0].
@@ -806,9 +865,9 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
 template <class T, int EC, bool TABLE, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
-                         const T* __restrict__ x, const T* __restrict__ grad_y,
-                         T* __restrict__ grad_x, double* forces, double* atom_virials,
-                         int64_t* error_node) {
+                         int64_t receiver_rows, const T* __restrict__ x,
+                         const T* __restrict__ grad_y, T* __restrict__ grad_x, double* forces,
+                         double* atom_virials, RemoteForces remote, int64_t* error_node) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, true);
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
@@ -843,7 +902,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (threadIdx.x < 12) force_sums[threadIdx.x] = 0.0;
   __syncthreads();
   while (true) {
-    take_chunk<EC>(g, k, cutoff2, end, &s_pos, &s_count, s_edge, error_node);
+    // messages to nodes at or past receiver_rows carry no adjoint (their dE/dy is zero)
+    take_chunk<EC>(g, k, cutoff2, receiver_rows, end, &s_pos, &s_count, s_edge, error_node);
     const int n = s_count;
     if (n == 0) break;
     chunk_geometry<T>(geo, c, g, k, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : emb,
@@ -878,7 +938,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
       }
       __syncthreads();
     }
-    add_edge_forces<T>(vec, n, edge_force, force_sums);
+    add_edge_forces<T>(vec, n, edge_force, remote.virials ? 0.5 : 1.0, force_sums);
+    deliver_edge_forces<T>(remote, s_sender, vec, n, edge_force);
     __syncthreads();
   }
   // dE/dx_k: each input block's path slots added in path order
@@ -1188,9 +1249,10 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
 }
 
 template <class T>
-void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
-                   const T* grad_y, T* grad_x, double* forces, double* atom_virials,
-                   int64_t* error_node, cudaStream_t stream) {
+void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g,
+                   int64_t receiver_rows, const T* x, const T* grad_y, T* grad_x, double* forces,
+                   double* atom_virials, const RemoteForces& remote, int64_t* error_node,
+                   cudaStream_t stream) {
   if (g.num_nodes == 0) return;
   check_row_alignment(conv, x);
   check_row_alignment(conv, grad_y);
@@ -1202,18 +1264,45 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
-        kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, grad_y, grad_x,
-                                                        forces, atom_virials, error_node);
+        kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x,
+                                                        grad_y, grad_x, forces, atom_virials,
+                                                        remote, error_node);
       });
 }
 
-#define E3FUSE_INSTANTIATE(T)                                                                    \
-  template Geometry<T> make_geometry<T>(const cpu::TypedPlan<T>&);                               \
-  template Conv<T> make_conv<T>(const cpu::Conv<T>&);                                            \
-  template void conv_forward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*,  \
-                                T*, int64_t*, cudaStream_t);                                     \
-  template void conv_backward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*, \
-                                 const T*, T*, double*, double*, int64_t*, cudaStream_t);
+namespace {
+
+__global__ void add_remote_forces_kernel(int64_t n, RemoteForces remote, double* forces,
+                                         double* atom_virials) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  auto value = [](const unsigned long long* sum) {
+    return static_cast<double>(static_cast<long long>(sum[0])) / kFixedHiScale +
+           static_cast<double>(static_cast<long long>(sum[1])) / kFixedLoScale;
+  };
+  for (int a = 0; a < 3; ++a) forces[3 * i + a] += value(remote.forces + 2 * (3 * i + a));
+  if (remote.virials && atom_virials)
+    for (int q = 0; q < 9; ++q) atom_virials[9 * i + q] += value(remote.virials + 2 * (9 * i + q));
+}
+
+}  // namespace
+
+void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* forces,
+                       double* atom_virials, cudaStream_t stream) {
+  if (num_nodes == 0) return;
+  add_remote_forces_kernel<<<static_cast<unsigned>((num_nodes + kThreads - 1) / kThreads), kThreads,
+                             0, stream>>>(num_nodes, remote, forces, atom_virials);
+  check_launch("add_remote_forces_kernel");
+}
+
+#define E3FUSE_INSTANTIATE(T)                                                                   \
+  template Geometry<T> make_geometry<T>(const cpu::TypedPlan<T>&);                              \
+  template Conv<T> make_conv<T>(const cpu::Conv<T>&);                                           \
+  template void conv_forward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*, \
+                                T*, int64_t*, cudaStream_t);                                    \
+  template void conv_backward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, int64_t, \
+                                 const T*, const T*, T*, double*, double*, const RemoteForces&, \
+                                 int64_t*, cudaStream_t);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)
 #undef E3FUSE_INSTANTIATE

@@ -11,10 +11,13 @@
 // lane for its own channel inside the tensor product: no MLP workspace at all.
 // Nothing with a feature dimension ever goes to global memory per edge.
 //
-// The backward kernel is the same walk at node k handling both directions of
-// each pair (see cpu/conv.cpp): it recomputes the chunk, writes dE/dx_k and the
-// force and per-atom virial of node k directly. Every output element has one
-// owner and a fixed summation order: deterministic, no atomics.
+// The backward kernel is the same walk at node k for the messages k sends, k -> j
+// (receiver j): it recomputes the chunk and writes dE/dx_k (a fixed summation order).
+// Each message's force f = dE/dv, v = r_j - r_k, is computed once: +f goes to node k's
+// force in double, -f to j's through RemoteForces, fixed-point sums. Integer
+// additions are exact in any order, so the atomics keep the result bitwise deterministic;
+// the CPU (cpu/conv.cpp) instead handles both directions of each pair at each end, which
+// costs the force work twice.
 #pragma once
 
 #include <cstdint>
@@ -115,6 +118,21 @@ struct Conv {
   DeviceArray<float> mlp_fragments;
 };
 
+// Forces and per-atom virials on the receivers of the convolution's messages, as
+// fixed-point sums in two 64-bit words per value (two's complement): a contribution x is
+// split into hi = rint(x 2^24) and lo = rint((x - hi 2^-24) 2^56), so it is kept to
+// 2^-57 (7e-18 eV/A, or eV), and hi and lo are summed as integers, exactly in any order.
+// A contribution of kFixedLimit or more (or not finite) sets *overflow_node = node + 1.
+constexpr double kFixedHiScale = 0x1p24;
+constexpr double kFixedLoScale = 0x1p56;
+constexpr double kFixedLimit = 0x1p29;
+struct RemoteForces {
+  unsigned long long* forces = nullptr;  // num_nodes x 3 x {hi, lo}
+  // num_nodes x 9 x {hi, lo}, or null: then the sender takes each edge's whole virial term
+  unsigned long long* virials = nullptr;
+  int64_t* overflow_node = nullptr;
+};
+
 template <class T>
 Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan);
 template <class T>
@@ -126,11 +144,18 @@ template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
                   T* y, int64_t* error_node, cudaStream_t stream);
 
-// Adjoint: grad_x overwritten; forces (num_nodes x 3) and atom_virials
-// (num_nodes x 9, may be null) accumulated, as cpu::conv_backward.
+// Adjoint: grad_x overwritten for the g.num_nodes senders; their side of the forces
+// (num_nodes x 3) and atom_virials (num_nodes x 9, may be null) accumulated, the receivers'
+// side added to `remote` (add_remote_forces finishes; together as cpu::conv_backward).
+// Receivers at or past receiver_rows have dE/dy = 0 and are skipped.
 template <class T>
-void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
-                   const T* grad_y, T* grad_x, double* forces, double* atom_virials,
-                   int64_t* error_node, cudaStream_t stream);
+void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g,
+                   int64_t receiver_rows, const T* x, const T* grad_y, T* grad_x, double* forces,
+                   double* atom_virials, const RemoteForces& remote, int64_t* error_node,
+                   cudaStream_t stream);
+
+// forces[i] += remote.forces[i] (and the virials, when both are given) for every node.
+void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* forces,
+                       double* atom_virials, cudaStream_t stream);
 
 }  // namespace e3fuse::cuda

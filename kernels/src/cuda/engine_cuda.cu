@@ -346,8 +346,19 @@ class DeviceState {
 
   DeviceArray<double> positions, energies, forces, atom_virials, virial;
   DeviceArray<int32_t> species, neighbors, shift_index;
+  // error_node: [0] coincident atoms, [1] a force out of the fixed-point range (node + 1)
   DeviceArray<int64_t> row_offsets, error_node;
   DeviceArray<double> shifts;
+  // the convolutions' forces and per-atom virials on message receivers (conv.cuh)
+  DeviceArray<unsigned long long> remote_forces, remote_virials;
+  // Per-atom virials asked for: each edge's virial term goes half to each end, as on the
+  // CPU. Otherwise only their sum is used, and the sender takes the whole term (no
+  // fixed-point virial sums).
+  bool split_virials = false;
+  RemoteForces remote() {
+    return {remote_forces.data(), split_virials ? remote_virials.data() : nullptr,
+            error_node.data() + 1};
+  }
   StageProfiler profiler;
   DeviceHalo halo;
 
@@ -493,8 +504,9 @@ class SevennetModel : public Model {
       grad_x1_.resize(static_cast<size_t>(n) * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
       conv_backward(geom_, l.conv, cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
-                    x1, grad_y, grad_x1_.data(), s.forces.data(),
-                    want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
+                    rows, x1, grad_y, grad_x1_.data(), s.forces.data(),
+                    want_virial ? s.atom_virials.data() : nullptr, s.remote(), s.error_node.data(),
+                    st);
       if (t == 0) break;
       if (s.halo.active()) {
         s.profiler.mark("halo exchange", st);
@@ -696,8 +708,9 @@ class MaceModel : public Model {
       gup_.resize(N * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
       conv_backward(geom_, l.conv, cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
-                    up_[t].data(), gy, gup_.data(), s.forces.data(),
-                    want_virial ? s.atom_virials.data() : nullptr, s.error_node.data(), st);
+                    rows, up_[t].data(), gy, gup_.data(), s.forces.data(),
+                    want_virial ? s.atom_virials.data() : nullptr, s.remote(), s.error_node.data(),
+                    st);
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
       if (s.halo.active()) {
@@ -768,7 +781,7 @@ class BackendImpl : public Backend {
       else
         model_ = make_sevennet<float>(plan, radial_tables);
     }
-    state_.error_node.resize(1);
+    state_.error_node.resize(2);
     state_.virial.resize(9);
     bytes_after_load_ = DeviceBytes::in_use().load();
   }
@@ -880,31 +893,47 @@ class BackendImpl : public Backend {
     if (want_grad) {
       s.forces.resize(3 * n);
       s.forces.zero(st);
+      s.remote_forces.resize(2 * 3 * n);
+      s.remote_forces.zero(st);
     }
     if (want_virial) {
       s.atom_virials.resize(9 * n);
       s.atom_virials.zero(st);
     }
+    s.split_virials = out.atom_virials != nullptr;
+    if (s.split_virials) {
+      s.remote_virials.resize(2 * 9 * n);
+      s.remote_virials.zero(st);
+    }
     s.profiler.begin_call();
     model_->run(g, want_grad, want_virial, s);
     s.profiler.mark("virial, copies", st);
+    if (want_grad)
+      add_remote_forces(n, s.remote(), s.forces.data(),
+                        want_virial ? s.atom_virials.data() : nullptr, st);
     if (out.virial) {
       virial_sum_kernel<<<1, kThreads, 0, st>>>(n, s.atom_virials.data(), s.virial.data());
       check_launch("virial_sum_kernel");
     }
     energies_.resize(n);
-    int64_t error_node = 0;
+    int64_t errors[2] = {0, 0};
     s.energies.download(energies_.data(), n, st);
-    s.error_node.download(&error_node, 1, st);
+    s.error_node.download(errors, 2, st);
     if (out.forces) s.forces.download(out.forces, 3 * n, st);
     if (out.atom_virials) s.atom_virials.download(out.atom_virials, 9 * n, st);
     if (out.virial) s.virial.download(out.virial, 9, st);
     s.profiler.end(st);
     check(cudaStreamSynchronize(st), "the GPU computation");
     s.profiler.collect();
-    if (error_node > 0) {
-      throw Error("two atoms are at the same position (atom " + std::to_string(error_node - 1) +
+    if (errors[0] > 0) {
+      throw Error("two atoms are at the same position (atom " + std::to_string(errors[0] - 1) +
                   " and a neighbor at distance 0)");
+    }
+    if (errors[1] > 0) {
+      throw Error("a force or per-atom virial contribution on atom " +
+                  std::to_string(errors[1] - 1) +
+                  " is not finite or exceeds 5e8 eV/A (eV): the model is far outside its "
+                  "range here");
     }
     double energy = 0.0;
     for (int64_t i = 0; i < n; ++i) energy += energies_[i];
@@ -926,7 +955,9 @@ class BackendImpl : public Backend {
   double call_bytes_per_atom(double edges_per_atom, bool want_grad, bool want_virial) const {
     const double node =
         static_cast<double>(model_->node_bytes(std::numeric_limits<int64_t>::max(), want_grad));
-    const double state = 3 * 8 + 4 + 8 + (want_grad ? 3 * 8 : 0) + (want_virial ? 9 * 8 : 0);
+    // the forces and virials in double and as fixed-point receiver sums (2 words each)
+    const double state =
+        3 * 8 + 4 + 8 + (want_grad ? 3 * 3 * 8 : 0) + (want_virial ? 3 * 9 * 8 : 0);
     return node + state + kNeighborBytesPerAtom + kNeighborBytesPerEdge * edges_per_atom;
   }
 
