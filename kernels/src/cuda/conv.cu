@@ -63,9 +63,9 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.act = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.K = take(t * ec * c.m_per_edge * 4);  // {M, K_x, K_y, K_z} per entry
     s.acc = take(t * c.gx_slots);
-    // each thread's per-edge force partials during the tensor product [EC][3][kThreads],
+    // each warp's per-edge force partials during the tensor product [EC][3][kWarps],
     // then (MLP only) the MLP adjoint's partial sums in the same space
-    size_t part_cols = 3 * kThreads;
+    size_t part_cols = 3 * kWarps;
     if (mlp) {
       const size_t cpt = t == 4 ? 4 : 2;  // backward_cpt<T>()
       // the tensor-core adjoint's kWarps partial sums [EC][K], or the SIMT one's partial rows
@@ -430,56 +430,89 @@ __device__ __forceinline__ void ldg_vec(const T* p, T v[C]) {
 // so the per-channel loops below unroll over compile-time sizes. A switch, not
 // with_int_constant's chain of ifs: with the chain, MACE's forward convolution measured
 // 4 % slower (one run each, H100, 32,000 atoms; benchmarks/results/gpu_summary.md).
-template <class F>
+template <int MAX_D = 7, class F>
 __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
-  switch (d) {
-    case 1:
+  static_assert(MAX_D == 3 || MAX_D == 7, "irrep dimensions up to 3 or 7");
+  if constexpr (MAX_D == 3) {
+    if (d == 1)
       f(std::integral_constant<int, 1>{});
-      break;
-    case 3:
+    else
       f(std::integral_constant<int, 3>{});
-      break;
-    case 5:
-      f(std::integral_constant<int, 5>{});
-      break;
-    default:
-      f(std::integral_constant<int, 7>{});
-      break;
+  } else {
+    switch (d) {
+      case 1:
+        f(std::integral_constant<int, 1>{});
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>{});
+        break;
+      case 5:
+        f(std::integral_constant<int, 5>{});
+        break;
+      default:
+        f(std::integral_constant<int, 7>{});
+        break;
+    }
   }
 }
 
-// f(d1, d3) with both as compile-time constants.
-template <class F>
+// f(d1, d3) with both as compile-time constants (d1 <= MAX_D1).
+template <int MAX_D1 = 7, class F>
 __device__ __forceinline__ void with_path_dims(int d1, int d3, F&& f) {
-  with_irrep_dim(d1, [&](auto a) { with_irrep_dim(d3, [&](auto b) { f(a, b); }); });
+  with_irrep_dim<MAX_D1>(d1, [&](auto a) { with_irrep_dim(d3, [&](auto b) { f(a, b); }); });
 }
 
 // Whether a path of these irrep dimensions may take two channels per lane: the larger
 // ones would need more than the backward kernel's 128 registers.
 E3F_HD constexpr bool pairs_channels(int d1, int d3) { return d1 + d3 <= 8; }
 
-// Runs this warp's tensor-product tasks: f(d1, d3, C, B, P, u) with d1, d3 and C
-// (channels per lane) compile-time constants and u this lane's first channel (lanes past
-// the block's width sit out). Two channels per lane exist in float32 only.
-template <class T, class F>
+// Runs this warp's tensor-product tasks: f(d1, d3, C, B, P, u, active) with d1, d3 and C
+// (channels per lane) compile-time constants and u this lane's first channel. Lanes past
+// the block's width sit out, or with WHOLE_WARP (the task shuffles across the warp) run
+// with active = false on the task's first channels, contributing nothing. Two channels per
+// lane exist in float32 only. MAX_D1 = 3: every input block has l <= 1 (Conv::View::max_d1),
+// and only those paths are compiled (fewer registers).
+template <class T, bool WHOLE_WARP = false, int MAX_D1 = 7, class F>
 __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View& c, F&& f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
     const typename Conv<T>::Task task = c.tasks[q];
     const typename Conv<T>::InBlock B = c.blocks[task.block];
     const typename Conv<T>::Path P = c.paths[task.path];
-    const int u = task.u0 + task.lane_channels * lane;
-    if (u >= B.mul) continue;
-    with_path_dims(B.d1, P.d3, [&](auto d1, auto d3) {
+    int u = task.u0 + task.lane_channels * lane;
+    const bool active = u < B.mul;
+    if (!active) {
+      if (!WHOLE_WARP) continue;
+      u = task.u0;
+    }
+    with_path_dims<MAX_D1>(B.d1, P.d3, [&](auto d1, auto d3) {
       if constexpr (std::is_same_v<T, float> && pairs_channels(d1, d3)) {
         if (task.lane_channels == 2) {
-          f(d1, d3, std::integral_constant<int, 2>{}, B, P, u);
+          f(d1, d3, std::integral_constant<int, 2>{}, B, P, u, active);
           return;
         }
       }
-      f(d1, d3, std::integral_constant<int, 1>{}, B, P, u);
+      f(d1, d3, std::integral_constant<int, 1>{}, B, P, u, active);
     });
   }
+}
+
+// The sums over the warp of three values, in a fixed order: lane 0 gets v0's, lane 8
+// v1's, lane 16 v2's. Halving exchanges (two values, then one) take 6 shuffles instead of
+// 15 for three separate reductions.
+template <class T>
+__device__ __forceinline__ T warp_sum3(T v0, T v1, T v2) {
+  const int lane = threadIdx.x % 32;
+  const bool upper = lane & 16, odd8 = lane & 8;
+  // lanes 0-15 keep v0, v1 and lanes 16-31 v2, 0
+  const T a = (upper ? v2 : v0) + __shfl_xor_sync(kFullMask, upper ? v0 : v2, 16);
+  const T b = (upper ? T(0) : v1) + __shfl_xor_sync(kFullMask, upper ? v1 : T(0), 16);
+  // lanes 0-7 keep a, 8-15 b (likewise 16-23, 24-31)
+  T r = (odd8 ? b : a) + __shfl_xor_sync(kFullMask, odd8 ? a : b, 8);
+  r += __shfl_xor_sync(kFullMask, r, 4);
+  r += __shfl_xor_sync(kFullMask, r, 2);
+  r += __shfl_xor_sync(kFullMask, r, 1);
+  return r;
 }
 
 // The radial weights w[c] of channels u .. u + C - 1 of path P on edge e: from the radial
@@ -552,10 +585,10 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
 // weights' cubic coefficients, already in registers.
 template <class T, int D1, int D3, int C, bool TABLE>
 __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c,
-                                                 const typename Conv<T>::Path& P, int u, int e,
-                                                 const T (&gj)[D3][C], const T (&coef)[C][4],
-                                                 T* wts, const T* local_t, const T* unit,
-                                                 const T* MK, const T (&sxk)[D1][C],
+                                                 const typename Conv<T>::Path& P, int u,
+                                                 bool active, int e, const T (&gj)[D3][C],
+                                                 const T (&coef)[C][4], T* wts, const T* local_t,
+                                                 const T* unit, const T* MK, const T (&sxk)[D1][C],
                                                  T (&gxa)[D1][C], T* fe) {
   constexpr bool kFold = C > 1;
   T w[C], dw_dr[C];
@@ -610,15 +643,14 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
     f0 += dr * unit[3 * e];
     f1 += dr * unit[3 * e + 1];
     f2 += dr * unit[3 * e + 2];
-  } else {
+  } else if (active) {
     T* slot = wts + e * c.weight_numel + P.weight_offset + u;
 #pragma unroll
     for (int ch = 0; ch < C; ++ch) slot[ch] = dw[ch] * c.inv_denominator;
   }
-  T* f = fe + 3 * e * kThreads;
-  f[0] += f0;
-  f[kThreads] += f1;
-  f[2 * kThreads] += f2;
+  const T sum = warp_sum3(f0, f1, f2);
+  const int lane = threadIdx.x % 32;
+  if (lane % 8 == 0 && lane < 24) fe[(3 * e + lane / 8) * kWarps] += sum;
 }
 
 // Edge e's inputs of a backward task: g_j's row of path P (channels u ..) and with TABLE
@@ -641,8 +673,9 @@ __device__ __forceinline__ void gather_backward_edge(
 // The chunk's edges e = (k, j) of one task, for the message k -> j that node k sends
 // (conv.cuh): the weight's adjoint dE/dw goes to the weight slot, dE/dx_k's partial to the
 // path's gx slot, and the angular part of f = dE/dv (v = r_j - r_k), contracted through
-// K = dM/dv, to this thread's column of fe: fe[(3 e + a) * kThreads] (shared memory;
-// registers would spill).
+// K = dM/dv, summed over the warp (warp_sum3) into the warp's column of fe:
+// fe[(3 e + a) * kWarps] (shared memory). An inactive lane (past the block's channels)
+// contributes zeros and writes nothing.
 //
 // The message is y_j += w s TP(x_k, Y(v)): Y_l(-v) = (-1)^l Y_l(v) puts the parity sign s of
 // the path on x_k, so M and K are the chunk's own (v from k to j).
@@ -656,8 +689,8 @@ __device__ __forceinline__ void gather_backward_edge(
 template <class T, int D1, int D3, int C, bool TABLE>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
-                                 const typename Conv<T>::Path& P, int u, int64_t k, int n,
-                                 const int* receiver, const T* __restrict__ x,
+                                 const typename Conv<T>::Path& P, int u, bool active, int64_t k,
+                                 int n, const int* receiver, const T* __restrict__ x,
                                  const T* __restrict__ grad_y, T* wts, const int* interval,
                                  const T* local_t, const T* unit, const T* MK, T* gx_slot, T* fe) {
   const T s = P.parity ? T(-1) : T(1);
@@ -668,7 +701,7 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     ldg_vec<T, C>(xk_row + a * B.mul, sxk[a]);
 #pragma unroll
     for (int ch = 0; ch < C; ++ch) {
-      sxk[a][ch] *= s;
+      sxk[a][ch] = active ? s * sxk[a][ch] : T(0);  // an inactive lane adds zeros
       gxa[a][ch] = T(0);
     }
   }
@@ -676,27 +709,25 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
 #pragma unroll 1
   for (int e = 0; e < n; ++e) {
     gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
-    tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, e, gj, coef, wts, local_t, unit, MK, sxk, gxa,
-                                          fe);
+    tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK, sxk,
+                                          gxa, fe);
   }
+  if (!active) return;
 #pragma unroll
   for (int a = 0; a < D1; ++a)
 #pragma unroll
     for (int ch = 0; ch < C; ++ch) gx_slot[a * B.mul + ch] += s * gxa[a][ch];
 }
 
-// The force on each edge of the chunk: every thread's partial (its column of fe, rows
-// [EC][3]) summed in double in a fixed order. Warp w takes rows w, w + kWarps, ...; its
-// lanes stride the columns and the warp adds their sums by shuffles.
+// The force on each edge of the chunk: the warps' partials (rows [EC][3] of kWarps
+// columns) summed in double in a fixed order, by thread r for row r.
 template <class T>
 __device__ void sum_edge_forces(const T* part, int rows, double* edge_force) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < rows; r += kWarps) {
-    const T* row = part + static_cast<size_t>(r) * kThreads;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const T* row = part + static_cast<size_t>(r) * kWarps;
     double sum = 0.0;
-    for (int t = lane; t < kThreads; t += 32) sum += static_cast<double>(row[t]);
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(kFullMask, sum, off);
-    if (lane == 0) edge_force[r] = sum;
+    for (int w = 0; w < kWarps; ++w) sum += static_cast<double>(row[w]);
+    edge_force[r] = sum;
   }
 }
 
@@ -799,10 +830,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M);
     __syncthreads();
-    for_each_warp_task<T>(c, [&](auto d1, auto d3, auto lc, const auto& B, const auto& P, int ch) {
-      tp_forward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE>(
-          c, B, P, ch, n, s_sender, x, wts, s_interval, s_t, M, yacc);
-    });
+    for_each_warp_task<T>(
+        c, [&](auto d1, auto d3, auto lc, const auto& B, const auto& P, int ch, bool) {
+          tp_forward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE>(
+              c, B, P, ch, n, s_sender, x, wts, s_interval, s_t, M, yacc);
+        });
     __syncthreads();
   }
   T* yi = y + i * c.dim_out;
@@ -862,7 +894,8 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
   out = const_cast<T*>(gin);
 }
 
-template <class T, int EC, bool TABLE, int MINB>
+// MAX_D1: the largest input irrep dimension compiled (3 or 7, see for_each_warp_task).
+template <class T, int EC, bool TABLE, int MINB, int MAX_D1>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          int64_t receiver_rows, const T* __restrict__ x,
@@ -913,13 +946,14 @@ __global__ void __launch_bounds__(kThreads, MINB)
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, MK);
     __syncthreads();
     {
-      T* fe = part + threadIdx.x;  // this thread's column [EC][3] of force partials
-      for (int r = 0; r < 3 * n; ++r) fe[r * kThreads] = T(0);
-      for_each_warp_task<T>(c, [&](auto d1, auto d3, auto lc, const auto& B, const auto& P,
-                                   int ch) {
+      // the force partials [EC][3][kWarps], one column per warp
+      for (int r = threadIdx.x; r < 3 * n * kWarps; r += blockDim.x) part[r] = T(0);
+      __syncthreads();
+      for_each_warp_task<T, true, MAX_D1>(c, [&](auto d1, auto d3, auto lc, const auto& B,
+                                                 const auto& P, int ch, bool active) {
         tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE>(
-            c, B, P, ch, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
-            gx + P.gx_offset + ch, fe);
+            c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
+            gx + P.gx_offset + ch, part + threadIdx.x / 32);
       });
     }
     __syncthreads();
@@ -1036,7 +1070,7 @@ bool tensor_cores_enabled() {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
         "cudaDeviceGetAttribute");
   cudaFuncAttributes attr{};
-  check(cudaFuncGetAttributes(&attr, conv_backward_kernel<float, 8, false, 2>),
+  check(cudaFuncGetAttributes(&attr, conv_backward_kernel<float, 8, false, 2, 7>),
         "cudaFuncGetAttributes");
   return major >= 8 && attr.ptxVersion >= 80;
 }
@@ -1120,6 +1154,7 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   if (paths.size() != conv.paths.size())
     throw Error("internal: convolution path outside the input blocks");
   v.num_blocks = static_cast<int>(blocks.size());
+  for (const InBlock& b : blocks) v.max_d1 = std::max(v.max_d1, b.d1);
   v.gx_slots = gx_slots;
   const std::vector<Task> tasks = deal_tasks<T>(blocks, paths, v);
   c.tasks.upload(tasks);
@@ -1185,6 +1220,17 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
     v.table_inv_step = conv.table.inv_step;
   }
   return c;
+}
+
+// Whether the float32 backward runs 3 blocks per SM (80 registers per thread, the kernel
+// compiled for input blocks of l <= 1 only): with a radial table and such inputs (MACE with
+// hidden irreps up to l = 1). With l = 2 or 3 inputs those paths would spill more than the
+// occupancy gains (SevenNet-0 at 32,000 atoms 89.0 against 85.1 ms with 2 blocks, H100;
+// gpu_summary.md). E3FUSE_CONV_BACKWARD_BLOCKS=2 keeps 2 (to measure both).
+template <class T>
+bool three_backward_blocks(const typename Conv<T>::View& v) {
+  static const bool allowed = env_int("E3FUSE_CONV_BACKWARD_BLOCKS", 3) == 3;
+  return allowed && v.table != nullptr && v.max_d1 <= 3;
 }
 
 // Largest edge chunk to try: 8 with the radial MLP, 16 with a radial table, unless
@@ -1259,8 +1305,11 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
   launch_largest_chunk(
       geom, conv, true, "convolution backward", "conv_backward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
-        auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2>
-                                      : conv_backward_kernel<T, EC, false, 2>;
+        auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2, 7>
+                                      : conv_backward_kernel<T, EC, false, 2, 7>;
+        if constexpr (std::is_same_v<T, float>) {
+          if (three_backward_blocks<T>(conv.view)) kernel = conv_backward_kernel<T, EC, true, 3, 3>;
+        }
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
