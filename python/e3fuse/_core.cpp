@@ -125,6 +125,17 @@ py::object run_linear_probe(const cpu::Linear<T>& lin, const Array<double>& x, b
   return std::move(out);
 }
 
+// OpsProbe.linear / linear_transpose: the model's linear layer `name` applied to the rows
+// of x (dE/dy rows with `transpose`), in the given precision and place.
+py::object linear_probe(const OpsProbe& p, const std::string& name, const Array<double>& x,
+                        bool transpose, const std::string& device, const std::string& dtype) {
+  const LinearPlan& lin = p.linear_plan(name);
+  check_shape(x, {-1, transpose ? lin.out.dim : lin.in.dim}, transpose ? "grad" : "x");
+  const bool cuda = probe_on_cuda(device);
+  return probe_float32(dtype) ? run_linear_probe(cpu::make_linear<float>(lin), x, transpose, cuda)
+                              : run_linear_probe(cpu::make_linear<double>(lin), x, transpose, cuda);
+}
+
 void check_species(const Array<int32_t>& species, int num_species) {
   for (int64_t i = 0; i < species.shape(0); ++i)
     if (species.data()[i] < 0 || species.data()[i] >= num_species)
@@ -444,27 +455,13 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "linear",
           [](const OpsProbe& p, const std::string& name, Array<double> x, const std::string& device,
-             const std::string& dtype) {
-            const LinearPlan& lin = p.linear_plan(name);
-            check_shape(x, {-1, lin.in.dim}, "x");
-            const bool cuda = probe_on_cuda(device);
-            return probe_float32(dtype)
-                       ? run_linear_probe(cpu::make_linear<float>(lin), x, false, cuda)
-                       : run_linear_probe(cpu::make_linear<double>(lin), x, false, cuda);
-          },
+             const std::string& dtype) { return linear_probe(p, name, x, false, device, dtype); },
           py::arg("name"), py::arg("x"), py::kw_only(), py::arg("device") = "cpu",
           py::arg("dtype") = "float64")
       .def(
           "linear_transpose",
           [](const OpsProbe& p, const std::string& name, Array<double> g, const std::string& device,
-             const std::string& dtype) {
-            const LinearPlan& lin = p.linear_plan(name);
-            check_shape(g, {-1, lin.out.dim}, "grad");
-            const bool cuda = probe_on_cuda(device);
-            return probe_float32(dtype)
-                       ? run_linear_probe(cpu::make_linear<float>(lin), g, true, cuda)
-                       : run_linear_probe(cpu::make_linear<double>(lin), g, true, cuda);
-          },
+             const std::string& dtype) { return linear_probe(p, name, g, true, device, dtype); },
           py::arg("name"), py::arg("grad"), py::kw_only(), py::arg("device") = "cpu",
           py::arg("dtype") = "float64")
       .def(
