@@ -515,23 +515,32 @@ __device__ __forceinline__ T warp_sum3(T v0, T v1, T v2) {
   return r;
 }
 
-// The radial weights w[c] of channels u .. u + C - 1 of path P on edge e: from the radial
-// table (interval[e], local_t[e]), with dw/dr in dw_dr if given, or from the MLP's output
-// in wts.
+// The radial-table coefficients of the weights of channels u .. u + C - 1 of path P on
+// edge e (interval[e]).
+template <class T, int C>
+__device__ __forceinline__ void load_edge_coefficients(const typename Conv<T>::View& c,
+                                                       const typename Conv<T>::Path& P, int u,
+                                                       int e, const int* interval,
+                                                       T (&coef)[C][4]) {
+  const T* entry = table_entry<T>(c, interval[e], P.weight_offset + u);
+#pragma unroll
+  for (int ch = 0; ch < C; ++ch) load_table_entry(entry + 4 * ch, coef[ch]);
+}
+
+// The radial weights w[c] of channels u .. u + C - 1 of path P on edge e: with TABLE from
+// their coefficients (load_edge_coefficients) at local_t[e], with dw/dr in dw_dr if given,
+// else from the MLP's output in wts.
 template <class T, int C, bool TABLE>
 __device__ __forceinline__ void edge_weights(const typename Conv<T>::View& c,
                                              const typename Conv<T>::Path& P, int u, int e,
-                                             const T* wts, const int* interval, const T* local_t,
-                                             T w[C], T* dw_dr) {
+                                             const T (&coef)[C][4], const T* wts, const T* local_t,
+                                             T (&w)[C], T* dw_dr) {
   if constexpr (TABLE) {
-    const T* entry = table_entry<T>(c, interval[e], P.weight_offset + u);
     const T t = local_t[e];
 #pragma unroll
     for (int ch = 0; ch < C; ++ch) {
-      T coef[4];
-      load_table_entry(entry + 4 * ch, coef);
-      w[ch] = ops::radial_table_value(coef, t);
-      if (dw_dr) dw_dr[ch] = ops::radial_table_grad(coef, t, static_cast<T>(c.table_inv_step));
+      w[ch] = ops::radial_table_value(coef[ch], t);
+      if (dw_dr) dw_dr[ch] = ops::radial_table_grad(coef[ch], t, static_cast<T>(c.table_inv_step));
     }
   } else {
 #pragma unroll
@@ -558,8 +567,9 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
     T xa[D1][C];
 #pragma unroll
     for (int a = 0; a < D1; ++a) ldg_vec<T, C>(xj + a * B.mul, xa[a]);
-    T w[C];
-    edge_weights<T, C, TABLE>(c, P, u, e, wts, interval, local_t, w, nullptr);
+    T coef[C][4], w[C];
+    if constexpr (TABLE) load_edge_coefficients<T, C>(c, P, u, e, interval, coef);
+    edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, nullptr);
     const T* Mp = M + e * c.m_per_edge + P.m_offset;
 #pragma unroll
     for (int k = 0; k < D3; ++k) {
@@ -592,17 +602,7 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
                                                  T (&gxa)[D1][C], T* fe) {
   constexpr bool kFold = C > 1;
   T w[C], dw_dr[C];
-  if constexpr (TABLE) {
-    const T t = local_t[e];
-#pragma unroll
-    for (int ch = 0; ch < C; ++ch) {
-      w[ch] = ops::radial_table_value(coef[ch], t);
-      dw_dr[ch] = ops::radial_table_grad(coef[ch], t, static_cast<T>(c.table_inv_step));
-    }
-  } else {
-#pragma unroll
-    for (int ch = 0; ch < C; ++ch) w[ch] = wts[e * c.weight_numel + P.weight_offset + u + ch];
-  }
+  edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, TABLE ? dw_dr : nullptr);
   const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
   // dw = s x_k M g_j; t = the same product without M, contracted with K for the force
   T dw[C] = {}, f0 = T(0), f1 = T(0), f2 = T(0);
@@ -663,11 +663,7 @@ __device__ __forceinline__ void gather_backward_edge(
   const T* row = grad_y + static_cast<int64_t>(receiver[e]) * c.dim_out + P.out_offset + u;
 #pragma unroll
   for (int q = 0; q < D3; ++q) ldg_vec<T, C>(row + q * B.mul, g[q]);
-  if constexpr (TABLE) {
-    const T* entry = table_entry<T>(c, interval[e], P.weight_offset + u);
-#pragma unroll
-    for (int ch = 0; ch < C; ++ch) load_table_entry(entry + 4 * ch, coef[ch]);
-  }
+  if constexpr (TABLE) load_edge_coefficients<T, C>(c, P, u, e, interval, coef);
 }
 
 // The chunk's edges e = (k, j) of one task, for the message k -> j that node k sends
