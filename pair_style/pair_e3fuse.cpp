@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <regex>
 #include <sstream>
 
 #include "atom.h"
@@ -359,8 +360,7 @@ void PairE3fuse::init_style() {
     error->all(FLERR, "pair e3fuse: pair_coeff * * model.e3f ... must be given after pair_style");
 
   mode_ = mode_requested_;
-  if (mode_ == Mode::AUTO)
-    mode_ = (comm->nprocs == 1 && atom->tag_enable) ? Mode::IMAGES : Mode::EXCHANGE;
+  if (mode_ == Mode::AUTO) mode_ = comm->nprocs == 1 ? Mode::IMAGES : Mode::EXCHANGE;
   const char *mode_name = mode_ == Mode::IMAGES  ? "images"
                           : mode_ == Mode::SHELL ? "shell"
                                                  : "exchange";
@@ -370,8 +370,6 @@ void PairE3fuse::init_style() {
                  "pair e3fuse: comm images needs a single MPI rank (this run has {}); use comm "
                  "exchange",
                  comm->nprocs);
-    if (!atom->tag_enable)
-      error->all(FLERR, "pair e3fuse: comm images needs atom IDs (atom_modify id yes)");
   } else {
     if (force->newton_pair == 0)
       error->all(FLERR,
@@ -385,9 +383,18 @@ void PairE3fuse::init_style() {
 
   graph_logged_ = false;
   ghostneigh = (mode_ == Mode::SHELL) ? 1 : 0;
-  int flags = NeighConst::REQ_FULL;
-  if (mode_ == Mode::SHELL) flags |= NeighConst::REQ_GHOST;
-  neighbor->add_request(this, flags);
+  if (mode_ == Mode::IMAGES) {
+    // no LAMMPS neighbor list: the engine keeps its own, with LAMMPS's skin
+    try {
+      engine_->set_neighbor_skin(neighbor->skin);
+    } catch (std::exception &e) {
+      error->all(FLERR, "pair e3fuse: {}", e.what());
+    }
+  } else {
+    int flags = NeighConst::REQ_FULL;
+    if (mode_ == Mode::SHELL) flags |= NeighConst::REQ_GHOST;
+    neighbor->add_request(this, flags);
+  }
 
   if (mode_ == Mode::SHELL) {
     // An atom's energy depends on atoms num_layers hops away: the ghost shell
@@ -410,7 +417,10 @@ void PairE3fuse::init_style() {
                      comm_forward, num_layers_ - 1);
   } else if (comm->me == 0) {
     utils::logmesg(
-        lmp, "pair e3fuse: comm images (one rank; graph over local atoms with periodic shifts)\n");
+        lmp,
+        "pair e3fuse: comm images (one rank; the engine's own neighbor list over the local "
+        "atoms and their periodic images, skin " +
+            format_double(neighbor->skin) + " A)\n");
   }
 }
 
@@ -442,89 +452,60 @@ int PairE3fuse::add_local_nodes() {
 }
 
 /* ----------------------------------------------------------------------
-   images mode (one rank): graph nodes = local atoms; an edge to a ghost
-   becomes an edge to its owner with the ghost's lattice shift. Shifts are
-   integer combinations of the box vectors so that the reverse edge carries
-   exactly the negated shift (the engine needs a symmetric graph).
+   images mode (one rank): the system is the periodic box itself. The nodes are
+   the local atoms of the model's types (all local atoms, or under pair_style
+   hybrid those of the types given to e3fuse); the engine builds its own
+   neighbor list over them with the box as the cell (on the GPU for device
+   cuda) and keeps it until an atom moved more than half of LAMMPS's skin, the
+   box changed or the atoms did. Ghost atoms are not used: the periodic images
+   are the list's shifts, as in the ASE calculator. Nothing per edge is built
+   or copied on the host.
 ------------------------------------------------------------------------- */
 
-void PairE3fuse::build_images_graph() {
+void PairE3fuse::pack_images_system(e3fuse::SystemView &system) {
   const int nlocal = atom->nlocal;
-  const int nghost = atom->nghost;
-  const int nall = nlocal + nghost;
+  const int *type = atom->type;
   double **x = atom->x;
-  tagint *tag = atom->tag;
-  const int inum = add_local_nodes();
+  const bool substyle = force->pair != this;
 
-  tagint maxtag = 0;
-  for (int i = 0; i < nlocal; ++i) maxtag = std::max(maxtag, tag[i]);
-  owner_of_tag_.assign(static_cast<size_t>(maxtag) + 1, -1);
-  for (int i = 0; i < nlocal; ++i) owner_of_tag_[tag[i]] = i;
-
-  // shift table: entry 0 is zero, entry 1 + g belongs to ghost nlocal + g
-  shifts_.assign(3 * static_cast<size_t>(nghost + 1), 0.0);
-  ghost_owner_.assign(nghost, -1);
-  const double xprd = domain->xprd, yprd = domain->yprd, zprd = domain->zprd;
-  const double xy = domain->triclinic ? domain->xy : 0.0;
-  const double xz = domain->triclinic ? domain->xz : 0.0;
-  const double yz = domain->triclinic ? domain->yz : 0.0;
-  for (int j = nlocal; j < nall; ++j) {
-    const tagint t = tag[j];
-    const int o = (t >= 0 && t <= maxtag) ? owner_of_tag_[t] : -1;
-    if (o < 0) continue;  // reported below only if the ghost is a neighbor
-    ghost_owner_[j - nlocal] = o;
-    const double dx = x[j][0] - x[o][0], dy = x[j][1] - x[o][1], dz = x[j][2] - x[o][2];
-    const double nc = domain->zperiodic ? std::nearbyint(dz / zprd) : 0.0;
-    const double nb = domain->yperiodic ? std::nearbyint((dy - nc * yz) / yprd) : 0.0;
-    const double na = domain->xperiodic ? std::nearbyint((dx - nb * xy - nc * xz) / xprd) : 0.0;
-    double *s = &shifts_[3 * static_cast<size_t>(j - nlocal + 1)];
-    s[0] = na * xprd + nb * xy + nc * xz;
-    s[1] = nb * yprd + nc * yz;
-    s[2] = nc * zprd;
-  }
-
-  num_nodes_ = inum;
-  positions_.resize(3 * static_cast<size_t>(inum));
-  for (int u = 0; u < inum; ++u)
-    for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
-
-  const double cut2 = cutoff_ * cutoff_;
-  struct Target {
-    int node, shift;  // the owner's node and the shift table entry
-  };
-  int orphan = -1;  // a neighbor without a local owner (reported after the loops)
-  // closer than the cutoff with the engine's arithmetic: (p_v - p_u) + shift
-  auto edge = [&](int u, int j, Target &t) {
-    const int o = j < nlocal ? j : ghost_owner_[j - nlocal];
-    t.node = o < 0 ? -1 : atom_node_[o];
-    t.shift = j < nlocal ? 0 : j - nlocal + 1;
-    if (t.node < 0) {
-#pragma omp critical(e3fuse_orphan)
-      orphan = j;
-      return false;
+  node_atom_.clear();
+  species_.clear();
+  positions_.clear();
+  for (int i = 0; i < nlocal; ++i) {
+    const int t = type[i];
+    const int s = (t >= 1 && t < static_cast<int>(type_species_.size())) ? type_species_[t] : -1;
+    if (s < 0) {
+      if (substyle) continue;  // pair_style hybrid gives this type to another style
+      error->one(FLERR,
+                 "pair e3fuse: atom ID {} has atom type {}, which pair_coeff maps to NULL (no "
+                 "element of the model)",
+                 atom_id(i), t);
     }
-    const double *pu = &positions_[3 * u];
-    const double *pv = &positions_[3 * t.node];
-    const double *s = &shifts_[3 * static_cast<size_t>(t.shift)];
-    const double v0 = (pv[0] - pu[0]) + s[0];
-    const double v1 = (pv[1] - pu[1]) + s[1];
-    const double v2 = (pv[2] - pu[2]) + s[2];
-    return v0 * v0 + v1 * v1 + v2 * v2 < cut2;
-  };
-  build_rows<Target>(
-      list, node_atom_, host_threads(), row_offsets_, edge,
-      [&](size_t num_edges) {
-        neighbors_.resize(num_edges);
-        shift_index_.resize(num_edges);
-      },
-      [&](int64_t e, const Target &t) {
-        neighbors_[e] = t.node;
-        shift_index_[e] = t.shift;
-      });
-  if (orphan >= 0)
-    error->one(FLERR,
-               "pair e3fuse (comm images): neighbor atom ID {} has no local owner in the graph",
-               tag[orphan]);
+    if (!std::isfinite(x[i][0]) || !std::isfinite(x[i][1]) || !std::isfinite(x[i][2]))
+      error->one(FLERR, "pair e3fuse: atom ID {} has a non-finite position ({}, {}, {})",
+                 atom_id(i), x[i][0], x[i][1], x[i][2]);
+    node_atom_.push_back(i);
+    species_.push_back(s);
+    positions_.insert(positions_.end(), x[i], x[i] + 3);
+  }
+  num_nodes_ = static_cast<int64_t>(node_atom_.size());
+
+  // LAMMPS's box: a = (xprd, 0, 0), b = (xy, yprd, 0), c = (xz, yz, zprd)
+  const bool tilted = domain->triclinic != 0;
+  std::fill(cell_, cell_ + 9, 0.0);
+  cell_[0] = domain->xprd;
+  cell_[3] = tilted ? domain->xy : 0.0;
+  cell_[4] = domain->yprd;
+  cell_[6] = tilted ? domain->xz : 0.0;
+  cell_[7] = tilted ? domain->yz : 0.0;
+  cell_[8] = domain->zprd;
+  system.num_atoms = num_nodes_;
+  system.positions = positions_.data();
+  system.species = species_.data();
+  system.cell = cell_;
+  system.pbc[0] = domain->xperiodic != 0;
+  system.pbc[1] = domain->yperiodic != 0;
+  system.pbc[2] = domain->zperiodic != 0;
 }
 
 /* ----------------------------------------------------------------------
@@ -570,7 +551,6 @@ void PairE3fuse::build_shell_graph() {
   positions_.resize(3 * static_cast<size_t>(num_nodes_));
   row_offsets_.assign(static_cast<size_t>(num_nodes_) + 1, 0);
   neighbors_.clear();
-  shift_index_.clear();
   for (int64_t u = 0; u < num_nodes_; ++u) {
     const int i = node_atom_[u];
     for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[i][a];
@@ -649,7 +629,6 @@ void PairE3fuse::build_exchange_graph() {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t u = 0; u < num_nodes_; ++u)
     for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
-  shift_index_.clear();
 }
 
 /* ----------------------------------------------------------------------
@@ -795,6 +774,51 @@ void PairE3fuse::finish() {
                  sum[0] / n, sum[1] / n, most[1], sum[2] / n, num_computes_);
 }
 
+/* ----------------------------------------------------------------------
+   Once per run setup, rank 0 logs the size of its graph: in images mode the
+   engine's neighbor list (edges within cutoff + skin), otherwise the graph
+   built from LAMMPS's list (edges within the cutoff).
+------------------------------------------------------------------------- */
+
+void PairE3fuse::log_graph(int64_t num_local, int64_t num_ghosts, int64_t num_edges) {
+  if (graph_logged_ || comm->me != 0) return;
+  graph_logged_ = true;
+  const char *what =
+      mode_ == Mode::IMAGES ? " edges (engine neighbor list, cutoff + skin)" : " edges";
+  utils::logmesg(lmp, "pair e3fuse: rank 0 graph: " + std::to_string(num_local) + " local atoms, " +
+                          std::to_string(num_ghosts) + " ghost nodes, " +
+                          std::to_string(num_edges) + what + "\n");
+}
+
+long long PairE3fuse::atom_id(int i) const {
+  return atom->tag_enable ? static_cast<long long>(atom->tag[i]) : static_cast<long long>(i);
+}
+
+/* ----------------------------------------------------------------------
+   The engine names atoms by graph node ("atom 12", "atoms 3 and 7"); LAMMPS
+   users know them by ID.
+------------------------------------------------------------------------- */
+
+std::string PairE3fuse::with_atom_ids(const std::string &message) const {
+  static const std::regex numbered(R"(\b(atoms?) (\d+)(?: and (\d+))?)");
+  auto id_of = [&](const std::string &digits) {
+    const long long u = std::stoll(digits);
+    if (u < 0 || u >= static_cast<long long>(node_atom_.size())) return "node " + digits;
+    return "ID " + std::to_string(atom_id(node_atom_[u]));
+  };
+  std::string out;
+  auto last = message.cbegin();
+  for (std::sregex_iterator it(message.begin(), message.end(), numbered), end; it != end; ++it) {
+    const std::smatch &m = *it;
+    out.append(last, m[0].first);
+    out += m[1].str() + " " + id_of(m[2].str());
+    if (m[3].matched) out += " and " + id_of(m[3].str());
+    last = m[0].second;
+  }
+  out.append(last, message.cend());
+  return out;
+}
+
 /* ---------------------------------------------------------------------- */
 
 void PairE3fuse::check_species(int64_t num_nodes) {
@@ -809,7 +833,7 @@ void PairE3fuse::check_species(int64_t num_nodes) {
           FLERR,
           "pair e3fuse: atom ID {} has atom type {}, which pair_coeff maps to NULL (no element of "
           "the model)",
-          atom->tag_enable ? static_cast<long long>(atom->tag[i]) : static_cast<long long>(i), t);
+          atom_id(i), t);
     species_[u] = s;
   }
 }
@@ -821,8 +845,9 @@ void PairE3fuse::compute(int eflag, int vflag) {
   if (!engine_) error->all(FLERR, "pair e3fuse: no model (pair_coeff missing)");
 
   const double start = platform::walltime();
+  e3fuse::SystemView system;
   if (mode_ == Mode::IMAGES) {
-    build_images_graph();
+    pack_images_system(system);
   } else if (mode_ == Mode::SHELL) {
     build_shell_graph();
   } else {
@@ -832,27 +857,21 @@ void PairE3fuse::compute(int eflag, int vflag) {
   time_graph_ += platform::walltime() - start;
   ++num_computes_;
   const int64_t n = num_nodes_;
-  const int num_local = list->inum;
-  if (!graph_logged_ && comm->me == 0) {
-    utils::logmesg(lmp, "pair e3fuse: rank 0 graph: " + std::to_string(num_local) +
-                            " local atoms, " + std::to_string(n - num_local) + " ghost nodes, " +
-                            std::to_string(neighbors_.size()) + " edges\n");
-  }
-  graph_logged_ = true;
+  const int64_t num_local = mode_ == Mode::IMAGES ? n : list->inum;
   // in exchange mode every rank takes part in the engine's exchanges, atoms or not
-  if (n == 0 && mode_ != Mode::EXCHANGE) return;
-  check_species(n);
-
+  if (n == 0 && mode_ != Mode::EXCHANGE) {
+    log_graph(0, 0, 0);
+    return;
+  }
   e3fuse::GraphView g;
-  g.num_nodes = n;
-  g.num_energy_nodes = num_local;
-  g.positions = positions_.data();
-  g.species = species_.data();
-  g.row_offsets = row_offsets_.data();
-  g.neighbors = neighbors_.data();
-  if (mode_ == Mode::IMAGES) {
-    g.shift_index = shift_index_.data();
-    g.shifts = shifts_.data();
+  if (mode_ != Mode::IMAGES) {
+    check_species(n);
+    g.num_nodes = n;
+    g.num_energy_nodes = num_local;
+    g.positions = positions_.data();
+    g.species = species_.data();
+    g.row_offsets = row_offsets_.data();
+    g.neighbors = neighbors_.data();
   }
 
   forces_.resize(3 * static_cast<size_t>(n));
@@ -866,11 +885,18 @@ void PairE3fuse::compute(int eflag, int vflag) {
   out.atom_virials = vflag_atom ? atom_virials_.data() : nullptr;
   const double engine_start = platform::walltime();
   try {
-    engine_->compute(g, out, mode_ == Mode::EXCHANGE ? halo_.get() : nullptr);
+    if (mode_ == Mode::IMAGES)
+      engine_->compute(system, out);
+    else
+      engine_->compute(g, out, mode_ == Mode::EXCHANGE ? halo_.get() : nullptr);
   } catch (std::exception &e) {
-    error->one(FLERR, "pair e3fuse: {}", e.what());
+    error->one(FLERR, "pair e3fuse: {}", with_atom_ids(e.what()));
   }
   time_engine_ += platform::walltime() - engine_start;
+  if (mode_ == Mode::IMAGES)
+    log_graph(n, 0, engine_->num_neighbor_edges());
+  else
+    log_graph(num_local, n - num_local, static_cast<int64_t>(neighbors_.size()));
 
   double **f = atom->f;
   for (int64_t u = 0; u < n; ++u) {

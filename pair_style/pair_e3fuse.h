@@ -20,9 +20,10 @@
              (+ skin) thick; the graph holds the local atoms and the ghosts within
              num_layers hops of them, and nothing is exchanged between layers.
              Much more work per rank; kept for comparison.
-     images: one MPI rank (the default there). Ghost atoms are periodic images of
-             local atoms; the graph has the local atoms only, with periodic shift
-             vectors on edges to images. Exact, and as cheap as the ASE calculator.
+     images: one MPI rank (the default there). The engine evaluates the periodic
+             box itself with its own neighbor list (on the GPU for device cuda),
+             kept between steps with LAMMPS's skin; ghost atoms are not used.
+             Exact, and as cheap as the ASE calculator.
    In exchange and shell modes, only local atoms' energies count; forces and
    per-atom virials on ghosts go back to their owners through LAMMPS's reverse
    communication (newton_pair on). `mode` is accepted as another name for `comm`. */
@@ -44,6 +45,7 @@ PairStyle(e3fuse,PairE3fuse);
 #include "pair.h"
 
 namespace e3fuse {
+struct SystemView;
 class Model;
 class Engine;
 class HaloExchange;
@@ -78,7 +80,7 @@ class PairE3fuse : public Pair {
 
   void allocate();
   int add_local_nodes();
-  void build_images_graph();
+  void pack_images_system(e3fuse::SystemView &system);
   void build_shell_graph();
   void build_exchange_graph();
   int host_threads() const;
@@ -86,6 +88,9 @@ class PairE3fuse : public Pair {
   void halo_forward(int width, const double *border_rows, double *ghost_rows);
   void halo_reverse(int width, const double *ghost_rows, double *border_sums);
   void check_species(int64_t num_nodes);
+  void log_graph(int64_t num_local, int64_t num_ghosts, int64_t num_edges);
+  long long atom_id(int i) const;  // the atom's ID (its index without IDs)
+  std::string with_atom_ids(const std::string &message) const;
 
   // settings
   std::string device_name_ = "cpu";
@@ -106,19 +111,17 @@ class PairE3fuse : public Pair {
   std::vector<int> type_species_;           // per LAMMPS type (1-based); -1: NULL
   std::vector<std::string> type_elements_;  // per LAMMPS type (1-based)
 
-  // the graph handed to the engine, rebuilt at every compute()
+  // the graph handed to the engine, rebuilt at every compute() (exchange, shell); in
+  // images mode the engine's system (node_atom_, positions_, species_, cell_)
   int64_t num_nodes_ = 0;
   std::vector<int> node_atom_;        // graph node -> LAMMPS atom index
   std::vector<int> atom_node_;        // LAMMPS atom index -> graph node or -1
   std::vector<int> hop_;              // LAMMPS atom index -> hops from a local atom (shell)
-  std::vector<int> owner_of_tag_;     // atom ID -> local index (images)
-  std::vector<int> ghost_owner_;      // ghost (index - nlocal) -> local index (images)
   std::vector<double> positions_;     // num_nodes x 3
   std::vector<int32_t> species_;      // num_nodes
   std::vector<int64_t> row_offsets_;  // num_nodes + 1
   std::vector<int32_t> neighbors_;    // per edge
-  std::vector<int32_t> shift_index_;  // per edge (images)
-  std::vector<double> shifts_;        // 3 per ghost + 1 zero entry (images)
+  double cell_[9] = {};               // the box as lattice vectors (images)
 
   // engine outputs
   std::vector<double> forces_, atom_energies_, atom_virials_;

