@@ -18,7 +18,7 @@ import pytest
 from ase import Atoms
 from ase.build import bulk
 from ase.calculators.calculator import PropertyNotImplementedError
-from conftest import calculator, evaluate
+from conftest import DEVICES, calculator, evaluate
 
 import e3fuse
 from e3fuse import E3fuseError, _core, cli, modelfile
@@ -109,6 +109,24 @@ def test_atoms_closer_than_min_distance(sevennet0_path: Path) -> None:
     with pytest.raises(E3fuseError, match="closer than the minimum 1.5"):
         _energy(calculator(sevennet0_path, min_distance=1.5), atoms)
     assert np.isfinite(_energy(calculator(sevennet0_path), atoms))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_atoms_come_closer_while_the_list_stays(sevennet0_path: Path, device: str) -> None:
+    """Atoms that approach each other by less than half the skin keep the neighbor
+    list; the minimum distance is still checked on it (on the GPU after the step, with
+    its results), and the calculator works again once they are apart."""
+    calc = calculator(sevennet0_path, device=device, skin=0.5, min_distance=0.2)
+    atoms = Atoms("Cu3", positions=[[0, 0, 0], [0.3, 0, 0], [3.0, 0, 0]])
+    atoms.calc = calc
+    first = atoms.get_potential_energy()
+    builds = calc.neighbors.num_builds
+    atoms.positions[1, 0] = 0.15  # 0.15 A from atom 0, moved 0.15 < skin / 2
+    with pytest.raises(E3fuseError, match="atoms 0 and 1 are 0.15 Å apart, closer"):
+        atoms.get_potential_energy()
+    assert calc.neighbors.num_builds == builds  # the list was kept
+    atoms.positions[1, 0] = 0.3
+    assert atoms.get_potential_energy() == pytest.approx(first, rel=1e-12)
 
 
 @pytest.mark.parametrize("pbc", [False, True])

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -831,13 +832,14 @@ class BackendImpl : public Backend {
     s.positions.upload(sys.positions, 3 * n, st);
     s.species.upload(sys.species, n, st);
     s.profiler.mark("neighbor list", st);
-    neighbors_->update(n, s.positions.data(), sys.cell, sys.pbc, min_distance, st);
+    neighbors_->update(n, s.positions.data(), sys.cell, sys.pbc, min_distance, st, sys.positions);
     GraphView g = neighbors_->view(s.positions.data(), s.species.data());
     g.num_nodes = n;
     g.num_energy_nodes = num_energy_nodes;
     g.layer_rows = layer_rows;
     s.halo.bind(nullptr, n, n, st);
-    run(g, out);
+    // a minimum-distance check left in flight by update() is reported before the model's own
+    run(g, out, [&] { neighbors_->finish_checks(s.positions.data(), st); });
     largest_call_bytes_ = std::max(
         largest_call_bytes_,
         n * call_bytes_per_atom(
@@ -875,7 +877,8 @@ class BackendImpl : public Backend {
     return std::make_unique<SevennetModel<T>>(typed);
   }
 
-  void run(const GraphView& g, ComputeOutput& out) {
+  // after_sync: called once the step's results are on the host, before its errors are read.
+  void run(const GraphView& g, ComputeOutput& out, const std::function<void()>& after_sync = {}) {
     DeviceState& s = state_;
     const cudaStream_t st = s.stream();
     const int64_t n = g.num_nodes;
@@ -925,6 +928,7 @@ class BackendImpl : public Backend {
     s.profiler.end(st);
     check(cudaStreamSynchronize(st), "the GPU computation");
     s.profiler.collect();
+    if (after_sync) after_sync();
     if (errors[0] > 0) {
       throw Error("two atoms are at the same position (atom " + std::to_string(errors[0] - 1) +
                   " and a neighbor at distance 0)");

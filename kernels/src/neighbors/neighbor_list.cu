@@ -397,6 +397,10 @@ DeviceNeighborList::DeviceNeighborList(double cutoff, double skin) : cutoff_(cut
   check_cutoff_and_skin(cutoff, skin);
 }
 
+DeviceNeighborList::~DeviceNeighborList() {
+  if (pending_status_) cudaFreeHost(pending_status_);
+}
+
 size_t DeviceNeighborList::bytes() const {
   return reference_.bytes() + frac_.bytes() + wrap_.bytes() + keys_.bytes() + sorted_keys_.bytes() +
          atoms_.bytes() + sorted_atoms_.bytes() + sorted_pos_.bytes() + sorted_wrap_.bytes() +
@@ -422,10 +426,12 @@ GraphView DeviceNeighborList::view(const double* positions, const int32_t* speci
 }
 
 bool DeviceNeighborList::update(int64_t num_atoms, const double* positions, const double* cell,
-                                const bool pbc[3], double min_distance, cudaStream_t stream) {
+                                const bool pbc[3], double min_distance, cudaStream_t stream,
+                                const double* host_positions) {
   bool periodic[3];
   double cell_copy[9];
   check_update_arguments(num_atoms, positions, cell, pbc, periodic, cell_copy);
+  check_pending_ = false;
 
   const int64_t n = num_atoms;
   bool rebuild = !valid_ || n != num_atoms_ || periodic[0] != pbc_[0] || periodic[1] != pbc_[1] ||
@@ -433,7 +439,42 @@ bool DeviceNeighborList::update(int64_t num_atoms, const double* positions, cons
   const double min2 = min_distance > 0.0 ? min_distance * min_distance : 0.0;
   grow(status_, 1);
 
-  if (n > 0) {
+  if (n > 0 && host_positions) {
+    // On the host: no synchronization before the model runs.
+    const bool have_reference = reference_host_.size() == static_cast<size_t>(3 * n);
+    const double limit2 = 0.25 * skin_ * skin_;
+    for (int64_t i = 0; i < n; ++i) {
+      const double* x = host_positions + 3 * i;
+      if (!std::isfinite(x[0]) || !std::isfinite(x[1]) || !std::isfinite(x[2]))
+        throw Error("position of atom " + std::to_string(i) + " is not finite (NaN or inf)");
+      if (rebuild) continue;
+      if (!have_reference) {
+        rebuild = true;
+        continue;
+      }
+      const double* r = reference_host_.data() + 3 * i;
+      const double dx = x[0] - r[0], dy = x[1] - r[1], dz = x[2] - r[2];
+      if (skin_ > 0.0 ? dx * dx + dy * dy + dz * dz > limit2
+                      : (dx != 0.0 || dy != 0.0 || dz != 0.0))
+        rebuild = true;
+    }
+    if (!rebuild) {
+      if (min2 > 0.0 && num_edges_ > 0) {
+        if (!pending_status_)
+          check(cudaMallocHost(&pending_status_, sizeof(NeighborStatus)),
+                "cudaMallocHost (neighbor list status)");
+        reset_status_kernel<<<1, 1, 0, stream>>>(status_.data());
+        check_launch("reset_status_kernel");
+        launch_min_distance(positions, min_distance, stream);
+        check(cudaMemcpyAsync(pending_status_, status_.data(), sizeof(NeighborStatus),
+                              cudaMemcpyDeviceToHost, stream),
+              "neighbor list status download");
+        check_pending_ = true;
+        pending_min_distance_ = min_distance;
+      }
+      return false;
+    }
+  } else if (n > 0) {
     // Non-finite positions, the displacement since the last build, and (when
     // the list stays) the minimum distance on it: one copy of the status.
     reset_status_kernel<<<1, 1, 0, stream>>>(status_.data());
@@ -465,6 +506,10 @@ bool DeviceNeighborList::update(int64_t num_atoms, const double* positions, cons
   std::memcpy(cell_, cell_copy, sizeof(cell_));
   for (int a = 0; a < 3; ++a) pbc_[a] = periodic[a];
   build(positions, stream);
+  if (host_positions)
+    reference_host_.assign(host_positions, host_positions + 3 * n);
+  else
+    reference_host_.clear();
 
   if (n > 0 && min2 > 0.0 && num_edges_ > 0) {
     reset_status_kernel<<<1, 1, 0, stream>>>(status_.data());
@@ -474,6 +519,13 @@ bool DeviceNeighborList::update(int64_t num_atoms, const double* positions, cons
     if (st.first_close != kNone) report_close_pair(st.first_close, positions, min_distance, stream);
   }
   return true;
+}
+
+void DeviceNeighborList::finish_checks(const double* positions, cudaStream_t stream) {
+  if (!check_pending_) return;
+  check_pending_ = false;
+  if (pending_status_->first_close != kNone)
+    report_close_pair(pending_status_->first_close, positions, pending_min_distance_, stream);
 }
 
 void DeviceNeighborList::launch_min_distance(const double* positions, double min_distance,

@@ -45,6 +45,9 @@ struct FracStats {
 class DeviceNeighborList {
  public:
   DeviceNeighborList(double cutoff, double skin);
+  ~DeviceNeighborList();
+  DeviceNeighborList(const DeviceNeighborList&) = delete;
+  DeviceNeighborList& operator=(const DeviceNeighborList&) = delete;
 
   // positions: DEVICE array num_atoms x 3, used as given (never wrapped).
   // cell: HOST 3 x 3 row-major (rows are lattice vectors; only rows of periodic
@@ -53,8 +56,17 @@ class DeviceNeighborList {
   // moved more than skin / 2 since the last build (any motion when skin == 0).
   // Every call checks on the GPU for non-finite positions and for pairs of the
   // list closer than min_distance (<= 0 disables), and throws Error naming them.
+  //
+  // host_positions (optional): the same positions in host memory. The displacement and
+  // the non-finite checks then run on the host, and when the list stays, the minimum
+  // distance check is only launched: its status comes back with the step's results and
+  // finish_checks() (after the stream was synchronized) throws if it failed. The step
+  // then has no synchronization before the model runs.
   bool update(int64_t num_atoms, const double* positions, const double* cell, const bool pbc[3],
-              double min_distance, cudaStream_t stream);
+              double min_distance, cudaStream_t stream, const double* host_positions = nullptr);
+  // Reports a minimum-distance check that update() left pending (no-op otherwise). Call it
+  // once the stream has been synchronized after update().
+  void finish_checks(const double* positions, cudaStream_t stream);
   void invalidate() { valid_ = false; }
 
   // Device pointers: row_offsets (n + 1), neighbors, shift_index (per edge),
@@ -120,7 +132,12 @@ class DeviceNeighborList {
   DeviceArray<double> table_;
   DeviceArray<FracStats> partial_stats_;
   DeviceArray<NeighborStatus> status_;
-  DeviceArray<unsigned char> temp_;  // CUB temporary storage
+  // A minimum-distance check in flight: its status is copied to pinned host memory.
+  NeighborStatus* pending_status_ = nullptr;
+  bool check_pending_ = false;
+  double pending_min_distance_ = 0.0;
+  std::vector<double> reference_host_;  // positions at the last build, when given on the host
+  DeviceArray<unsigned char> temp_;     // CUB temporary storage
 };
 
 }  // namespace e3fuse::cuda
