@@ -45,6 +45,31 @@ void check_update_arguments(int64_t num_atoms, const double* positions, const do
   }
 }
 
+void check_finite_positions(int64_t num_atoms, const double* positions) {
+  for (int64_t i = 0; i < 3 * num_atoms; ++i) {
+    if (!std::isfinite(positions[i])) {
+      throw Error("position of atom " + std::to_string(i / 3) + " is not finite (NaN or inf)");
+    }
+  }
+}
+
+bool moved_past_half_skin(int64_t num_atoms, const double* positions, const double* reference,
+                          double skin) {
+  if (skin == 0.0) {
+    for (int64_t i = 0; i < 3 * num_atoms; ++i)
+      if (positions[i] != reference[i]) return true;
+    return false;
+  }
+  const double limit2 = 0.25 * skin * skin;
+  for (int64_t i = 0; i < num_atoms; ++i) {
+    const double dx = positions[3 * i] - reference[3 * i];
+    const double dy = positions[3 * i + 1] - reference[3 * i + 1];
+    const double dz = positions[3 * i + 2] - reference[3 * i + 2];
+    if (dx * dx + dy * dy + dz * dz > limit2) return true;
+  }
+  return false;
+}
+
 Lattice make_lattice(const double* cell, const bool pbc[3]) {
   Lattice lat;
   double basis[9] = {};

@@ -65,6 +65,14 @@ void check_cutoff_and_skin(double cutoff, double skin);
 void check_update_arguments(int64_t num_atoms, const double* positions, const double* cell,
                             const bool pbc[3], bool periodic[3], double cell_copy[9]);
 
+// Throws Error naming the first atom with a non-finite position coordinate.
+void check_finite_positions(int64_t num_atoms, const double* positions);
+
+// Whether some atom moved more than skin / 2 from `reference` (any motion when
+// skin == 0): a list built at `reference` with cutoff + skin no longer holds.
+bool moved_past_half_skin(int64_t num_atoms, const double* positions, const double* reference,
+                          double skin);
+
 // Throws Error when the periodic vectors are zero or linearly dependent.
 Lattice make_lattice(const double* cell, const bool pbc[3]);
 

@@ -397,29 +397,12 @@ bool NeighborList::update(int64_t num_atoms, const double* positions, const doub
   bool periodic[3];
   double cell_copy[9];
   check_update_arguments(num_atoms, positions, cell, pbc, periodic, cell_copy);
-  for (int64_t i = 0; i < 3 * num_atoms; ++i) {
-    if (!std::isfinite(positions[i])) {
-      throw Error("position of atom " + std::to_string(i / 3) + " is not finite (NaN or inf)");
-    }
-  }
+  check_finite_positions(num_atoms, positions);
 
-  bool rebuild = !valid_ || num_atoms != num_atoms_ || periodic[0] != pbc_[0] ||
-                 periodic[1] != pbc_[1] || periodic[2] != pbc_[2] ||
-                 std::memcmp(cell_copy, cell_, sizeof(cell_)) != 0;
-  if (!rebuild) {
-    const double* ref = reference_positions_.data();
-    if (skin_ > 0.0) {
-      const double limit2 = 0.25 * skin_ * skin_;
-      for (int64_t i = 0; i < num_atoms && !rebuild; ++i) {
-        const double dx = positions[3 * i] - ref[3 * i];
-        const double dy = positions[3 * i + 1] - ref[3 * i + 1];
-        const double dz = positions[3 * i + 2] - ref[3 * i + 2];
-        rebuild = dx * dx + dy * dy + dz * dz > limit2;
-      }
-    } else {
-      for (int64_t i = 0; i < 3 * num_atoms && !rebuild; ++i) rebuild = positions[i] != ref[i];
-    }
-  }
+  const bool rebuild =
+      !valid_ || num_atoms != num_atoms_ || periodic[0] != pbc_[0] || periodic[1] != pbc_[1] ||
+      periodic[2] != pbc_[2] || std::memcmp(cell_copy, cell_, sizeof(cell_)) != 0 ||
+      moved_past_half_skin(num_atoms, positions, reference_positions_.data(), skin_);
   if (rebuild) build(num_atoms, positions, cell_copy, periodic);
   check_min_distance(positions);
   return rebuild;

@@ -441,23 +441,9 @@ bool DeviceNeighborList::update(int64_t num_atoms, const double* positions, cons
 
   if (n > 0 && host_positions) {
     // On the host: no synchronization before the model runs.
-    const bool have_reference = reference_host_.size() == static_cast<size_t>(3 * n);
-    const double limit2 = 0.25 * skin_ * skin_;
-    for (int64_t i = 0; i < n; ++i) {
-      const double* x = host_positions + 3 * i;
-      if (!std::isfinite(x[0]) || !std::isfinite(x[1]) || !std::isfinite(x[2]))
-        throw Error("position of atom " + std::to_string(i) + " is not finite (NaN or inf)");
-      if (rebuild) continue;
-      if (!have_reference) {
-        rebuild = true;
-        continue;
-      }
-      const double* r = reference_host_.data() + 3 * i;
-      const double dx = x[0] - r[0], dy = x[1] - r[1], dz = x[2] - r[2];
-      if (skin_ > 0.0 ? dx * dx + dy * dy + dz * dz > limit2
-                      : (dx != 0.0 || dy != 0.0 || dz != 0.0))
-        rebuild = true;
-    }
+    check_finite_positions(n, host_positions);
+    rebuild = rebuild || reference_host_.size() != static_cast<size_t>(3 * n) ||
+              moved_past_half_skin(n, host_positions, reference_host_.data(), skin_);
     if (!rebuild) {
       if (min2 > 0.0 && num_edges_ > 0) {
         if (!pending_status_)
