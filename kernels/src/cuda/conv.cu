@@ -1335,8 +1335,8 @@ __global__ void add_remote_forces_kernel(int64_t n, RemoteForces remote, double*
 void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* forces,
                        double* atom_virials, cudaStream_t stream) {
   if (num_nodes == 0) return;
-  add_remote_forces_kernel<<<static_cast<unsigned>((num_nodes + kThreads - 1) / kThreads), kThreads,
-                             0, stream>>>(num_nodes, remote, forces, atom_virials);
+  add_remote_forces_kernel<<<static_cast<unsigned>(blocks_for(num_nodes, kThreads)), kThreads, 0,
+                             stream>>>(num_nodes, remote, forces, atom_virials);
   check_launch("add_remote_forces_kernel");
 }
 
