@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Per-kernel work and hardware fractions on a GPU machine, after `scripts/gpu_suite.sh` has
+# built and staged e3fuse (PYTHONPATH=/tmp/e3fuse-stage): for each model in MODELS
+# (benchmarks/models/NAME.e3f) and each size in SIZES, ncu collects, for every kernel of
+# `e3fuse bench scaling --steps 1` (a warm-up call and one timed call, float32), its duration,
+# executed FP32 / FP64 operations, DRAM / L2 / L1 bytes and throughput as a percentage of the
+# hardware's peak; benchmarks/roofline.py sums them per kernel and per call into
+# $OUT/roofline_<model>_<size>.md. ncu runs the kernels at its locked base clocks, so the
+# durations are longer than in a timed run; the percentages are of the peak at those clocks.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results/gpu_suite}
+MODELS=${MODELS:-"7net-0 mace-mp0-medium-cu"}
+SIZES=${SIZES:-"864 32000"}
+mkdir -p "$OUT"
+METRICS=gpu__time_duration.sum
+for m in sm__sass_thread_inst_executed_op_ffma_pred_on.sum \
+  sm__sass_thread_inst_executed_op_fadd_pred_on.sum \
+  sm__sass_thread_inst_executed_op_fmul_pred_on.sum \
+  sm__sass_thread_inst_executed_op_dfma_pred_on.sum \
+  sm__sass_thread_inst_executed_op_dadd_pred_on.sum \
+  sm__sass_thread_inst_executed_op_dmul_pred_on.sum \
+  dram__bytes_read.sum dram__bytes_write.sum lts__t_bytes.sum l1tex__t_bytes.sum \
+  sm__throughput.avg.pct_of_peak_sustained_elapsed \
+  dram__throughput.avg.pct_of_peak_sustained_elapsed \
+  lts__throughput.avg.pct_of_peak_sustained_elapsed \
+  l1tex__throughput.avg.pct_of_peak_sustained_elapsed \
+  sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active \
+  sm__warps_active.avg.pct_of_peak_sustained_active; do
+  METRICS=$METRICS,$m
+done
+for model in $MODELS; do
+  for size in $SIZES; do
+    csv=$OUT/roofline_${model}_${size}.csv
+    timeout 240 ncu --csv --page raw --print-units base --metrics "$METRICS" \
+      python3 -m e3fuse.cli bench scaling --model "benchmarks/models/$model.e3f" --device cuda \
+      --sizes "$size" --steps 1 >"$csv" 2>"$OUT/roofline_${model}_${size}.err"
+    python3 benchmarks/roofline.py "$csv" --calls 2 --title "$model, $size atoms" \
+      >"$OUT/roofline_${model}_${size}.md" 2>&1
+  done
+done
