@@ -211,37 +211,6 @@ def test_cuda_deterministic(sevennet0_path: Path, dtype: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_cuda_split_edge_lists_agree(
-    sevennet0_path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A graph too small to fill the GPU splits each node's edges over several convolution
-    blocks (ConvParts, conv.cuh), whose sums are added in part order afterwards. One part
-    (E3FUSE_CONV_PARTS=1, the path of large systems), the automatic choice (4 parts at this
-    size) and 3 parts give the same results to rounding, each bitwise reproducible."""
-    if not _core.cuda_available():
-        pytest.skip("e3fuse built without CUDA or no GPU")
-    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((3, 3, 3))
-    atoms.rattle(stdev=0.05, seed=5)
-    results = {}
-    for parts in ("1", "", "3"):
-        monkeypatch.setenv("E3FUSE_CONV_PARTS", parts)
-        calc = calculator(sevennet0_path, dtype, "cuda")
-        out = evaluate(calc, atoms)
-        calc.reset()
-        again = evaluate(calc, atoms)
-        for key in out:
-            np.testing.assert_array_equal(again[key], out[key], err_msg=f"{parts}: {key}")
-        results[parts] = out
-    tol = 1e-11 if dtype == "float64" else 2e-5
-    for parts in ("", "3"):
-        for key, value in results[parts].items():
-            expected = results["1"][key]
-            scale = max(1.0, float(np.abs(expected).max()))
-            assert np.abs(value - expected).max() < tol * scale, (parts, key)
-    assert np.abs(results["1"]["forces"]).max() > 1e-2  # the comparison is not trivial
-
-
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_cuda_recomputed_layer_inputs_are_bitwise_equal(
     sevennet0_path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -787,30 +787,13 @@ __device__ void deliver_edge_forces(const RemoteForces& remote, const int* recei
 // Kernels
 
 // TABLE: the radial MLP comes from c.table (no MLP workspace).
-// Block (i, p) of a grid with gridDim.y = S parts takes the p-th of S contiguous slices of
-// row i of the neighbor list (ConvParts in conv.cuh).
-__device__ inline void edge_part(const GraphView& g, int64_t i, int64_t* begin, int64_t* end) {
-  const int64_t first = g.row_offsets[i], count = g.row_offsets[i + 1] - first;
-  *begin = first + count * blockIdx.y / gridDim.y;
-  *end = first + count * (blockIdx.y + 1) / gridDim.y;
-}
-
-// Where block (i, p) writes its row of `width`: the output itself for part 0, its slice of
-// part_rows [S - 1][num_nodes][width] otherwise.
-template <class T>
-__device__ inline T* part_row(T* out, T* part_rows, int64_t num_nodes, int64_t i, int width) {
-  if (blockIdx.y == 0) return out + i * width;
-  return part_rows + ((blockIdx.y - 1) * num_nodes + i) * width;
-}
-
 // MINB: blocks per SM the registers are budgeted for (<= 64K / (256 MINB) per thread):
 // forward 3 (4 with a radial table), backward 2 (3 with a table spills and measured
 // slower).
 template <class T, int EC, bool TABLE, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
-                        const T* __restrict__ x, T* __restrict__ y, T* __restrict__ part_rows,
-                        int64_t* error_node) {
+                        const T* __restrict__ x, T* __restrict__ y, int64_t* error_node) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, false);
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
@@ -827,10 +810,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   __shared__ int s_count;
 
   const int64_t i = blockIdx.x;
-  int64_t begin, end;
-  edge_part(g, i, &begin, &end);
   for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yacc[q] = T(0);
-  if (threadIdx.x == 0) s_pos = begin;
+  if (threadIdx.x == 0) s_pos = g.row_offsets[i];
+  const int64_t end = g.row_offsets[i + 1];
   const double cutoff2 = geo.cutoff * geo.cutoff;
   __syncthreads();
   while (true) {
@@ -851,7 +833,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         });
     __syncthreads();
   }
-  T* yi = part_row(y, part_rows, g.num_nodes, i, c.dim_out);
+  T* yi = y + i * c.dim_out;
   for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yi[q] = yacc[q] * c.inv_denominator;
 }
 
@@ -914,8 +896,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          int64_t receiver_rows, const T* __restrict__ x,
                          const T* __restrict__ grad_y, T* __restrict__ grad_x, double* forces,
-                         double* atom_virials, RemoteForces remote, T* __restrict__ part_rows,
-                         double* __restrict__ part_sums, int64_t* error_node) {
+                         double* atom_virials, RemoteForces remote, int64_t* error_node) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, true);
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
@@ -941,10 +922,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   __shared__ int s_count;
 
   const int64_t k = blockIdx.x;
-  int64_t begin, end;
-  edge_part(g, k, &begin, &end);
   for (int q = threadIdx.x; q < c.gx_slots; q += blockDim.x) gx[q] = T(0);
-  if (threadIdx.x == 0) s_pos = begin;
+  if (threadIdx.x == 0) s_pos = g.row_offsets[k];
+  const int64_t end = g.row_offsets[k + 1];
   const double cutoff2 = geo.cutoff * geo.cutoff;
   double* edge_force = red;           // [EC][3]
   double* force_sums = red + 3 * EC;  // node k's force [3] and virial [9]
@@ -993,7 +973,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     __syncthreads();
   }
   // dE/dx_k: each input block's path slots added in path order
-  T* gk = part_row(grad_x, part_rows, g.num_nodes, k, c.dim_in);
+  T* gk = grad_x + k * c.dim_in;
   for (int q = threadIdx.x; q < c.dim_in; q += blockDim.x) {
     int b = 0;
     while (b + 1 < c.num_blocks && q >= c.blocks[b + 1].in_offset) ++b;
@@ -1004,41 +984,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
       for (int p = B.path_begin; p < B.path_end; ++p) sum += gx[c.paths[p].gx_offset + r];
     gk[q] = sum * c.inv_denominator;
   }
-  if (blockIdx.y > 0) {
-    double* sums = part_sums + ((blockIdx.y - 1) * g.num_nodes + k) * 12;
-    if (threadIdx.x < 12) sums[threadIdx.x] = force_sums[threadIdx.x];
-  } else if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     for (int a = 0; a < 3; ++a) forces[3 * k + a] += force_sums[a];
     if (atom_virials)
       for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += force_sums[3 + q];
   }
-}
-
-// Parts 1 .. S-1 of split edge lists (ConvParts), added in part order.
-template <class T>
-__global__ void add_part_rows_kernel(int64_t count, int extra_parts, const T* __restrict__ rows,
-                                     T* __restrict__ out) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= count) return;
-  T sum = out[t];
-  for (int p = 0; p < extra_parts; ++p) sum += rows[p * count + t];
-  out[t] = sum;
-}
-
-__global__ void add_part_sums_kernel(int64_t num_nodes, int extra_parts,
-                                     const double* __restrict__ sums, double* forces,
-                                     double* atom_virials) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= num_nodes * 12) return;
-  const int64_t k = t / 12;
-  const int q = static_cast<int>(t % 12);
-  if (q >= 3 && !atom_virials) return;
-  double sum = 0.0;
-  for (int p = 0; p < extra_parts; ++p) sum += sums[(p * num_nodes + k) * 12 + q];
-  if (q < 3)
-    forces[3 * k + q] += sum;
-  else
-    atom_virials[9 * k + q - 3] += sum;
 }
 
 // Largest dynamic shared memory a block may use on the current device.
@@ -1323,59 +1273,11 @@ void launch_largest_chunk(const Geometry<T>& geom, const Conv<T>& conv, bool bac
   check_launch(kernel);
 }
 
-namespace {
-
-// Parts per node's edge list (ConvParts): 1 when the graph has at least kPartWaves waves of
-// blocks, else enough parts for about that many, at most kMaxParts. E3FUSE_CONV_PARTS=s
-// asks for s parts (1: never split), to measure.
-constexpr int kPartWaves = 4;
-constexpr int kMaxParts = 4;
-
-template <class Kernel>
-int edge_parts(Kernel kernel, size_t smem, int64_t num_nodes) {
-  const int forced = static_cast<int>(env_int("E3FUSE_CONV_PARTS", 0));  // read at every call
-  if (forced > 0) return std::min(forced, 64);
-  static const int multiprocessors = [] {
-    int device = 0, count = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-          "multiprocessor count");
-    return count;
-  }();
-  int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const int64_t wanted = static_cast<int64_t>(kPartWaves) * per_sm * multiprocessors;
-  return static_cast<int>(std::clamp<int64_t>((wanted + num_nodes - 1) / num_nodes, 1, kMaxParts));
-}
-
-// Room for parts 1 .. S-1 of rows of `width` (and, with `sums`, their force sums).
-template <class T>
-void reserve_parts(ConvParts<T>& parts, int S, int64_t num_nodes, int width, bool sums) {
-  if (S <= 1) return;
-  const auto extra = static_cast<size_t>(S - 1) * static_cast<size_t>(num_nodes);
-  if (parts.rows.size() < extra * width) parts.rows.resize(extra * width);
-  if (sums && parts.sums.size() < extra * 12) parts.sums.resize(extra * 12);
-}
-
-template <class T>
-void add_part_rows(const ConvParts<T>& parts, int S, int64_t num_nodes, int width, T* out,
-                   cudaStream_t stream) {
-  const int64_t count = num_nodes * width;
-  add_part_rows_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(count, kThreads)), kThreads, 0, stream>>>(
-          count, S - 1, parts.rows.data(), out);
-  check_launch("add_part_rows_kernel");
-}
-
-}  // namespace
-
 template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
-                  T* y, int64_t* error_node, ConvParts<T>& parts, cudaStream_t stream) {
+                  T* y, int64_t* error_node, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
   check_row_alignment(conv, x);
-  int S = 1;
   launch_largest_chunk(
       geom, conv, false, "convolution", "conv_forward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
@@ -1384,24 +1286,18 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
-        S = edge_parts(kernel, smem, g.num_nodes);
-        reserve_parts(parts, S, g.num_nodes, conv.view.dim_out, false);
-        const dim3 grid(static_cast<unsigned>(g.num_nodes), static_cast<unsigned>(S));
-        kernel<<<grid, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, parts.rows.data(),
-                                                 error_node);
+        kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
       });
-  if (S > 1) add_part_rows(parts, S, g.num_nodes, conv.view.dim_out, y, stream);
 }
 
 template <class T>
 void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g,
                    int64_t receiver_rows, const T* x, const T* grad_y, T* grad_x, double* forces,
                    double* atom_virials, const RemoteForces& remote, int64_t* error_node,
-                   ConvParts<T>& parts, cudaStream_t stream) {
+                   cudaStream_t stream) {
   if (g.num_nodes == 0) return;
   check_row_alignment(conv, x);
   check_row_alignment(conv, grad_y);
-  int S = 1;
   launch_largest_chunk(
       geom, conv, true, "convolution backward", "conv_backward_kernel", [&](auto ec, size_t smem) {
         constexpr int EC = decltype(ec)::value;
@@ -1413,20 +1309,10 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(smem)),
               "cudaFuncSetAttribute");
-        S = edge_parts(kernel, smem, g.num_nodes);
-        reserve_parts(parts, S, g.num_nodes, conv.view.dim_in, true);
-        const dim3 grid(static_cast<unsigned>(g.num_nodes), static_cast<unsigned>(S));
-        kernel<<<grid, kThreads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x, grad_y,
-                                                 grad_x, forces, atom_virials, remote,
-                                                 parts.rows.data(), parts.sums.data(), error_node);
+        kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x,
+                                                        grad_y, grad_x, forces, atom_virials,
+                                                        remote, error_node);
       });
-  if (S > 1) {
-    add_part_rows(parts, S, g.num_nodes, conv.view.dim_in, grad_x, stream);
-    const int64_t count = g.num_nodes * 12;
-    add_part_sums_kernel<<<static_cast<unsigned>(blocks_for(count, kThreads)), kThreads, 0,
-                           stream>>>(g.num_nodes, S - 1, parts.sums.data(), forces, atom_virials);
-    check_launch("add_part_sums_kernel");
-  }
 }
 
 namespace {
@@ -1458,10 +1344,10 @@ void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* fo
   template Geometry<T> make_geometry<T>(const cpu::TypedPlan<T>&);                              \
   template Conv<T> make_conv<T>(const cpu::Conv<T>&);                                           \
   template void conv_forward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*, \
-                                T*, int64_t*, ConvParts<T>&, cudaStream_t);                     \
+                                T*, int64_t*, cudaStream_t);                                    \
   template void conv_backward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, int64_t, \
                                  const T*, const T*, T*, double*, double*, const RemoteForces&, \
-                                 int64_t*, ConvParts<T>&, cudaStream_t);
+                                 int64_t*, cudaStream_t);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)
 #undef E3FUSE_INSTANTIATE

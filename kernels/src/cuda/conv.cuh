@@ -139,23 +139,11 @@ Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan);
 template <class T>
 Conv<T> make_conv(const cpu::Conv<T>& conv);
 
-// When a graph has too few nodes to fill the GPU with one block per node (864 atoms give
-// 2.2 waves of the MACE kernels on an H100, so the last wave runs mostly idle), each node's
-// edge list is split into S contiguous parts, one block each. Part 0 writes the node's row
-// (and adds its forces) as usual; parts 1 .. S-1 write theirs here, and a second kernel adds
-// them in part order: deterministic, as with one part. S is 1 from a few waves of nodes on,
-// so this holds at most about (waves x resident blocks) rows, whatever the system size.
-template <class T>
-struct ConvParts {
-  DeviceArray<T> rows;       // [S - 1][nodes][width]
-  DeviceArray<double> sums;  // backward: [S - 1][nodes][12], node force [3] and virial [9]
-};
-
 // y_i = (1/D) sum_j TP(x_j, Y(v_ij), MLP(emb(r_ij))) for every node of the device
 // graph `g` (ir_mul layouts, as on the CPU). Sets *error_node = i + 1 if two atoms coincide.
 template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
-                  T* y, int64_t* error_node, ConvParts<T>& parts, cudaStream_t stream);
+                  T* y, int64_t* error_node, cudaStream_t stream);
 
 // Adjoint: grad_x overwritten for the g.num_nodes senders; their side of the forces
 // (num_nodes x 3) and atom_virials (num_nodes x 9, may be null) accumulated, the receivers'
@@ -165,7 +153,7 @@ template <class T>
 void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g,
                    int64_t receiver_rows, const T* x, const T* grad_y, T* grad_x, double* forces,
                    double* atom_virials, const RemoteForces& remote, int64_t* error_node,
-                   ConvParts<T>& parts, cudaStream_t stream);
+                   cudaStream_t stream);
 
 // forces[i] += remote.forces[i] (and the virials, when both are given) for every node.
 void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* forces,

@@ -440,7 +440,7 @@ class SevennetModel : public Model {
       y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
       conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), x1.data(), y_.data(),
-                   s.error_node.data(), conv_parts_, st);
+                   s.error_node.data(), st);
       s.profiler.mark("linear forward", st);
       linear_forward_add(l.linear_2, rows, y_.data(), pre_gate_[t].data(), st);
       x_.resize(static_cast<size_t>(n) * l.gate.dim_out);
@@ -507,7 +507,7 @@ class SevennetModel : public Model {
       conv_backward(geom_, l.conv, cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
                     rows, x1, grad_y, grad_x1_.data(), s.forces.data(),
                     want_virial ? s.atom_virials.data() : nullptr, s.remote(), s.error_node.data(),
-                    conv_parts_, st);
+                    st);
       if (t == 0) break;
       if (s.halo.active()) {
         s.profiler.mark("halo exchange", st);
@@ -550,7 +550,6 @@ class SevennetModel : public Model {
   std::vector<Linear<T>> readout_;
   std::vector<DeviceArray<T>> x1_, pre_gate_;
   DeviceArray<T> x_, y_, h0_, h1_, grad_, tmp_, grad_p_, grad_x1_;
-  ConvParts<T> conv_parts_;
 };
 
 template <class T>
@@ -626,7 +625,7 @@ class MaceModel : public Model {
       y_.resize(N * l.conv.view.dim_out);
       s.profiler.mark("conv forward", st);
       conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), up_[t].data(), y_.data(),
-                   s.error_node.data(), conv_parts_, st);
+                   s.error_node.data(), st);
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.residual) {
@@ -712,7 +711,7 @@ class MaceModel : public Model {
       conv_backward(geom_, l.conv, cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
                     rows, up_[t].data(), gy, gup_.data(), s.forces.data(),
                     want_virial ? s.atom_virials.data() : nullptr, s.remote(), s.error_node.data(),
-                    conv_parts_, st);
+                    st);
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
       if (s.halo.active()) {
@@ -761,7 +760,6 @@ class MaceModel : public Model {
   std::vector<Layer> layers_;
   std::vector<DeviceArray<T>> up_, m_, hidden_;
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
-  ConvParts<T> conv_parts_;
 };
 
 class BackendImpl : public Backend {
