@@ -59,7 +59,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     text = path.read_text(errors="replace")
     start = text.find('"ID"')
     if start < 0:
-        raise SystemExit(f"{path}: no ncu CSV table (see the .err file beside it)")
+        head = "\n".join(text.splitlines()[:40])
+        raise SystemExit(f"{path}: no ncu CSV table; it begins:\n{head}")
     rows = list(csv.DictReader(io.StringIO(text[start:])))
     return [r for r in rows if r.get("Kernel Name") and number(r.get("gpu__time_duration.sum", ""))]
 

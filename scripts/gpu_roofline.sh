@@ -7,11 +7,15 @@
 # hardware's peak; benchmarks/roofline.py sums them per kernel and per call into
 # $OUT/roofline_<model>_<size>.md. ncu runs the kernels at its locked base clocks, so the
 # durations are longer than in a timed run; the percentages are of the peak at those clocks.
+# NCU_ARGS adds ncu options (e.g. --kernel-name regex:conv_forward), TAG names the files
+# (roofline_<model>_<size><TAG>.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu_suite}
 MODELS=${MODELS:-"7net-0 mace-mp0-medium-cu"}
 SIZES=${SIZES:-"864 32000"}
+NCU_ARGS=${NCU_ARGS:-}
+TAG=${TAG:-}
 mkdir -p "$OUT"
 METRICS=gpu__time_duration.sum
 for m in sm__sass_thread_inst_executed_op_ffma_pred_on.sum \
@@ -31,11 +35,13 @@ for m in sm__sass_thread_inst_executed_op_ffma_pred_on.sum \
 done
 for model in $MODELS; do
   for size in $SIZES; do
-    csv=$OUT/roofline_${model}_${size}.csv
-    timeout 240 ncu --csv --page raw --print-units base --metrics "$METRICS" \
+    name=roofline_${model}_${size}${TAG}
+    csv=$OUT/$name.csv
+    # shellcheck disable=SC2086
+    timeout 240 ncu --csv --page raw --print-units base --metrics "$METRICS" $NCU_ARGS \
       python3 -m e3fuse.cli bench scaling --model "benchmarks/models/$model.e3f" --device cuda \
-      --sizes "$size" --steps 1 >"$csv" 2>"$OUT/roofline_${model}_${size}.err"
-    python3 benchmarks/roofline.py "$csv" --calls 2 --title "$model, $size atoms" \
-      >"$OUT/roofline_${model}_${size}.md" 2>&1
+      --sizes "$size" --steps 1 >"$csv" 2>"$OUT/$name.err"
+    python3 benchmarks/roofline.py "$csv" --calls 2 --title "$model, $size atoms$TAG" \
+      >"$OUT/$name.md" 2>&1
   done
 done
