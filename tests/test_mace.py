@@ -231,19 +231,10 @@ def test_open_structure_and_multihead(workdir: Path) -> None:
         mace_convert.convert(model, workdir / "nohead.e3f")
 
 
-# (device, E3FUSE_SC_PARTS): the GPU with the automatic split, one part and three
-SC_CASES = [("cpu", ""), *(pytest.param("cuda", p, marks=DEVICES[1].marks) for p in ("", "1", "3"))]
-
-
-@pytest.mark.parametrize(("device", "parts"), SC_CASES)
-def test_symmetric_contraction_op(
-    workdir: Path, device: str, parts: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_symmetric_contraction_op(workdir: Path, device: str) -> None:
     """The core's symmetric contraction and its transpose vs mace-torch's
-    SymmetricContraction (and torch autograd) on random inputs. On the GPU also with each
-    (node, channel)'s outputs split over 1 and 3 threads (E3FUSE_SC_PARTS; the automatic
-    choice at 11 nodes is 4, at large sizes 1)."""
-    monkeypatch.setenv("E3FUSE_SC_PARTS", parts)
+    SymmetricContraction (and torch autograd) on random inputs."""
     for name in ("mp0-large", "three-interactions"):
         model, path = converted(name, workdir)
         probe = _core.OpsProbe(_core.Model.load(str(path)))

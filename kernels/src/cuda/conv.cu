@@ -50,7 +50,7 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   s.h0 = take_if(mlp, t * ec * c.max_hidden);
   s.h1 = take_if(mlp, t * ec * c.max_hidden);
   s.wts = take_if(mlp, t * ec * c.weight_numel);
-  s.M = take_if(!backward, t * ec * c.fm_per_edge);
+  s.M = take_if(!backward, t * ec * c.m_per_edge);
   if (!backward) {
     s.acc = take(t * c.dim_out);
   } else {
@@ -359,12 +359,9 @@ __device__ void chunk_mlp_forward(const typename Conv<T>::View& c, T* emb, T* h0
 template <class T>
 __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
                                   const T* J, T* M) {
-  // the forward's padded rows (fm_entries) without J, the backward's {M, K} with it
-  const int per_edge = J ? c.m_per_edge : c.fm_per_edge;
-  const typename Conv<T>::MEntry* entries = J ? c.m_entries : c.fm_entries;
-  for (int q = threadIdx.x; q < n * per_edge; q += blockDim.x) {
-    const int e = q / per_edge, m = q - e * per_edge;
-    const typename Conv<T>::MEntry me = entries[m];
+  for (int q = threadIdx.x; q < n * c.m_per_edge; q += blockDim.x) {
+    const int e = q / c.m_per_edge, m = q - e * c.m_per_edge;
+    const typename Conv<T>::MEntry me = c.m_entries[m];
     const T* cg = c.cg + me.cg_base;
     const T* y = Y + e * sh_dim + me.sh_offset;
     T s = T(0);
@@ -551,10 +548,9 @@ __device__ __forceinline__ void edge_weights(const typename Conv<T>::View& c,
   }
 }
 
-// y[out block of P][k][u] += sum_a M_e[a][k] (w_e x_j[a][u]) over the chunk's edges, summed
+// y[out block of P][k][u] += w_e sum_a M_e[a][k] x_j[a][u] over the chunk's edges, summed
 // in registers and added once (the slots belong to this lane alone); C channels per lane
-// share each read of M, and M is read four entries at a time (rows padded to 4, fm_offset):
-// shared-memory loads, not FMAs, bound this loop (ncu: L1 at 77 % of its peak, FMA pipe 21 %).
+// share each read of M.
 // TABLE: w_e comes from the radial table (interval[e], local_t[e]) instead of wts.
 template <class T, int D1, int D3, int C, bool TABLE>
 __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename Conv<T>::InBlock& B,
@@ -574,22 +570,18 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
     T coef[C][4], w[C];
     if constexpr (TABLE) load_edge_coefficients<T, C>(c, P, u, e, interval, coef);
     edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, nullptr);
-    constexpr int kRow = (D3 + 3) & ~3;
-    const T* Mp = M + e * c.fm_per_edge + P.fm_offset;
+    const T* Mp = M + e * c.m_per_edge + P.m_offset;
 #pragma unroll
-    for (int a = 0; a < D1; ++a) {
-      T wx[C];
+    for (int k = 0; k < D3; ++k) {
+      T s[C] = {};
 #pragma unroll
-      for (int ch = 0; ch < C; ++ch) wx[ch] = w[ch] * xa[a][ch];
+      for (int a = 0; a < D1; ++a) {
+        const T m = Mp[a * D3 + k];
 #pragma unroll
-      for (int k0 = 0; k0 < D3; k0 += 4) {
-        T m[4];
-        load4_shared(Mp + a * kRow + k0, m);
-#pragma unroll
-        for (int j = 0; j < 4 && k0 + j < D3; ++j)
-#pragma unroll
-          for (int ch = 0; ch < C; ++ch) acc[k0 + j][ch] += m[j] * wx[ch];
+        for (int ch = 0; ch < C; ++ch) s[ch] += m * xa[a][ch];
       }
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) acc[k][ch] += w[ch] * s[ch];
     }
   }
   T* y = yacc + P.out_offset + u;
@@ -1122,7 +1114,7 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   // Group the paths by input block (in the order of the input blocks).
   std::vector<InBlock> blocks;
   std::vector<Path> paths;
-  std::vector<MEntry> entries, fm_entries;
+  std::vector<MEntry> entries;
   std::vector<T> cg;
   std::vector<int64_t> outputs_seen;
   int gx_slots = 0;
@@ -1143,20 +1135,13 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
              p.d3,
              p.l2 % 2,
              static_cast<int>(entries.size()),
-             gx_slots,
-             static_cast<int>(fm_entries.size())};
+             gx_slots};
       gx_slots += p.d1 * ib.mul;
       const int cg_begin = static_cast<int>(cg.size());
       cg.insert(cg.end(), p.cg.begin(), p.cg.end());
       for (int a = 0; a < p.d1; ++a)
         for (int k = 0; k < p.d3; ++k)
           entries.push_back({cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset});
-      const int row = (p.d3 + 3) & ~3;
-      for (int a = 0; a < p.d1; ++a)
-        for (int k = 0; k < row; ++k)
-          fm_entries.push_back(k < p.d3
-                                   ? MEntry{cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset}
-                                   : MEntry{cg_begin, 0, p.d3, q.sh_offset});
       paths.push_back(q);
     }
     b.path_end = static_cast<int>(paths.size());
@@ -1171,16 +1156,13 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   c.tasks.upload(tasks);
   v.tasks = c.tasks.data();
   v.m_per_edge = static_cast<int>(entries.size());
-  v.fm_per_edge = static_cast<int>(fm_entries.size());
   c.blocks.upload(blocks);
   c.paths.upload(paths);
   c.m_entries.upload(entries);
-  c.fm_entries.upload(fm_entries);
   c.cg.upload(cg);
   v.blocks = c.blocks.data();
   v.paths = c.paths.data();
   v.m_entries = c.m_entries.data();
-  v.fm_entries = c.fm_entries.data();
   v.cg = c.cg.data();
 
   const auto& mlp = conv.mlp;

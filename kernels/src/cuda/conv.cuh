@@ -61,11 +61,8 @@ struct Conv {
     int in_offset, mul, d1, path_begin, path_end;
   };
   // gx_offset: the path's slot [d1][mul] of dE/dx partial sums in the backward pass.
-  // m_offset: its entries M[a][k] in the backward's {M, K} rows; fm_offset: in the
-  // forward's rows, where each row a is padded to a multiple of 4 (16-byte aligned), so
-  // that the forward reads M four entries per shared-memory load.
   struct Path {
-    int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset, gx_offset, fm_offset;
+    int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset, gx_offset;
   };
   // The tensor product is dealt to the warps as tasks: path `path` for the 32 x C channels
   // u0 .. u0 + 32 C - 1 of its input block, C = lane_channels adjacent channels per lane:
@@ -93,8 +90,6 @@ struct Conv {
     int gx_slots = 0;  // sum over paths of d1 x mul
     int m_per_edge = 0;
     const MEntry* m_entries = nullptr;
-    int fm_per_edge = 0;                 // the forward's padded rows (a multiple of 4)
-    const MEntry* fm_entries = nullptr;  // padding entries have d2 = 0 (M = 0)
     const T* cg = nullptr;
     int mlp_layers = 0;
     int dims[kMaxMlpLayers + 1] = {};
@@ -119,7 +114,7 @@ struct Conv {
   DeviceArray<InBlock> blocks;
   DeviceArray<Path> paths;
   DeviceArray<Task> tasks;
-  DeviceArray<MEntry> m_entries, fm_entries;
+  DeviceArray<MEntry> m_entries;
   DeviceArray<T> cg, mlp, table;
   DeviceArray<float> mlp_fragments;
 };

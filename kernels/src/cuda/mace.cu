@@ -13,10 +13,7 @@
 // thread keeps its gathered xt[i] = x[c][i] (and grad_xt[i]) in dynamic shared memory laid
 // out [slot][thread] (bank-conflict free, no synchronisation needed), which allows the
 // groups' data-dependent indices. The sums run in a fixed order: deterministic, but not the
-// CPU's order (the CPU sums the rows). A graph of few nodes (864 atoms: 110 k threads, a
-// fraction of what an H100 keeps resident) would leave each thread a long serial walk over
-// all groups; then up to kMaxScParts threads share one (node, channel), each taking a slice
-// of the outputs, and in the backward pass their partial dE/dx are added in part order.
+// CPU's order (the CPU sums the rows).
 #include <algorithm>
 #include <map>
 #include <string>
@@ -40,90 +37,62 @@ __device__ __forceinline__ void product_slots(uint32_t factors, int slot[NU]) {
   for (int j = 0; j < NU; ++j) slot[j] = (factors >> (8 * j)) & 255u;
 }
 
-// Thread (node n, channel c, part p): with one part, t = n C + c over the grid (c fastest);
-// with P > 1 parts (C a multiple of 32), block b is node b / (C / 32), channels
-// 32 (b % (C / 32)) + lane, and warp p of the block is part p.
-struct ScThread {
-  int64_t n;
-  int c, part;
-};
-
-__device__ inline bool sc_thread(int64_t num_nodes, int C, int parts, ScThread* t) {
-  if (parts == 1) {
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    *t = {i / C, static_cast<int>(i % C), 0};
-    return i < num_nodes * C;
-  }
-  const int tiles = C / 32;
-  *t = {static_cast<int64_t>(blockIdx.x) / tiles,
-        static_cast<int>(blockIdx.x % tiles) * 32 + static_cast<int>(threadIdx.x % 32),
-        static_cast<int>(threadIdx.x / 32)};
-  return true;
-}
-
-// The outputs [first, last) of part t.part of `parts`.
-__device__ inline void sc_part_outputs(const int32_t* part_outputs, int parts, int part, int* first,
-                                       int* last) {
-  const int32_t* b = part_outputs + (parts - 1) * (kMaxScParts + 1);
-  *first = b[part];
-  *last = b[part + 1];
-}
-
 template <class T, int NU>
 __global__ void sc_forward_kernel(
     int64_t num_nodes, int C, int num_ell, int num_groups, int64_t dim_in, int64_t dim_out,
-    int parts, const int64_t* __restrict__ ell_offset, const int32_t* __restrict__ ell_stride,
-    const ScOutput* __restrict__ outputs, const int32_t* __restrict__ part_outputs,
-    const uint32_t* __restrict__ factors, const T* __restrict__ weights,
-    const int32_t* __restrict__ species, const T* __restrict__ x, T* __restrict__ out) {
+    int num_contractions, const int64_t* __restrict__ ell_offset,
+    const int32_t* __restrict__ ell_stride, const ScContraction* __restrict__ contractions,
+    const int32_t* __restrict__ group_begin, const uint32_t* __restrict__ factors,
+    const T* __restrict__ weights, const int32_t* __restrict__ species, const T* __restrict__ x,
+    T* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int bd = blockDim.x;
   T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i], xt[num_ell] = 1
-  ScThread t;
-  if (!sc_thread(num_nodes, C, parts, &t)) return;
-  const int c = t.c;
-  const int64_t n = t.n;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * bd + threadIdx.x;
+  if (t >= num_nodes * C) return;
+  const int c = static_cast<int>(t % C);
+  const int64_t n = t / C;
   const T* xn = x + n * dim_in;
   for (int i = 0; i < num_ell; ++i)
     xt[i * bd] = xn[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]];
   xt[num_ell * bd] = T(1);
   const T* W = weights + static_cast<int64_t>(species[n]) * num_groups * C + c;  // W[g * C]
   T* on = out + n * dim_out;
-  int first, last;
-  sc_part_outputs(part_outputs, parts, t.part, &first, &last);
-  for (int o = first; o < last; ++o) {
-    const ScOutput q = outputs[o];
-    T sum = T(0);
-    for (int g = q.group_begin; g < q.group_end; ++g) {
-      int slot[NU];
-      product_slots<NU>(__ldg(factors + g), slot);
-      T prod = W[static_cast<int64_t>(g) * C];
+  for (int q = 0; q < num_contractions; ++q) {
+    const ScContraction con = contractions[q];
+    for (int m = 0; m < con.d; ++m) {
+      T sum = T(0);
+      for (int g = group_begin[con.m_at + m]; g < group_begin[con.m_at + m + 1]; ++g) {
+        int slot[NU];
+        product_slots<NU>(__ldg(factors + g), slot);
+        T prod = W[static_cast<int64_t>(g) * C];
 #pragma unroll
-      for (int j = 0; j < NU; ++j) prod *= xt[slot[j] * bd];
-      sum += prod;
+        for (int j = 0; j < NU; ++j) prod *= xt[slot[j] * bd];
+        sum += prod;
+      }
+      on[con.out_offset + static_cast<int64_t>(c) * con.d + m] = sum;
     }
-    on[q.offset + static_cast<int64_t>(c) * q.d + q.m] = sum;
   }
 }
 
 // grad_x may be x (in place): each thread reads its own elements of x before it writes
-// the same elements of grad_x, and no other thread touches them (with parts, the block's
-// threads of one (node, channel) have all read x before part 0 writes).
+// the same elements of grad_x, and no other thread touches them.
 template <class T, int NU>
 __global__ void sc_backward_kernel(
     int64_t num_nodes, int C, int num_ell, int num_groups, int64_t dim_in, int64_t dim_out,
-    int parts, const int64_t* __restrict__ ell_offset, const int32_t* __restrict__ ell_stride,
-    const ScOutput* __restrict__ outputs, const int32_t* __restrict__ part_outputs,
-    const uint32_t* __restrict__ factors, const T* __restrict__ weights,
-    const int32_t* __restrict__ species, const T* x, const T* __restrict__ grad_out, T* grad_x) {
+    int num_contractions, const int64_t* __restrict__ ell_offset,
+    const int32_t* __restrict__ ell_stride, const ScContraction* __restrict__ contractions,
+    const int32_t* __restrict__ group_begin, const uint32_t* __restrict__ factors,
+    const T* __restrict__ weights, const int32_t* __restrict__ species, const T* x,
+    const T* __restrict__ grad_out, T* grad_x) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int bd = blockDim.x;
   T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i], xt[num_ell] = 1
   T* gxt = xt + static_cast<int64_t>(num_ell + 1) * bd;  // gxt[i * bd]: dE/dx[c][i]
-  ScThread t;
-  if (!sc_thread(num_nodes, C, parts, &t)) return;
-  const int c = t.c;
-  const int64_t n = t.n;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * bd + threadIdx.x;
+  if (t >= num_nodes * C) return;
+  const int c = static_cast<int>(t % C);
+  const int64_t n = t / C;
   const T* xn = x + n * dim_in;
   for (int i = 0; i < num_ell; ++i) {
     xt[i * bd] = xn[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]];
@@ -133,33 +102,27 @@ __global__ void sc_backward_kernel(
   gxt[num_ell * bd] = T(0);  // collects the (unused) adjoint of the constant slot
   const T* W = weights + static_cast<int64_t>(species[n]) * num_groups * C + c;
   const T* gn = grad_out + n * dim_out;
-  int first, last;
-  sc_part_outputs(part_outputs, parts, t.part, &first, &last);
-  for (int o = first; o < last; ++o) {
-    const ScOutput q = outputs[o];
-    const T gm = gn[q.offset + static_cast<int64_t>(c) * q.d + q.m];
-    for (int g = q.group_begin; g < q.group_end; ++g) {
-      int slot[NU];
-      product_slots<NU>(__ldg(factors + g), slot);
-      T f[NU];
+  for (int q = 0; q < num_contractions; ++q) {
+    const ScContraction con = contractions[q];
+    for (int m = 0; m < con.d; ++m) {
+      const T gm = gn[con.out_offset + static_cast<int64_t>(c) * con.d + m];
+      for (int g = group_begin[con.m_at + m]; g < group_begin[con.m_at + m + 1]; ++g) {
+        int slot[NU];
+        product_slots<NU>(__ldg(factors + g), slot);
+        T f[NU];
 #pragma unroll
-      for (int j = 0; j < NU; ++j) f[j] = xt[slot[j] * bd];
-      const T base = W[static_cast<int64_t>(g) * C] * gm;
+        for (int j = 0; j < NU; ++j) f[j] = xt[slot[j] * bd];
+        const T base = W[static_cast<int64_t>(g) * C] * gm;
 #pragma unroll
-      for (int j = 0; j < NU; ++j) {  // d/dx[i_j]: the product of the other factors
-        T part = base;
+        for (int j = 0; j < NU; ++j) {  // d/dx[i_j]: the product of the other factors
+          T part = base;
 #pragma unroll
-        for (int p = 0; p < NU; ++p)
-          if (p != j) part *= f[p];
-        gxt[slot[j] * bd] += part;
+          for (int p = 0; p < NU; ++p)
+            if (p != j) part *= f[p];
+          gxt[slot[j] * bd] += part;
+        }
       }
     }
-  }
-  if (parts > 1) {  // part 0 adds the other parts' sums (warps 1 .. P-1), in part order
-    __syncthreads();
-    if (t.part != 0) return;
-    for (int i = 0; i < num_ell; ++i)
-      for (int p = 1; p < parts; ++p) gxt[i * bd] += gxt[i * bd + 32 * p];
   }
   T* gx = grad_x + n * dim_in;
   for (int i = 0; i < num_ell; ++i)
@@ -184,51 +147,6 @@ int sc_block(Kernel kernel, int slots, size_t& bytes) {
                              static_cast<int>(bytes)),
         "symmetric contraction: shared memory per block");
   return 32;
-}
-
-struct ScLaunch {
-  unsigned blocks = 0;
-  int threads = 0, parts = 1;
-  size_t bytes = 0;
-};
-
-// Parts per (node, channel): enough for about two waves of the threads the GPU keeps
-// resident, at most kMaxScParts; 1 when C is not a multiple of 32 (ScThread) or the parts'
-// blocks would need more than the default shared memory.
-// E3FUSE_SC_PARTS=P asks for P (1: never split), to measure.
-template <class T, class Kernel>
-ScLaunch sc_launch(Kernel kernel, const SymmetricContraction<T>& sc, int64_t num_nodes, int slots) {
-  ScLaunch l;
-  const int64_t work = num_nodes * sc.C;
-  l.threads = sc_block<T>(kernel, slots, l.bytes);
-  const int forced = static_cast<int>(env_int("E3FUSE_SC_PARTS", 0));  // read at every call
-  const bool splittable =
-      sc.C % 32 == 0 &&
-      static_cast<size_t>(slots) * 32 * kMaxScParts * sizeof(T) <= kDefaultSharedBytes;
-  if (splittable) {
-    if (forced > 0) {
-      l.parts = std::min(forced, kMaxScParts);
-    } else {
-      int device = 0, multiprocessors = 0, per_sm = 0;
-      check(cudaGetDevice(&device), "cudaGetDevice");
-      check(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device),
-            "multiprocessor count");
-      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, l.threads, l.bytes),
-            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-      const int64_t resident = static_cast<int64_t>(per_sm) * l.threads * multiprocessors;
-      l.parts =
-          static_cast<int>(std::clamp<int64_t>((2 * resident + work - 1) / work, 1, kMaxScParts));
-    }
-  }
-  if (l.parts == 1) {
-    l.blocks = static_cast<unsigned>(blocks_for(work, l.threads));
-    return l;
-  }
-  // one block per (node, 32 channels), a warp per part; its shared memory per thread as before
-  l.threads = 32 * l.parts;
-  l.bytes = static_cast<size_t>(slots) * l.threads * sizeof(T);
-  l.blocks = static_cast<unsigned>(work / 32);
-  return l;
 }
 
 }  // namespace
@@ -316,7 +234,8 @@ SymmetricContraction<T> make_symmetric_contraction(const cpu::SymmetricContracti
     uint32_t factors;
     std::vector<Row> rows;
   };
-  std::vector<ScOutput> outputs;
+  std::vector<ScContraction> contractions;
+  std::vector<int32_t> group_begin;
   std::vector<Group> groups;
   for (const auto& con : host.contractions) {
     if (con.out_offset + static_cast<int64_t>(host.C) * con.d > host.dim_out) {
@@ -344,36 +263,20 @@ SymmetricContraction<T> make_symmetric_contraction(const cpu::SymmetricContracti
     }
     std::stable_sort(mine.begin(), mine.end(),
                      [](const Group& a, const Group& b) { return a.m < b.m; });
+    ScContraction q;
+    q.out_offset = con.out_offset;
+    q.d = con.d;
+    q.m_at = static_cast<int32_t>(group_begin.size());
     sc.max_d = std::max(sc.max_d, con.d);
     size_t g = 0;
-    for (int m = 0; m < con.d; ++m) {
-      ScOutput q;
-      q.offset = con.out_offset;
-      q.d = con.d;
-      q.m = m;
+    for (int m = 0; m <= con.d; ++m) {
       while (g < mine.size() && mine[g].m < m) ++g;
-      q.group_begin = static_cast<int32_t>(groups.size() + g);
-      while (g < mine.size() && mine[g].m == m) ++g;
-      q.group_end = static_cast<int32_t>(groups.size() + g);
-      outputs.push_back(q);
+      group_begin.push_back(static_cast<int32_t>(groups.size() + g));
     }
     for (auto& grp : mine) groups.push_back(std::move(grp));
+    contractions.push_back(q);
   }
   sc.num_groups = static_cast<int>(groups.size());
-  sc.num_outputs = static_cast<int>(outputs.size());
-  // Part p of P starts at the first output whose groups begin at or past p / P of all
-  // (each output at least one group in, so that every part may take some).
-  std::vector<int32_t> part_outputs(kMaxScParts * (kMaxScParts + 1), sc.num_outputs);
-  for (int P = 1; P <= kMaxScParts; ++P) {
-    int32_t* b = part_outputs.data() + (P - 1) * (kMaxScParts + 1);
-    for (int p = 0; p < P; ++p) {
-      const int64_t target = static_cast<int64_t>(sc.num_groups) * p / P;
-      int o = 0;
-      while (o < sc.num_outputs && outputs[o].group_begin < target) ++o;
-      b[p] = o;
-    }
-    b[P] = sc.num_outputs;
-  }
   const int S = std::max(num_species, 0);
   std::vector<uint32_t> factors(groups.size());
   std::vector<T> weights(static_cast<size_t>(S) * groups.size() * host.C);
@@ -392,8 +295,8 @@ SymmetricContraction<T> make_symmetric_contraction(const cpu::SymmetricContracti
   }
   sc.ell_offset.upload(host.ell_offset);
   sc.ell_stride.upload(std::vector<int32_t>(host.ell_stride.begin(), host.ell_stride.end()));
-  sc.outputs.upload(outputs);
-  sc.part_outputs.upload(part_outputs);
+  sc.contractions.upload(contractions);
+  sc.group_begin.upload(group_begin);
   sc.factors.upload(factors);
   sc.weights.upload(weights);
   check(cudaStreamSynchronize(nullptr), "symmetric contraction upload");
@@ -404,13 +307,15 @@ template <class T>
 void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t num_nodes,
                                    const int32_t* species, const T* x, T* out,
                                    cudaStream_t stream) {
-  if (num_nodes <= 0 || sc.C <= 0) return;
+  const int64_t work = num_nodes * sc.C;
+  if (work <= 0) return;
   with_correlation(sc.max_nu, [&](auto nu) {
     auto kernel = sc_forward_kernel<T, decltype(nu)::value>;
-    const ScLaunch l = sc_launch<T>(kernel, sc, num_nodes, sc.num_ell + 1);
-    kernel<<<l.blocks, l.threads, l.bytes, stream>>>(
-        num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, l.parts,
-        sc.ell_offset.data(), sc.ell_stride.data(), sc.outputs.data(), sc.part_outputs.data(),
+    size_t bytes = 0;
+    const int threads = sc_block<T>(kernel, sc.num_ell + 1, bytes);
+    kernel<<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
+        num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, sc.num_contractions,
+        sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.group_begin.data(),
         sc.factors.data(), sc.weights.data(), species, x, out);
   });
   check_launch("sc_forward_kernel");
@@ -420,13 +325,15 @@ template <class T>
 void symmetric_contraction_backward(const SymmetricContraction<T>& sc, int64_t num_nodes,
                                     const int32_t* species, const T* x, const T* grad_out,
                                     T* grad_x, cudaStream_t stream) {
-  if (num_nodes <= 0 || sc.C <= 0) return;
+  const int64_t work = num_nodes * sc.C;
+  if (work <= 0) return;
   with_correlation(sc.max_nu, [&](auto nu) {
     auto kernel = sc_backward_kernel<T, decltype(nu)::value>;
-    const ScLaunch l = sc_launch<T>(kernel, sc, num_nodes, 2 * (sc.num_ell + 1));
-    kernel<<<l.blocks, l.threads, l.bytes, stream>>>(
-        num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, l.parts,
-        sc.ell_offset.data(), sc.ell_stride.data(), sc.outputs.data(), sc.part_outputs.data(),
+    size_t bytes = 0;
+    const int threads = sc_block<T>(kernel, 2 * (sc.num_ell + 1), bytes);
+    kernel<<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
+        num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, sc.num_contractions,
+        sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.group_begin.data(),
         sc.factors.data(), sc.weights.data(), species, x, grad_out, grad_x);
   });
   check_launch("sc_backward_kernel");

@@ -155,27 +155,21 @@ void element_linear_backward(const ElementLinear<T>& lin, int64_t num_nodes, con
 //   W[s][g][c] = sum_{rows r of g} value_r * W_nu[s][k_r][c],
 // so that out[c][m] = sum_g W[s][g][c] prod_j x[c][i_j] (Batatia et al. 2022, eq. 10-11)
 // visits each product once instead of once per (product, k) row.
-// One output component m of one output irrep: out[offset + c d + m] sums the groups
-// [group_begin .. group_end).
-struct ScOutput {
-  int64_t offset = 0;
-  int32_t d = 1, m = 0, group_begin = 0, group_end = 0;
+// One output irrep: its component m sums the groups
+// [group_begin[m_at + m] .. group_begin[m_at + m + 1]).
+struct ScContraction {
+  int64_t out_offset = 0;
+  int32_t d = 1, m_at = 0;
 };
-
-// Small graphs split each (node, channel)'s outputs over up to kMaxScParts threads, so that
-// the GPU has enough of them (mace.cu): part p of P takes the outputs
-// [part_outputs[(P - 1)(kMaxScParts + 1) + p] .. that + 1), a group count near 1/P of all.
-constexpr int kMaxScParts = 4;
 
 template <class T>
 struct SymmetricContraction {
   int64_t dim_in = 0, dim_out = 0;
   int C = 0, num_ell = 0, max_d = 1, num_contractions = 0, max_nu = 1, num_groups = 0;
-  int num_outputs = 0;
   DeviceArray<int64_t> ell_offset;  // x[c][i] = x_flat[ell_offset[i] + c * ell_stride[i]]
   DeviceArray<int32_t> ell_stride;
-  DeviceArray<ScOutput> outputs;      // by contraction, then m
-  DeviceArray<int32_t> part_outputs;  // [kMaxScParts][kMaxScParts + 1]
+  DeviceArray<ScContraction> contractions;
+  DeviceArray<int32_t> group_begin;
   // per group, its product x[i_1] ... x[i_nu]: factor j in byte j - 1; factors past nu
   // name the slot num_ell, which holds 1
   DeviceArray<uint32_t> factors;
