@@ -40,19 +40,20 @@ def number(text: str) -> float:
 
 
 def short_name(name: str) -> str:
-    """`void ns::(anonymous namespace)::k<float, 16>(args)` -> `k<float, 16>`."""
+    """`void ns::(anonymous namespace)::k<float, 16>(args)` (or `<unnamed>`) -> `k<float, 16>`."""
     name = re.sub(r"^void\s+", "", name.strip())
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
     depth, cut = 0, len(name)
     for i, ch in enumerate(name):  # drop the argument list (the first '(' outside <>)
         if ch == "<":
             depth += 1
         elif ch == ">":
             depth -= 1
-        elif ch == "(" and depth == 0 and not name.startswith("(anonymous", i):
+        elif ch == "(" and depth == 0:
             cut = i
             break
     name = name[:cut]
-    return re.sub(r"([A-Za-z_0-9]+|\(anonymous namespace\))::", "", name)
+    return re.sub(r"[A-Za-z_0-9]+::", "", name)
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
