@@ -16,8 +16,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+# Executed floating-point instructions: (fused multiply-add, add, multiply); an FMA is 2 flops.
 FP32 = ("ffma", "fadd", "fmul")
 FP64 = ("dfma", "dadd", "dmul")
+BYTES = {
+    "dram": ("dram__bytes_read.sum", "dram__bytes_write.sum"),
+    "l2": ("lts__t_bytes.sum",),
+    "l1": ("l1tex__t_bytes.sum",),
+}
 PERCENTS = {
     "SM %": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "FMA pipe %": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
@@ -28,8 +34,22 @@ PERCENTS = {
 }
 
 
-def op_count(row: dict[str, str], op: str) -> float:
-    return number(row.get(f"sm__sass_thread_inst_executed_op_{op}_pred_on.sum", "0"))
+def op_metric(op: str) -> str:
+    return f"sm__sass_thread_inst_executed_op_{op}_pred_on.sum"
+
+
+# What scripts/gpu_roofline.sh asks ncu for (`roofline.py --metrics` prints it).
+METRICS = [
+    "gpu__time_duration.sum",
+    *(op_metric(op) for op in FP32 + FP64),
+    *(m for group in BYTES.values() for m in group),
+    *PERCENTS.values(),
+]
+
+
+def flops(row: dict[str, str], ops: tuple[str, str, str]) -> float:
+    fma, add, mul = (number(row.get(op_metric(op), "0")) for op in ops)
+    return 2 * fma + add + mul
 
 
 def number(text: str) -> float:
@@ -68,10 +88,16 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("csv", type=Path)
+    parser.add_argument("csv", type=Path, nargs="?")
+    parser.add_argument("--metrics", action="store_true", help="print the ncu metric list")
     parser.add_argument("--calls", type=int, default=1, help="engine calls profiled (divides sums)")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
+    if args.metrics:
+        print(",".join(METRICS))
+        return 0
+    if args.csv is None:
+        parser.error("the ncu CSV file is required")
     rows = read_rows(args.csv)
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in rows:
@@ -79,13 +105,10 @@ def main() -> int:
         t = number(r["gpu__time_duration.sum"])
         s["launches"] += 1
         s["time"] += t
-        s["fp32"] += 2 * op_count(r, "ffma") + op_count(r, "fadd") + op_count(r, "fmul")
-        s["fp64"] += 2 * op_count(r, "dfma") + op_count(r, "dadd") + op_count(r, "dmul")
-        s["dram"] += number(r.get("dram__bytes_read.sum", "0")) + number(
-            r.get("dram__bytes_write.sum", "0")
-        )
-        s["l2"] += number(r.get("lts__t_bytes.sum", "0"))
-        s["l1"] += number(r.get("l1tex__t_bytes.sum", "0"))
+        s["fp32"] += flops(r, FP32)
+        s["fp64"] += flops(r, FP64)
+        for key, metrics in BYTES.items():
+            s[key] += sum(number(r.get(m, "0")) for m in metrics)
         for label, metric in PERCENTS.items():
             s[label] += t * number(r.get(metric, "0"))
     total = sum(s["time"] for s in sums.values())

@@ -17,22 +17,7 @@ SIZES=${SIZES:-"864 32000"}
 NCU_ARGS=${NCU_ARGS:-}
 TAG=${TAG:-}
 mkdir -p "$OUT"
-METRICS=gpu__time_duration.sum
-for m in sm__sass_thread_inst_executed_op_ffma_pred_on.sum \
-  sm__sass_thread_inst_executed_op_fadd_pred_on.sum \
-  sm__sass_thread_inst_executed_op_fmul_pred_on.sum \
-  sm__sass_thread_inst_executed_op_dfma_pred_on.sum \
-  sm__sass_thread_inst_executed_op_dadd_pred_on.sum \
-  sm__sass_thread_inst_executed_op_dmul_pred_on.sum \
-  dram__bytes_read.sum dram__bytes_write.sum lts__t_bytes.sum l1tex__t_bytes.sum \
-  sm__throughput.avg.pct_of_peak_sustained_elapsed \
-  dram__throughput.avg.pct_of_peak_sustained_elapsed \
-  lts__throughput.avg.pct_of_peak_sustained_elapsed \
-  l1tex__throughput.avg.pct_of_peak_sustained_elapsed \
-  sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active \
-  sm__warps_active.avg.pct_of_peak_sustained_active; do
-  METRICS=$METRICS,$m
-done
+METRICS=$(python3 benchmarks/roofline.py --metrics)
 for model in $MODELS; do
   for size in $SIZES; do
     name=roofline_${model}_${size}${TAG}
