@@ -105,6 +105,10 @@ def mace_calculator(source: Any, dtype: str = "float64", head: str | None = None
     else:
         model = torch.load(str(source), map_location="cpu", weights_only=False)
     model = model.to(torch.float64 if dtype == "float64" else torch.float32).eval()
+    if dtype == "float64":  # the upstream model in float64 = with float64 constants
+        from .convert.exact_constants import restore_float64_constants
+
+        restore_float64_constants(model)
     kwargs: dict[str, Any] = {"head": head} if head is not None else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -27,13 +27,15 @@ from .. import __version__
 from ..modelfile import FORMAT_VERSION, TensorStore, sha256_of_file, write_model_file
 from . import e3nn_parts as parts
 from .e3nn_parts import UnsupportedModel
+from .exact_constants import restore_float64_constants
 
 SUPPORTED_MODELS = ("MACE", "ScaleShiftMACE")
 SUPPORTED_INTERACTIONS = ("RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock")
 
 
 def load_mace_model(source: str | Path | torch.nn.Module) -> torch.nn.Module:
-    """A float64 copy of the mace model in eval mode."""
+    """A float64 copy of the mace model in eval mode, its constants (Wigner 3j
+    symbols, symmetric-contraction U matrices) recomputed in float64."""
     import copy
 
     if isinstance(source, torch.nn.Module):
@@ -48,7 +50,9 @@ def load_mace_model(source: str | Path | torch.nn.Module) -> torch.nn.Module:
                 f"{source!r} does not hold a whole model (torch.save(model)); got "
                 f"{type(model).__name__}"
             )
-    return model.to(torch.float64).eval()
+    model = model.to(torch.float64).eval()
+    restore_float64_constants(model)
+    return model
 
 
 def _element_linear(tp: Any, name: str, store: TensorStore, num_elements: int) -> dict[str, Any]:
