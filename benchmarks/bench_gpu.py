@@ -333,8 +333,13 @@ def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "error": f"timed out after {timeout:.0f} s"}
+    except subprocess.TimeoutExpired as err:
+        # a worker that reports as it goes (labelled_worker) keeps what it measured
+        partial = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        lines = [line for line in partial.splitlines() if line.startswith("{")]
+        out = json.loads(lines[-1]) if lines else {}
+        out.update(status="timeout", error=f"timed out after {timeout:.0f} s")
+        return out
     wall = time.perf_counter() - t0
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -979,6 +984,7 @@ def labelled_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
             result["torch_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
         atoms.calc = None
+        print(json.dumps(out), flush=True)  # what is measured so far (run_worker on timeout)
         if result["status"] != "ok":
             break
     return out
@@ -1096,7 +1102,10 @@ def labelled(
                 "budget_s": args.budget_s,
                 "kinds": list(args.kinds),
             }
-            res = run_worker(spec, args.timeout)
+            timeout = args.timeout
+            if args.deadline_s is not None:  # the deadline also bounds a running worker
+                timeout = max(30.0, min(timeout, args.deadline_s - (time.monotonic() - t_start)))
+            res = run_worker(spec, timeout)
         done = {r["repeat"]: r for r in res.get("sizes", [])}
         for n in ns:
             c = make_case(n)

@@ -19,7 +19,7 @@
 # it measured.
 #
 # Environment: OUT (default benchmarks/results/gpu_micro), TOTAL_S (wall-time target, default
-# 380 s from the start), MICRO_SIZES / CALL_SIZES (default "864 32000"), MICRO_MODELS (default
+# 400 s from the start), MICRO_SIZES / CALL_SIZES (default "864 32000"), MICRO_MODELS (default
 # "7net-0 7net-l3i5 mp0-medium"), REPEATS (micro, default 10), CALL_REPEATS (default 5),
 # E3NN (1: also sevenn / mace-torch without cuEquivariance at 864 atoms), E3FUSE_BUILD
 # (default build/gpu), CUDA_ARCH (default 90).
@@ -36,7 +36,7 @@ WORK=$(mktemp -d /tmp/e3fuse-micro.XXXXXX)
 BUILD=${E3FUSE_BUILD:-build/gpu}
 STAGE=/tmp/e3fuse-stage
 PY=${PYTHON:-python3}
-TOTAL_S=${TOTAL_S:-380}
+TOTAL_S=${TOTAL_S:-400}
 export PYTHONUNBUFFERED=1
 SUMMARY=()
 # shellcheck source=scripts/gpu_common.sh
@@ -53,16 +53,20 @@ export E3FUSE_COMMIT=${E3FUSE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo u
 FAILED=0
 say "convolution microbenchmark ($(left) s left)"
 models=${MICRO_MODELS:-"7net-0 7net-l3i5 mp0-medium"}
-# the microbenchmark gets the time up to 170 s before the end, the labelled calls the rest
+# the microbenchmark starts cases until 170 s before the end (at least 60 s from now), the
+# labelled calls get the rest
+micro_deadline=$(($(left) - 170))
+[[ $micro_deadline -lt 60 ]] && micro_deadline=60
 # shellcheck disable=SC2086
 $PY benchmarks/micro/conv_micro.py --exe "$BUILD/e3fuse_conv_micro" --models $models \
   --sizes ${MICRO_SIZES:-864 32000} --repeats "${REPEATS:-10}" \
-  --deadline-s "$(($(left) - 170))" --json "$WORK/micro.json" --markdown "$WORK/micro.md" \
+  --deadline-s "$micro_deadline" --json "$WORK/micro.json" --markdown "$WORK/micro.md" \
   2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 SUMMARY+=("$(printf '%-28s rc=%-3s %5ss' conv_micro "$rc" "$((SECONDS - START))")")
 [[ $rc -ne 0 ]] && FAILED=1
 
+remaining=$(echo $models | wc -w)
 for model in $models; do
   case $model in
   mp0-medium) fam=mace upstream=mace ;;
@@ -70,7 +74,9 @@ for model in $models; do
   esac
   engines="e3fuse $upstream-cueq"
   [[ ${E3NN:-0} == 1 ]] && engines="$engines $upstream"
-  budget=$(($(left) - 10))
+  # an equal share of what is left for each model still to run
+  budget=$((($(left) - 10) / remaining))
+  remaining=$((remaining - 1))
   if [[ $budget -le 20 ]]; then
     echo "calls $model: skipped, the wall-time target is reached" | tee -a "$LOG"
     FAILED=1
