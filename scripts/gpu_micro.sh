@@ -82,7 +82,7 @@ for model in $models; do
     FAILED=1
     continue
   fi
-  say "model call and ASE MD step: $model ($budget s left)"
+  say "model call and ASE MD step: $model (budget $budget s)"
   # shellcheck disable=SC2086
   $PY benchmarks/bench_gpu.py --family "$fam" --model "$model" --kinds model-call md-step \
     --engines $engines --sizes ${CALL_SIZES:-864 32000} --repeats "${CALL_REPEATS:-5}" \

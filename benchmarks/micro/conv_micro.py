@@ -402,12 +402,14 @@ def markdown(doc: dict[str, Any]) -> str:
         "module as the package calls it, with Y and w given (backward: dE/dx, dE/dY, dE/dw); "
         "**MLP fwd / bwd**: the package's radial MLP on the same edges, which the cueq kernel "
         "does not contain (nor does it compute Y). GFLOP/s and GB/s: the modelled flops and "
-        "bytes per edge (README.md) x edges inside the cutoff / time.",
+        "bytes per edge (README.md) x edges inside the cutoff / time. Ratios: (fwd + bwd) "
+        "times of cueq's parts over e3fuse's (above 1: e3fuse faster); row 'all': the sum "
+        "over the model's layers.",
         "",
         "| model | atoms | layer | edges | e3fuse fwd ms | e3fuse bwd ms | cueq TP fwd ms | "
         "cueq TP bwd ms | MLP fwd ms | MLP bwd ms | e3fuse fwd GFLOP/s | e3fuse bwd GFLOP/s "
-        "| e3fuse fwd GB/s | e3fuse bwd GB/s | cueq / e3fuse (fwd+bwd) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| e3fuse fwd GB/s | e3fuse bwd GB/s | cueq TP / e3fuse | cueq TP+MLP / e3fuse |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def f(x: Any, spec: str = ".3f") -> str:
@@ -434,16 +436,19 @@ def markdown(doc: dict[str, Any]) -> str:
         for lay in rows_to_print:
             e3 = lay.get("e3fuse") or {}
             cq = lay.get("cueq") or {}
-            ratio = None
+            ratio = with_mlp = None
             if e3.get("fwd_ms") and cq.get("tp_fwd_ms"):
-                ratio = (cq["tp_fwd_ms"] + cq["tp_bwd_ms"]) / (e3["fwd_ms"] + e3["bwd_ms"])
+                e3_ms = e3["fwd_ms"] + e3["bwd_ms"]
+                ratio = (cq["tp_fwd_ms"] + cq["tp_bwd_ms"]) / e3_ms
+                if cq.get("mlp_fwd_ms") is not None:
+                    with_mlp = ratio + (cq["mlp_fwd_ms"] + cq["mlp_bwd_ms"]) / e3_ms
             out.append(
                 f"| {r['model']} | {r['atoms']:,} | {lay['layer']} | {r.get('edges', 0):,} | "
                 f"{f(e3.get('fwd_ms'))} | {f(e3.get('bwd_ms'))} | {f(cq.get('tp_fwd_ms'))} | "
                 f"{f(cq.get('tp_bwd_ms'))} | {f(cq.get('mlp_fwd_ms'))} | "
                 f"{f(cq.get('mlp_bwd_ms'))} | {f(e3.get('fwd_gflops'), ',.0f')} | "
                 f"{f(e3.get('bwd_gflops'), ',.0f')} | {f(e3.get('fwd_gbs'), ',.0f')} | "
-                f"{f(e3.get('bwd_gbs'), ',.0f')} | {f(ratio, '.2f')} |"
+                f"{f(e3.get('bwd_gbs'), ',.0f')} | {f(ratio, '.2f')} | {f(with_mlp, '.2f')} |"
             )
     out += [
         "",
@@ -541,7 +546,15 @@ def main(argv: list[str] | None = None) -> int:
         work = [layer_work(layer["conv"]) for layer in arch["layers"]]
         doc["work"][name] = work
         use_cueq = "cueq" in args.engines and not args.dry_run
-        upstream = upstream_layers(name, source, cueq=use_cueq)
+        cueq_error = None
+        try:
+            upstream = upstream_layers(name, source, cueq=use_cueq)
+        except Exception as err:  # noqa: BLE001 - e3fuse is still measured, the error kept
+            if not use_cueq:
+                raise
+            cueq_error = f"{name}: cuEquivariance modules not built: {type(err).__name__}: {err}"
+            print(f"!! {cueq_error}", flush=True)
+            upstream = upstream_layers(name, source, cueq=False)
         if len(upstream) != len(work):
             raise RuntimeError(f"{name}: {len(upstream)} upstream layers, {len(work)} in {e3f}")
         for t, (up, w) in enumerate(zip(upstream, work, strict=True)):
@@ -559,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         for n in args.sizes:
             row: dict[str, Any] = {"model": name, "atoms": n, "cutoff": cutoff, "errors": []}
+            if cueq_error:
+                row["errors"].append(cueq_error[:1500])
             doc["rows"].append(row)
             if args.deadline_s is not None and time.monotonic() - t0 > args.deadline_s:
                 row["errors"].append(f"{name} {n}: deadline reached, not measured")
@@ -627,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as err:  # noqa: BLE001 - recorded, the run goes on
                         row["errors"].append(f"{name} {n} e3fuse: {err}"[:1500])
                         print(f"!! {row['errors'][-1]}", flush=True)
-                if "cueq" in args.engines:
+                if "cueq" in args.engines and cueq_error is None:
                     if senders is None:  # no e3fuse graph: the CPU list, inside the cutoff
                         _, senders, receivers = edges_on_cpu(atoms, cutoff)
                         row["edges"] = len(senders)
@@ -656,6 +671,10 @@ def main(argv: list[str] | None = None) -> int:
                         except Exception as err:  # noqa: BLE001 - recorded, the run goes on
                             row["errors"].append(f"{name} {n} cueq layer {t}: {err}"[:1500])
                             print(f"!! {row['errors'][-1]}", flush=True)
+                            del err
+                            import torch
+
+                            torch.cuda.empty_cache()
             if args.json:
                 args.json.write_text(json.dumps(doc, indent=1) + "\n")
     if args.json:
