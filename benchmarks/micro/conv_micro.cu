@@ -5,7 +5,7 @@
 // on one stream, a receiver-sorted graph from the engine's own GPU neighbor list (cutoff +
 // skin; the kernels skip the edges beyond the cutoff as in a step), random node inputs.
 //
-//   e3fuse_conv_micro --model M.e3f --structure S.bin [--skin 0.5] [--radial table|mlp]
+//   e3fuse_conv_micro --model M.e3f --structure S.bin [--skin 0.5] [--radial auto|table|mlp]
 //                     [--dtype float32|float64] [--warmup 3] [--repeats 20]
 //                     [--edges-out E.bin] [--json-out R.json]
 //
@@ -44,7 +44,7 @@ using e3fuse::cuda::check;
 using e3fuse::cuda::DeviceArray;
 
 struct Options {
-  std::string model, structure, edges_out, json_out, radial = "table", dtype = "float32";
+  std::string model, structure, edges_out, json_out, radial = "auto", dtype = "float32";
   double skin = 0.5;
   int warmup = 3, repeats = 20;
 };
@@ -78,9 +78,11 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.model.empty() || o.structure.empty()) throw Error("--model and --structure are required");
-  if (o.radial != "table" && o.radial != "mlp") throw Error("--radial must be table or mlp");
   if (o.dtype != "float32" && o.dtype != "float64")
     throw Error("--dtype must be float32 or float64");
+  // as Radial::automatic: the table in float32, the MLP in float64
+  if (o.radial == "auto") o.radial = o.dtype == "float32" ? "table" : "mlp";
+  if (o.radial != "table" && o.radial != "mlp") throw Error("--radial must be auto, table or mlp");
   if (o.repeats < 1 || o.warmup < 0) throw Error("--repeats >= 1 and --warmup >= 0");
   return o;
 }
