@@ -14,12 +14,12 @@
 #    e3fuse and sevenn / mace-torch with cuEquivariance (and without, at 864 atoms, when E3NN=1).
 #
 # Writes three files to $OUT: micro_summary.md (the tables), micro_results.json (every number,
-# with commit, GPU and command) and micro.log. Wall time about 6 minutes on a fresh H100
-# machine (build ~2 min); each stage stops starting new cases at its deadline and writes what
-# it measured.
+# with commit, GPU and command) and micro.log. Wall time about 6-7 minutes on a fresh H100
+# machine (build ~2 min, model files ~1 min); the benchmark stages stop starting new cases at
+# their deadlines (TOTAL_S) and write what they measured.
 #
 # Environment: OUT (default benchmarks/results/gpu_micro), TOTAL_S (wall-time target, default
-# 400 s from the start), MICRO_SIZES / CALL_SIZES (default "864 32000"), MICRO_MODELS (default
+# 420 s from the start), MICRO_SIZES / CALL_SIZES (default "864 32000"), MICRO_MODELS (default
 # "7net-0 7net-l3i5 mp0-medium"), REPEATS (micro, default 10), CALL_REPEATS (default 5),
 # E3NN (1: also sevenn / mace-torch without cuEquivariance at 864 atoms), E3FUSE_BUILD
 # (default build/gpu), CUDA_ARCH (default 90).
@@ -36,7 +36,7 @@ WORK=$(mktemp -d /tmp/e3fuse-micro.XXXXXX)
 BUILD=${E3FUSE_BUILD:-build/gpu}
 STAGE=/tmp/e3fuse-stage
 PY=${PYTHON:-python3}
-TOTAL_S=${TOTAL_S:-400}
+TOTAL_S=${TOTAL_S:-420}
 export PYTHONUNBUFFERED=1
 SUMMARY=()
 # shellcheck source=scripts/gpu_common.sh
@@ -51,12 +51,16 @@ gpu_build "$BUILD" "$WORK/build.log" -DE3FUSE_MICROBENCH=ON -- _core e3fuse_conv
 export E3FUSE_COMMIT=${E3FUSE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 
 FAILED=0
-say "convolution microbenchmark ($(left) s left)"
 models=${MICRO_MODELS:-"7net-0 7net-l3i5 mp0-medium"}
-# the microbenchmark starts cases until 170 s before the end (at least 60 s from now), the
+say "model files: $models (converted here; the MACE architecture built with random weights)"
+# shellcheck disable=SC2086
+$PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/micro"); import conv_micro; [print(n, *conv_micro.model_files(n, Path("benchmarks/models")), flush=True) for n in sys.argv[1:]]' $models 2>&1 | tee -a "$LOG"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || die "the model files could not be made"
+say "convolution microbenchmark ($(left) s left)"
+# the microbenchmark starts cases until 150 s before the end (at least 120 s from now), the
 # labelled calls get the rest
-micro_deadline=$(($(left) - 170))
-[[ $micro_deadline -lt 60 ]] && micro_deadline=60
+micro_deadline=$(($(left) - 150))
+[[ $micro_deadline -lt 120 ]] && micro_deadline=120
 # shellcheck disable=SC2086
 $PY benchmarks/micro/conv_micro.py --exe "$BUILD/e3fuse_conv_micro" --models $models \
   --sizes ${MICRO_SIZES:-864 32000} --repeats "${REPEATS:-10}" \
