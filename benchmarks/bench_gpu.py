@@ -21,6 +21,10 @@ workspaces).
   python benchmarks/bench_gpu.py --family mace --model mp0-medium \
       --symmetrix-model .carry/symmetrix/mace-mp0-medium-random-Cu.json.xz
   python benchmarks/bench_gpu.py --memory-scaling --family sevennet --model 7net-0
+  python benchmarks/bench_gpu.py --family sevennet --model 7net-0 --kinds model-call md-step
+
+--kinds: the labelled "model call" and "ASE MD step" of issue 21 instead of the growth series
+(see the section "labelled kinds" below; results in calls_<model>_<gpu>.{json,md}).
 
 Results: benchmarks/results/gpu_<model>_<gpu>.{json,md} (rows of an earlier run on the same
 GPU kind are kept unless re-measured: engines measured in separate calls end up in one table)
