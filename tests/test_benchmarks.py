@@ -1,0 +1,79 @@
+"""The benchmarks' own arithmetic (no GPU): the convolution microbenchmark's work model per
+edge (benchmarks/micro/conv_micro.py) against hand counts and against cases.model_work, and
+its structure file as the executable reads it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str, path: Path):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+conv_micro = _load("conv_micro", BENCH / "micro" / "conv_micro.py")
+cases = _load("cases", BENCH / "cases.py")
+
+# 4x0e + 2x1o in, Y up to l = 1, paths 0e x 0e -> 0e, 0e x 1o -> 1o, 1o x 1o -> 0e
+CONV = {
+    "irreps_in": [[4, 0, 1], [2, 1, -1]],
+    "irreps_sh": [[1, 0, 1], [1, 1, -1]],
+    "irreps_out": [[4, 0, 1], [4, 1, -1], [2, 0, 1]],
+    "instructions": [
+        {"in": 0, "sh": 0, "out": 0},
+        {"in": 0, "sh": 1, "out": 1},
+        {"in": 1, "sh": 1, "out": 2},
+    ],
+    "mlp": {"dims": [8, 16, 10]},
+}
+
+
+def test_layer_work_counts_each_path() -> None:
+    w = conv_micro.layer_work(CONV)
+    # (mul, d1, d2, d3): (4, 1, 1, 1), (4, 1, 3, 3), (2, 3, 3, 1)
+    assert w["paths_mul_d1_d2_d3"] == [(4, 1, 1, 1), (4, 1, 3, 3), (2, 3, 3, 1)]
+    assert w["weight_numel"] == 10 and w["dim_in"] == 10 and w["dim_out"] == 18
+    assert w["tp_fwd_macs"] == (1 + 4 * 2) + (9 + 4 * 6) + (9 + 2 * 4)
+    least = (4 + 3 + 4 * 5) + (36 + 9 + 4 * 11) + (36 + 9 + 2 * 13)
+    assert w["tp_bwd_macs"] == least
+    assert w["tp_bwd_e3fuse_macs"] == (4 + 4 * 7) + (36 + 4 * 17) + (36 + 2 * 21)
+    assert w["mlp_fwd_macs"] == 8 * 16 + 16 * 10
+    assert w["fwd_bytes"] == 16 * 10 + 4 * 10 + 32
+    assert w["bwd_bytes"] == 16 * 10 + 4 * 18 + 32 + 48
+    assert w["fwd_flops"] == 2 * (w["tp_fwd_macs"] + 3 * 10)
+
+
+def test_layer_work_forward_matches_the_case_catalog() -> None:
+    """cases.model_work (the benchmarks' GFLOP/s) counts the same forward work per edge."""
+    no_linear = {"paths": [], "irreps_in": [], "irreps_out": []}
+    layer = {
+        "conv": CONV,
+        "self_connection": no_linear,
+        "linear_1": no_linear,
+        "linear_2": no_linear,
+    }
+    counted = cases.model_work({"layers": [layer, layer]})
+    w = conv_micro.layer_work(CONV)
+    assert counted["tp_per_edge"] == 2 * w["tp_fwd_macs"]
+    assert counted["mlp_per_edge"] == 2 * w["mlp_fwd_macs"]
+
+
+def test_structure_file_layout(tmp_path: Path) -> None:
+    atoms = cases.build_atoms("cu-fcc-108")
+    path = tmp_path / "s.bin"
+    conv_micro.write_structure(atoms, path)
+    raw = np.fromfile(path, dtype="<f8")
+    assert raw[0] == 108
+    assert np.array_equal(raw[1:10].reshape(3, 3), np.asarray(atoms.cell))
+    assert list(raw[10:13]) == [1.0, 1.0, 1.0]
+    assert np.array_equal(raw[13:].reshape(-1, 3), atoms.positions)
