@@ -94,6 +94,8 @@ gpu_build() {
   find "$STAGE/e3fuse" -name '*.so' -delete
   find "$STAGE/e3fuse" -name '__pycache__' -prune -exec rm -rf {} +
   cp "$build"/_core*.so "$STAGE/e3fuse/" || die "the module _core was not built"
+  # benchmarks/bench_cpu.py (imported by the GPU benchmarks too) puts this e3fuse first
+  export E3FUSE_BENCH_PYTHON=$STAGE
   if [[ -f $build/pair_style/e3fusepairplugin.so ]]; then
     cp "$build/pair_style/e3fusepairplugin.so" "$STAGE/e3fuse/lammps_plugins/"
     export E3FUSE_LAMMPS_PLUGIN=$STAGE/e3fuse/lammps_plugins/e3fusepairplugin.so
