@@ -324,6 +324,13 @@ def test_embedding_specs_in_lammps(tmp_path: Path) -> None:
         assert abs(float(got["energy"]) - ours["energy"]) / n < 1e-12
         assert np.abs(got["energies"] - ours["energies"]).max() < 1e-12
         assert np.abs(got["forces"] - ours["forces"]).max() < 1e-10
+    # a keyword the model has no input for is an error
+    _, plain = converted("agnostic-product", tmp_path)
+    commands = lammps_tests.structure_commands(atoms, lammps_tests.element_order(atoms))
+    message = lammps_tests.lammps_error(
+        commands + lammps_tests.pair_commands(plain, lammps_tests.element_order(atoms), "spin 2")
+    )
+    assert "'spin' given, but the model has no such per-system input" in message
 
 
 def test_unsupported_embedding_specs_are_refused_by_name(tmp_path: Path) -> None:
