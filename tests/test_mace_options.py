@@ -227,8 +227,32 @@ EMBEDDING_SPECS = {
 }
 
 
-def embedding_model(readout: bool, seed: int = 3, **extra: Any) -> Any:
-    options = dict(SMALL, seed=seed, embedding_specs=EMBEDDING_SPECS)
+# mace-foundations mace_omol/mace-omol.sh's specs (embedding sizes reduced): both inputs
+# categorical, spin first
+OMOL_SPECS = {
+    "total_spin": {
+        "type": "categorical",
+        "per": "graph",
+        "in_dim": 1,
+        "emb_dim": 8,
+        "num_classes": 101,
+        "offset": 0,
+    },
+    "total_charge": {
+        "type": "categorical",
+        "per": "graph",
+        "in_dim": 1,
+        "emb_dim": 8,
+        "num_classes": 201,
+        "offset": 100,
+    },
+}
+
+
+def embedding_model(
+    readout: bool, seed: int = 3, specs: dict[str, Any] = EMBEDDING_SPECS, **extra: Any
+) -> Any:
+    options = dict(SMALL, seed=seed, embedding_specs=specs)
     options.update(extra)
     return build_mace(use_embedding_readout=readout, **options)
 
@@ -252,19 +276,25 @@ def embedding_energies(model: Any, atoms: Any, charge: float, spin: float) -> np
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("readout", [False, True], ids=["embedding", "embedding-readout"])
-def test_embedding_specs_match_mace_torch(readout: bool, device: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "readout,specs",
+    [(False, EMBEDDING_SPECS), (True, EMBEDDING_SPECS), (False, OMOL_SPECS)],
+    ids=["embedding", "embedding-readout", "omol-specs"],
+)
+def test_embedding_specs_match_mace_torch(
+    readout: bool, specs: dict[str, Any], device: str, tmp_path: Path
+) -> None:
     """Total charge and spin from atoms.info (mace's keys 'charge' and 'spin'; absent:
     mace's defaults 0 and 1), one calculator over several values (the engine is rebuilt
     when they change)."""
-    model = embedding_model(readout, scale_shift=readout)
+    model = embedding_model(readout, specs=specs, scale_shift=readout or specs is OMOL_SPECS)
     path = tmp_path / "embedding.e3f"
     mace_convert.convert(model, path)
     reference_calc = reference.mace_calculator(model, "float64")
     calc = Calculator(str(path), device=device, dtype="float64")
     base = structure((8, 28, 29), seed=5)
     energies = []
-    for info in ({}, {"charge": 1, "spin": 2.0}, {"charge": -3, "spin": 0.5}, {"charge": 1}):
+    for info in ({}, {"charge": 1, "spin": 2.0}, {"charge": -3, "spin": 3}, {"charge": 1}):
         atoms = base.copy()
         atoms.info.update(info)
         ref = reference.evaluate_mace(reference_calc, atoms)
