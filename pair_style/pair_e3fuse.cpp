@@ -11,6 +11,7 @@
 #include <exception>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 
 #include "atom.h"
 #include "comm.h"
@@ -179,6 +180,8 @@ void PairE3fuse::allocate() {
    pair_style e3fuse [device cpu|cuda|cuda:N] [precision float32|float64] [threads N]
                      [comm auto|exchange|shell|images]   (`mode`: the same as `comm`)
                      [radial auto|mlp|table]   (radial MLP per edge or tabulated in r)
+                     [charge Q] [spin S]   (per-system inputs of MACE models with
+                                            embedding_specs; mace's defaults 0 and 1)
 ------------------------------------------------------------------------- */
 
 void PairE3fuse::settings(int narg, char **arg) {
@@ -192,6 +195,7 @@ void PairE3fuse::settings(int narg, char **arg) {
   radial_name_ = "auto";
   num_threads_ = 0;
   mode_requested_ = Mode::AUTO;
+  system_inputs_.clear();
 
   int iarg = 0;
   while (iarg < narg) {
@@ -221,6 +225,8 @@ void PairE3fuse::settings(int narg, char **arg) {
       num_threads_ = utils::inumeric(FLERR, value, false, lmp);
       if (num_threads_ < 0)
         error->all(FLERR, "pair_style e3fuse: threads must be >= 0 (0: OpenMP default)");
+    } else if (key == "charge" || key == "spin") {
+      system_inputs_[key] = utils::numeric(FLERR, value, false, lmp);
     } else if (key == "comm" || key == "mode") {
       if (value == "auto")
         mode_requested_ = Mode::AUTO;
@@ -237,8 +243,8 @@ void PairE3fuse::settings(int narg, char **arg) {
     } else {
       error->all(
           FLERR,
-          "pair_style e3fuse: unknown keyword '{}' (expected device, precision, threads, comm or "
-          "radial)",
+          "pair_style e3fuse: unknown keyword '{}' (expected device, precision, threads, comm, "
+          "radial, charge or spin)",
           key);
     }
     iarg += 2;
@@ -277,6 +283,35 @@ int PairE3fuse::choose_gpu() {
 }
 
 /* ----------------------------------------------------------------------
+   A model with per-system inputs (MACE embedding_specs: total charge and spin) with
+   the values of the pair_style keywords of the same names (ASE's atoms.info keys),
+   mace's defaults for those not given; a keyword the model has no input for is an error.
+------------------------------------------------------------------------- */
+
+std::shared_ptr<const e3fuse::Model> PairE3fuse::with_system_inputs(
+    std::shared_ptr<const e3fuse::Model> model) {
+  const std::vector<e3fuse::Model::SystemInput> inputs = model->system_inputs();
+  for (const auto &kv : system_inputs_) {
+    bool known = false;
+    for (const auto &in : inputs) known = known || in.key == kv.first;
+    if (!known)
+      throw std::runtime_error("pair_style keyword '" + kv.first +
+                               "' given, but the model has no such per-system input");
+  }
+  if (inputs.empty()) return model;
+  std::vector<double> values;
+  std::string used;
+  for (const auto &in : inputs) {
+    const auto given = system_inputs_.find(in.key);
+    values.push_back(given != system_inputs_.end() ? given->second : in.default_value);
+    used += " " + in.key + " " + std::to_string(values.back()) +
+            (given != system_inputs_.end() ? "" : " (default)");
+  }
+  if (comm->me == 0) utils::logmesg(lmp, "pair e3fuse: per-system inputs:" + used + "\n");
+  return model->with_system_inputs(values);
+}
+
+/* ----------------------------------------------------------------------
    pair_coeff * * model.e3f El1 El2 ... (one element or NULL per atom type)
 ------------------------------------------------------------------------- */
 
@@ -294,7 +329,7 @@ void PairE3fuse::coeff(int narg, char **arg) {
   model_path_ = arg[2];
   const int gpu = choose_gpu();
   try {
-    model_ = e3fuse::Model::load(model_path_);
+    model_ = with_system_inputs(e3fuse::Model::load(model_path_));
     engine_ = std::make_unique<e3fuse::Engine>(
         model_, e3fuse::parse_device(device_name_), e3fuse::parse_precision(precision_name_),
         num_threads_, gpu, e3fuse::parse_radial(radial_name_));

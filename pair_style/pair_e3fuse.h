@@ -38,6 +38,7 @@ PairStyle(e3fuse,PairE3fuse);
 #define LMP_PAIR_E3FUSE_H
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +98,8 @@ class PairE3fuse : public Pair {
   int gpu_index_ = -1;          // N of "device cuda:N", -1: chosen per node-local rank
   std::string precision_name_;  // empty: float64 on cpu, float32 on cuda
   std::string radial_name_ = "auto";
+  std::map<std::string, double> system_inputs_;  // pair_style charge / spin keywords
+  std::shared_ptr<const e3fuse::Model> with_system_inputs(std::shared_ptr<const e3fuse::Model>);
   int num_threads_ = 0;
   Mode mode_requested_ = Mode::AUTO;
   Mode mode_ = Mode::IMAGES;

@@ -449,6 +449,13 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
   const std::string& family = model_->family();
   if (family != "sevennet" && family != "mace")
     throw Error("model family '" + family + "' is not supported");
+  if (model_->needs_system_inputs()) {
+    std::string names;
+    for (const Model::SystemInput& in : model_->system_inputs())
+      names += (names.empty() ? "" : ", ") + in.name + " (" + in.key + ")";
+    throw Error("the model has per-system inputs " + names +
+                ": evaluate it through Model::with_system_inputs");
+  }
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   const bool tables = radial_ == Radial::table;
   if (device == Device::cuda) {

@@ -276,7 +276,19 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_parameters", &Model::num_parameters)
       .def_property_readonly("architecture_json", &Model::architecture_json)
       .def("species_of", &Model::species_of)
-      .def("summary", &Model::summary);
+      .def("summary", &Model::summary)
+      // [(name, atoms.info key / pair_style keyword, default)], see Model::system_inputs
+      .def_property_readonly("system_inputs",
+                             [](const Model& model) {
+                               py::list out;
+                               for (const Model::SystemInput& in : model.system_inputs())
+                                 out.append(py::make_tuple(in.name, in.key, in.default_value));
+                               return out;
+                             })
+      .def_property_readonly("needs_system_inputs", &Model::needs_system_inputs)
+      .def("with_system_inputs", [](const Model& model, const std::vector<double>& values) {
+        return std::const_pointer_cast<Model>(model.with_system_inputs(values));
+      });
 
   py::class_<NeighborList>(m, "NeighborList")
       .def(py::init<double, double>(), py::arg("cutoff"), py::arg("skin") = 0.0)

@@ -58,6 +58,10 @@ class Calculator(AseCalculator):
         price; the results are those of one pass up to rounding). 0 (the default):
         automatic, on a GPU as many atoms per region as its free memory holds, on the CPU
         one pass. ``calc.engine.num_regions`` tells how many the last call used.
+
+    Models with per-system inputs (MACE embedding_specs) read them from ``atoms.info``
+    under mace's keys, with mace's defaults: total charge ``"charge"`` (0) and total spin
+    ``"spin"`` (1); a change of them counts as a change of the system.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress", "stresses"]
@@ -78,14 +82,51 @@ class Calculator(AseCalculator):
         self.model_path = str(model)
         if not Path(self.model_path).is_file():
             raise FileNotFoundError(f"model file {self.model_path!r} does not exist")
-        self.model = _core.Model.load(self.model_path)
-        self.engine = _core.Engine(self.model, device, dtype, num_threads, radial)
-        self.engine.set_neighbor_skin(float(skin))
-        self.engine.set_min_distance(float(min_distance))
-        self.engine.region_atoms = int(region_atoms)
-        self.neighbors = NeighborInfo(self.engine)
+        self.file_model = _core.Model.load(self.model_path)
+        self._engine_args = (device, dtype, num_threads, radial)
+        self._engine_settings = (float(skin), float(min_distance), int(region_atoms))
+        # per-system inputs (MACE embedding_specs: total charge, spin) from atoms.info, with
+        # mace's keys and defaults; the engine is rebuilt when their values change
+        self.system_inputs = list(self.file_model.system_inputs)
+        self._input_values: list[float] | None = None
+        self._make_engine([default for _, _, default in self.system_inputs])
         self._species_key: bytes | None = None
         self._species = np.zeros(0, dtype=np.int32)
+
+    def _make_engine(self, input_values: list[float]) -> None:
+        if self.system_inputs:
+            self.model = self.file_model.with_system_inputs(input_values)
+        else:
+            self.model = self.file_model
+        self._input_values = input_values
+        self.engine = _core.Engine(self.model, *self._engine_args)
+        skin, min_distance, region_atoms = self._engine_settings
+        self.engine.set_neighbor_skin(skin)
+        self.engine.set_min_distance(min_distance)
+        self.engine.region_atoms = region_atoms
+        self.neighbors = NeighborInfo(self.engine)
+
+    def _system_input_values(self, atoms: Any) -> list[float]:
+        values = []
+        for name, key, default in self.system_inputs:
+            value = atoms.info.get(key, default)
+            try:
+                values.append(float(value))
+            except (TypeError, ValueError):
+                raise E3fuseError(
+                    f"atoms.info[{key!r}] ({name}) must be a number, got {value!r}"
+                ) from None
+        return values
+
+    def check_state(self, atoms: Any, tol: float = 1e-15) -> list[str]:
+        """ASE's changes, plus 'info' when a per-system input in atoms.info changed."""
+        changes = super().check_state(atoms, tol)
+        if self.system_inputs and self.atoms is not None and "info" not in changes:
+            old = [self.atoms.info.get(key, default) for _, key, default in self.system_inputs]
+            new = [atoms.info.get(key, default) for _, key, default in self.system_inputs]
+            if old != new:
+                changes.append("info")
+        return changes
 
     def __repr__(self) -> str:
         return f"e3fuse.Calculator({self.model_path!r}: {self.engine.describe()})"
@@ -125,6 +166,10 @@ class Calculator(AseCalculator):
         periodic = bool(atoms.pbc.all())
         if "stress" in properties and not periodic:
             raise PropertyNotImplementedError("stress is only defined for fully periodic systems")
+        if self.system_inputs:
+            values = self._system_input_values(atoms)
+            if values != self._input_values:
+                self._make_engine(values)
         species = self._species_of(atoms.numbers)
         positions = np.ascontiguousarray(atoms.positions, dtype=np.float64)
         cell = np.ascontiguousarray(atoms.cell.array, dtype=np.float64)

@@ -35,6 +35,20 @@ class Model {
   std::string summary() const;                   // human-readable description
   int64_t num_parameters() const;
 
+  // Per-system inputs (mace's embedding_specs: total charge, spin; empty for most models):
+  // mace's name, the ASE atoms.info key / pair_style keyword, and mace's default value.
+  struct SystemInput {
+    std::string name, key;
+    double default_value = 0.0;
+  };
+  std::vector<SystemInput> system_inputs() const;
+  // A model with per-system inputs is evaluated through a copy with their values folded
+  // into the species embedding and reference energies: values[i] of system_inputs()[i].
+  // Throws Error on a wrong count or a value outside a categorical input's classes.
+  std::shared_ptr<const Model> with_system_inputs(const std::vector<double>& values) const;
+  // Whether the plan still needs with_system_inputs() before it can be evaluated.
+  bool needs_system_inputs() const;
+
   const ModelPlan& plan() const { return *plan_; }
 
  private:

@@ -382,6 +382,46 @@ SymmetricContractionPlan symmetric_contraction(PlanBuilder& b, const json::Value
   return plan;
 }
 
+// See JointEmbeddingPlan (plan.h) and python/e3fuse/convert/mace.py (_joint_embedding).
+JointEmbeddingPlan joint_embedding(PlanBuilder& b, const json::Value& v, int embedding_dim) {
+  JointEmbeddingPlan plan;
+  int total = 0;
+  for (const json::Value& iv : v["inputs"].array()) {
+    SystemInputPlan in;
+    in.name = iv["name"].as_string();
+    in.key = iv["key"].as_string();
+    in.default_value = iv["default"].as_double();
+    in.dim = static_cast<int>(iv["dim"].as_int());
+    if (in.dim < 1) b.fail("bad embedding size at " + iv.path());
+    const std::string kind = iv["kind"].as_string();
+    if (kind == "categorical") {
+      in.categorical = true;
+      in.num_classes = static_cast<int>(iv["num_classes"].as_int());
+      in.offset = iv["offset"].as_double();
+      if (in.num_classes < 1) b.fail("bad number of classes at " + iv.path());
+      in.table = b.tensor(iv["table"], {in.num_classes, in.dim});
+    } else if (kind == "continuous") {
+      in.w1 = b.tensor(iv["w1"], {1, in.dim});
+      in.b1 = b.tensor(iv["b1"], {in.dim});
+      in.w2 = b.tensor(iv["w2"], {in.dim, in.dim});
+      in.b2 = b.tensor(iv["b2"], {in.dim});
+    } else {
+      b.fail("system input kind '" + kind + "' at " + iv.path());
+    }
+    total += in.dim;
+    plan.inputs.push_back(std::move(in));
+  }
+  if (plan.inputs.empty()) b.fail("joint embedding without inputs at " + v.path());
+  plan.projection = b.tensor(v["projection"], {total, embedding_dim});
+  if (v.contains("readout")) {
+    plan.has_readout = true;
+    plan.readout = b.linear(v["readout"]);
+    if (plan.readout.in.dim != embedding_dim || plan.readout.out.dim != 1)
+      b.fail("embedding readout sizes at " + v.path());
+  }
+  return plan;
+}
+
 void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   build_common(b, arch, plan);
   const int num_species = static_cast<int>(plan.atomic_numbers.size());
@@ -431,6 +471,8 @@ void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
     plan.mace_layers.push_back(std::move(layer));
   }
   if (plan.mace_layers.empty()) b.fail("MACE model without interactions");
+  if (arch.contains("joint_embedding"))
+    plan.joint_embedding = joint_embedding(b, arch["joint_embedding"], plan.embedding_dim);
   plan.e0 = b.tensor(arch["e0"], {num_species});
   plan.mace_scale = arch["scale"].as_double();
   plan.mace_shift = arch["shift"].as_double();
@@ -592,6 +634,11 @@ std::string Model::summary() const {
     s += ") -> " + irreps_string(l.product_linear.out) + (l.residual ? ", residual" : "") +
          (l.readout.nonlinear ? ", MLP readout" : ", linear readout") + "\n";
   }
+  const JointEmbeddingPlan& je = p.joint_embedding;
+  for (size_t i = 0; i < je.inputs.size(); ++i)
+    s += "system input:  " + je.inputs[i].name + " (" + je.inputs[i].key + ")" +
+         (je.folded ? " = " + num(je.values[i]) : ", default " + num(je.inputs[i].default_value)) +
+         (je.has_readout ? ", with embedding readout" : "") + "\n";
   s += "elements:      " + to_string(p.atomic_numbers.size()) + " (Z =";
   for (size_t i = 0; i < p.atomic_numbers.size(); ++i) {
     if (i == 12) {

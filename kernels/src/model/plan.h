@@ -172,6 +172,31 @@ struct MaceLayer {
   MaceReadout readout;
 };
 
+// MACE embedding_specs (mace's GenericJointEmbedding) of per-system inputs such as the
+// total charge and spin: each input q_k is embedded (categorical: a table row at
+// trunc(q_k + offset); continuous: Linear-SiLU-Linear), the embeddings concatenated, and
+// v = silu(projection^T concat) added to every atom's species embedding. With
+// use_embedding_readout, readout(embedding[s] + v) joins the atomic reference energy e0.
+// Being constant per system, both are folded into the plan by Model::with_system_inputs.
+struct SystemInputPlan {
+  std::string name, key;  // mace's data name (total_charge) and ASE atoms.info key (charge)
+  double default_value = 0.0;
+  bool categorical = false;
+  int dim = 0;
+  int num_classes = 0;
+  double offset = 0.0;
+  std::vector<double> table;           // categorical: [num_classes][dim]
+  std::vector<double> w1, b1, w2, b2;  // continuous: [1][dim], [dim], [dim][dim], [dim]
+};
+struct JointEmbeddingPlan {
+  std::vector<SystemInputPlan> inputs;  // empty: the model has no per-system inputs
+  std::vector<double> projection;       // [sum of input dims][embedding_dim]
+  bool has_readout = false;
+  LinearPlan readout;  // embedding_dim scalars -> 1 (the selected head)
+  bool folded = false;
+  std::vector<double> values;  // folded values, in input order
+};
+
 struct ModelPlan {
   std::string family;
   std::string json;
@@ -194,6 +219,7 @@ struct ModelPlan {
   std::vector<MaceLayer> mace_layers;
   std::vector<double> e0;
   double mace_scale = 1.0, mace_shift = 0.0;
+  JointEmbeddingPlan joint_embedding;
 };
 
 // Values per node that each halo exchange moves (HaloExchange in e3fuse/engine.h):

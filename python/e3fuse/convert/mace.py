@@ -4,8 +4,11 @@ model object) into an .e3f file.
 Supported: MACE and ScaleShiftMACE with RealAgnosticInteractionBlock /
 RealAgnosticResidualInteractionBlock, Bessel radial basis with the polynomial
 cutoff, e3nn spherical harmonics, linear and non-linear readouts, E0s, scale
-and shift, several heads (one selected at conversion). Everything else is
-refused by module name.
+and shift, several heads (one selected at conversion), use_agnostic_product,
+use_last_readout_only, edge_irreps / use_edge_irreps_first, and embedding_specs
+of the per-system total_charge / total_spin (with or without
+use_embedding_readout; their values are given at run time, see
+Model::with_system_inputs). Everything else is refused by module name.
 
 Conventions (see DESIGN §5): mace's edge vector is pos[receiver] - pos[sender]
 (+ shift); the core's convolution uses pos[sender] - pos[receiver], so the
@@ -133,8 +136,13 @@ def _check_element_linear(
 
 def _product(prod: Any, name: str, store: TensorStore, num_elements: int) -> dict[str, Any]:
     """EquivariantProductBasisBlock's SymmetricContraction -> sparse U tensors
-    (m, i_1 <= ... <= i_nu, k, value) and weights per correlation order."""
+    (m, i_1 <= ... <= i_nu, k, value) and weights per correlation order.
+
+    use_agnostic_product=True: mace builds the contraction for one element and feeds it
+    node_attrs = ones (EquivariantProductBasisBlock.forward), i.e. the weights of that one
+    element for every atom; storing them once per species is the same contraction."""
     sc = prod.symmetric_contractions
+    agnostic = bool(getattr(prod, "use_agnostic_product", False))
     if type(sc).__name__ != "SymmetricContraction":
         raise UnsupportedModel(f"{name}: {type(sc).__name__} (cuequivariance/oeq) is not supported")
     irreps_in, irreps_out = sc.irreps_in, sc.irreps_out
@@ -157,6 +165,8 @@ def _product(prod: Any, name: str, store: TensorStore, num_elements: int) -> dic
             k_params = u.shape[-1]
             u = u.reshape(d, *([num_ell] * nu), k_params)  # L = 0: m axis restored
             w = weights_by_nu[nu].detach().to(torch.float64)
+            if agnostic and w.shape[0] == 1:
+                w = w.expand(num_elements, -1, -1).contiguous()
             if tuple(w.shape) != (num_elements, k_params, num_features):
                 raise UnsupportedModel(f"{name}: unexpected weight shape {tuple(w.shape)}")
             acc: dict[tuple[int, ...], float] = {}
@@ -180,7 +190,7 @@ def _product(prod: Any, name: str, store: TensorStore, num_elements: int) -> dic
                 }
             )
         contractions.append({"out": c, "terms": terms})
-    _check_product(sc, contractions, store, num_elements, num_features, num_ell, name)
+    _check_product(sc, contractions, store, num_elements, num_features, num_ell, name, agnostic)
     return {
         "irreps_in": parts.irreps_list(irreps_in),
         "irreps_out": parts.irreps_list(irreps_out),
@@ -198,6 +208,7 @@ def _check_product(
     num_features: int,
     num_ell: int,
     name: str,
+    agnostic: bool = False,
 ) -> None:
     """Evaluate the sparse form in numpy against the module on random inputs."""
     gen = torch.Generator().manual_seed(1)
@@ -206,6 +217,8 @@ def _check_product(
     species = np.arange(n) % num_elements
     attr = torch.zeros(n, num_elements, dtype=torch.float64)
     attr[torch.arange(n), torch.from_numpy(species)] = 1.0
+    if agnostic:  # mace's constant node_attrs of the element-agnostic product
+        attr = torch.ones(n, 1, dtype=torch.float64)
     with torch.no_grad():
         expected = sc(x, attr).numpy()
     xs = x.numpy()
@@ -264,6 +277,24 @@ def _readout(
     raise UnsupportedModel(f"{name}: {kind} is not supported")
 
 
+def _zero_readout(features: dict[str, Any], name: str, store: TensorStore) -> dict[str, Any]:
+    """A linear readout of `features`' output irreps whose one path (from the first 0e
+    block) has zero weights: the energy term of a layer that mace does not read out."""
+    irreps = features["irreps_out"]
+    scalar = [b for b, (_, degree, parity) in enumerate(irreps) if degree == 0 and parity == 1]
+    if not scalar:
+        raise UnsupportedModel(f"{name}: layer features without scalars")
+    mul = irreps[scalar[0]][0]
+    weight = store.add(f"{name}.zero", np.zeros((mul, 1)))
+    linear = {
+        "irreps_in": irreps,
+        "irreps_out": [[1, 0, 1]],
+        "paths": [{"in": scalar[0], "out": 0, "weight": weight}],
+        "biases": [],
+    }
+    return {"kind": "linear", "linear": linear}
+
+
 def _select_output(lin: dict[str, Any], head: int, store: TensorStore) -> None:
     """Keep output column `head` of a readout linear (irreps_out = num_heads x 0e)."""
     out = lin["irreps_out"]
@@ -279,6 +310,86 @@ def _select_output(lin: dict[str, Any], head: int, store: TensorStore) -> None:
     lin["irreps_out"] = [[1, 0, 1]]
 
 
+# mace's per-system inputs: the AtomicData field an embedding_specs name reads, the
+# atoms.info key MACECalculator fills it from, and AtomicData's default (atomic_data.py).
+SYSTEM_INPUTS = {"total_charge": ("charge", 0.0), "total_spin": ("spin", 1.0)}
+
+
+def _bias_or_zeros(layer: Any, dim: int, store: TensorStore, name: str) -> str:
+    """torch.nn.Linear's bias (zeros when built with use_bias=False)."""
+    b = layer.bias
+    values = np.zeros(dim) if b is None else b.detach().to(torch.float64).numpy()
+    return store.add(name, values)
+
+
+def _joint_embedding(
+    model: torch.nn.Module, store: TensorStore, head: int, num_heads: int
+) -> dict[str, Any]:
+    """GenericJointEmbedding (+ the embedding readout) of per-system inputs -> their
+    embedders, the projection and the readout (see JointEmbeddingPlan in plan.h)."""
+    joint = model.joint_embedding
+    specs = dict(model.embedding_specs)
+    named = f"embedding_specs ({', '.join(specs)})"
+    if type(joint).__name__ != "GenericJointEmbedding":
+        raise UnsupportedModel(f"{named}: {type(joint).__name__} is not supported")
+    inputs = []
+    for name, spec in specs.items():
+        if name not in SYSTEM_INPUTS:
+            raise UnsupportedModel(
+                f"{named}: input {name!r} is not supported (supported: {', '.join(SYSTEM_INPUTS)})"
+            )
+        if spec.get("per") != "graph":
+            raise UnsupportedModel(f"{named}: {name} per {spec.get('per')!r} is not supported")
+        key, default = SYSTEM_INPUTS[name]
+        embedder = joint.embedders[name]
+        entry: dict[str, Any] = {"name": name, "key": key, "default": default}
+        if spec["type"] == "categorical":
+            table = embedder.weight.detach().to(torch.float64)
+            entry.update(
+                kind="categorical",
+                dim=int(table.shape[1]),
+                num_classes=int(table.shape[0]),
+                offset=float(spec.get("offset", 0)),
+                table=store.add(f"joint_embedding.{name}.table", table.numpy()),
+            )
+        elif spec["type"] == "continuous":
+            first, act, second = embedder
+            if type(act).__name__ != "SiLU" or first.in_features != 1:
+                raise UnsupportedModel(f"{named}: continuous {name} embedder layout")
+            dim = int(first.out_features)
+
+            entry.update(
+                kind="continuous",
+                dim=dim,
+                w1=store.add(
+                    f"joint_embedding.{name}.w1", first.weight.detach().double().T.numpy()
+                ),
+                b1=_bias_or_zeros(first, dim, store, f"joint_embedding.{name}.b1"),
+                w2=store.add(
+                    f"joint_embedding.{name}.w2", second.weight.detach().double().T.numpy()
+                ),
+                b2=_bias_or_zeros(second, dim, store, f"joint_embedding.{name}.b2"),
+            )
+        else:
+            raise UnsupportedModel(f"{named}: {name} of type {spec['type']!r}")
+        inputs.append(entry)
+    linear, act = joint.project
+    if type(act).__name__ != "SiLU" or linear.bias is not None:
+        raise UnsupportedModel(f"{named}: projection layout")
+    out: dict[str, Any] = {
+        "inputs": inputs,
+        "projection": store.add(
+            "joint_embedding.projection", linear.weight.detach().double().T.contiguous().numpy()
+        ),
+    }
+    if hasattr(model, "embedding_readout"):
+        readout = _readout(model.embedding_readout, "embedding_readout", store, head, num_heads)
+        if readout["kind"] != "linear":
+            raise UnsupportedModel("embedding_readout: only a linear readout is supported")
+        out["readout"] = readout["linear"]
+    return out
+
+
 def extract(
     model: torch.nn.Module, source: dict[str, Any], head: str | None = None
 ) -> tuple[dict[str, Any], TensorStore]:
@@ -289,15 +400,9 @@ def extract(
         raise UnsupportedModel(
             f"model class {kind} is not supported (supported: {', '.join(SUPPORTED_MODELS)})"
         )
-    for attr, what in (
-        ("pair_repulsion", "ZBL pair repulsion"),
-        ("joint_embedding", "joint embedding"),
-        ("embedding_readout", "embedding readout"),
-    ):
+    for attr, what in (("pair_repulsion", "ZBL pair repulsion"),):
         if hasattr(model, attr):
             raise UnsupportedModel(f"{attr}: {what} is not supported")
-    if getattr(model, "use_agnostic_product", False):
-        raise UnsupportedModel("products: element-agnostic product basis is not supported")
     heads = list(getattr(model, "heads", None) or ["Default"])
     if head is None:
         if len(heads) > 1:
@@ -379,14 +484,23 @@ def extract(
             "product_sc": bool(prod.use_sc),
         }
         layers.append(layer)
+    # MACE.forward: readout i reads layer i's features, except that a single readout
+    # reads the last layer's (feat_idx = -1): use_last_readout_only=True keeps only the
+    # last layer's readout (none at all with one interaction). Layers without a readout get
+    # one that adds exactly zero.
     readouts = list(model.readouts)
-    if len(readouts) != len(layers):
-        raise UnsupportedModel(
-            "readouts: one readout per interaction is required "
-            "(use_last_readout_only is not supported)"
-        )
-    for t, r in enumerate(readouts):
-        layers[t]["readout"] = _readout(r, f"layers.{t}.readout", store, h, len(heads))
+    if len(readouts) == 1:
+        readout_of_layer = {len(layers) - 1: readouts[0]}
+    elif len(readouts) in (0, len(layers)):
+        readout_of_layer = dict(enumerate(readouts))
+    else:
+        raise UnsupportedModel(f"readouts: {len(readouts)} readouts for {len(layers)} interactions")
+    for t, layer in enumerate(layers):
+        name = f"layers.{t}.readout"
+        if t in readout_of_layer:
+            layer["readout"] = _readout(readout_of_layer[t], name, store, h, len(heads))
+        else:
+            layer["readout"] = _zero_readout(layer["product_linear"], name, store)
 
     # AtomicEnergiesBlock: energies = atleast_2d(buffer).T, [n_elements, n_heads]
     e0 = torch.atleast_2d(model.atomic_energies_fn.atomic_energies.detach().to(torch.float64)).T
@@ -400,6 +514,12 @@ def extract(
         shift = float(torch.atleast_1d(model.scale_shift.shift)[h])
     else:
         scale, shift = 1.0, 0.0
+
+    joint_embedding = None
+    if hasattr(model, "joint_embedding"):
+        joint_embedding = _joint_embedding(model, store, h, len(heads))
+    elif hasattr(model, "embedding_readout"):
+        raise UnsupportedModel("use_embedding_readout without embedding_specs")
 
     architecture = {
         "format_version": FORMAT_VERSION,
@@ -418,6 +538,8 @@ def extract(
         "scale": scale,
         "shift": shift,
     }
+    if joint_embedding is not None:
+        architecture["joint_embedding"] = joint_embedding
     return architecture, store
 
 
