@@ -275,6 +275,123 @@ def _select_output(lin: dict[str, Any], head: int, store: TensorStore) -> None:
     lin["irreps_out"] = [[1, 0, 1]]
 
 
+# mace-torch 0.3.16 radial.py ZBLBasis: the screening coefficients c (a buffer), the
+# exponent factors, Bohr radius and e^2/(4 pi eps0) in eV A written in forward(), and
+# a_exp, a_prefactor (buffers, or parameters when trainable).
+ZBL_C = (0.1818, 0.5099, 0.2802, 0.02817)
+ZBL_EXPONENTS = (3.2, 0.9423, 0.4028, 0.2016)
+ZBL_A_EXP = 0.300
+ZBL_A_PREFACTOR = 0.4543
+ZBL_BOHR = 0.529
+ZBL_COULOMB = 14.3996
+
+
+def _defined_value(stored: float, literal: float) -> float:
+    """The float64 value of a constant defined as `literal`: the literal when the module
+    holds it (exactly, or rounded to float32 by a float32 model); otherwise the module's
+    own value (trained or edited), which is what the model computes with."""
+    if stored == literal or stored == float(np.float32(literal)):
+        return literal
+    return stored
+
+
+def _zbl_numpy(desc: dict[str, Any], z: np.ndarray, radii: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Half the ZBL energy of edges (z[:, 0], z[:, 1]) at distances r, from `desc`."""
+    zu, zv = z[:, 0].astype(np.float64), z[:, 1].astype(np.float64)
+    a = desc["a_prefactor"] * desc["bohr"] / (zu ** desc["a_exp"] + zv ** desc["a_exp"])
+    phi = sum(c * np.exp(-d * r / a) for c, d in zip(desc["c"], desc["exponents"]))
+    r_max = radii[:, 0] + radii[:, 1]
+    p = desc["p"]
+    x = r / r_max
+    envelope = (
+        1.0
+        - (p + 1.0) * (p + 2.0) / 2.0 * x**p
+        + p * (p + 2.0) * x ** (p + 1)
+        - p * (p + 1.0) / 2.0 * x ** (p + 2)
+    ) * (r < r_max)
+    return 0.5 * desc["coulomb"] * zu * zv / r * phi * envelope
+
+
+def _pair_repulsion(model: torch.nn.Module, atomic_numbers: list[int]) -> dict[str, Any]:
+    """mace's ZBLBasis -> the "pair_repulsion" description (constants in float64 from
+    their definition, see _defined_value), checked against the module."""
+    import ase.data
+
+    fn = model.pair_repulsion_fn
+    if type(fn).__name__ != "ZBLBasis":
+        raise UnsupportedModel(f"pair_repulsion_fn: {type(fn).__name__} is not supported")
+    stored_c = [float(v) for v in fn.c.detach().reshape(-1).tolist()]
+    if len(stored_c) != len(ZBL_C):
+        raise UnsupportedModel(f"pair_repulsion_fn: {len(stored_c)} screening terms, expected 4")
+    stored_radii = fn.covalent_radii.detach().to(torch.float64).reshape(-1).numpy()
+    radii = [
+        _defined_value(float(stored_radii[z]), float(ase.data.covalent_radii[z]))
+        for z in atomic_numbers
+    ]
+    desc: dict[str, Any] = {
+        "kind": "zbl",
+        "c": [_defined_value(v, lit) for v, lit in zip(stored_c, ZBL_C)],
+        "exponents": list(ZBL_EXPONENTS),
+        "a_exp": _defined_value(float(fn.a_exp), ZBL_A_EXP),
+        "a_prefactor": _defined_value(float(fn.a_prefactor), ZBL_A_PREFACTOR),
+        "bohr": ZBL_BOHR,
+        "coulomb": ZBL_COULOMB,
+        "p": int(fn.p),
+        "covalent_radii": radii,
+    }
+    _check_pair_repulsion(fn, desc, atomic_numbers)
+    return desc
+
+
+def _check_pair_repulsion(fn: Any, desc: dict[str, Any], atomic_numbers: list[int]) -> None:
+    """The module (its buffers set to the description's values, run in float64) against
+    the description's formula, per edge of every species pair at short and long range:
+    catches a mace-torch whose ZBLBasis computes something else."""
+    import copy
+
+    module = copy.deepcopy(fn).to(torch.float64)
+    with torch.no_grad():
+        module.c.copy_(torch.tensor(desc["c"], dtype=torch.float64))
+        module.a_exp.copy_(torch.tensor(desc["a_exp"], dtype=torch.float64))
+        module.a_prefactor.copy_(torch.tensor(desc["a_prefactor"], dtype=torch.float64))
+        for z, radius in zip(atomic_numbers, desc["covalent_radii"]):
+            module.covalent_radii[z] = radius
+    s = len(atomic_numbers)
+    pairs = np.array([(u, v) for u in range(s) for v in range(s)], dtype=np.int64)
+    fractions = np.array([0.02, 0.1, 0.35, 0.7, 0.97, 1.2])  # of R_u + R_v
+    species = np.repeat(pairs, len(fractions), axis=0)  # [edges, 2]: sender, receiver
+    z = np.array(atomic_numbers)[species]
+    radii = np.array(desc["covalent_radii"])[species]
+    r = np.tile(fractions, len(pairs)) * radii.sum(axis=1)
+    edges = len(r)
+    # each edge its own receiver: node 2e sends to node 2e + 1
+    node_species = species.reshape(-1)
+    node_attrs = torch.nn.functional.one_hot(torch.from_numpy(node_species), s).to(torch.float64)
+    edge_index = torch.stack([torch.arange(0, 2 * edges, 2), torch.arange(1, 2 * edges, 2)]).to(
+        torch.int64
+    )
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            out = module(
+                torch.from_numpy(r).unsqueeze(-1),
+                node_attrs,
+                edge_index,
+                torch.tensor(atomic_numbers, dtype=torch.int64),
+            )
+    finally:
+        torch.set_default_dtype(previous)
+    got = out.detach().numpy().reshape(-1)[1::2]
+    expected = _zbl_numpy(desc, z, radii, r)
+    err = np.abs(got - expected).max()
+    if not err <= 1e-12 * np.abs(expected).max():
+        raise UnsupportedModel(
+            "pair_repulsion_fn: ZBLBasis of this mace-torch does not compute e3fuse's ZBL "
+            f"({err:.2e})"
+        )
+
+
 def extract(
     model: torch.nn.Module, source: dict[str, Any], head: str | None = None
 ) -> tuple[dict[str, Any], TensorStore]:
@@ -286,7 +403,6 @@ def extract(
             f"model class {kind} is not supported (supported: {', '.join(SUPPORTED_MODELS)})"
         )
     for attr, what in (
-        ("pair_repulsion", "ZBL pair repulsion"),
         ("joint_embedding", "joint embedding"),
         ("embedding_readout", "embedding readout"),
     ):
@@ -414,6 +530,8 @@ def extract(
         "scale": scale,
         "shift": shift,
     }
+    if hasattr(model, "pair_repulsion"):  # part of the interaction energy: scaled (ScaleShiftMACE)
+        architecture["pair_repulsion"] = _pair_repulsion(model, atomic_numbers)
     return architecture, store
 
 
