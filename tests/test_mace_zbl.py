@@ -300,6 +300,7 @@ def test_converter_constants(workdir: Path) -> None:
     )
     assert zbl["covalent_radii"] == [float(ase.data.covalent_radii[z]) for z in ELEMENTS]
     assert zbl["p"] == 5
+    assert zbl["from_module"] == []
 
     trained = copy.deepcopy(model)
     with torch.no_grad():
@@ -307,6 +308,7 @@ def test_converter_constants(workdir: Path) -> None:
     path = workdir / "trained.e3f"
     arch = mace_convert.convert(trained, path)
     assert arch["pair_repulsion"]["a_exp"] == 0.31
+    assert arch["pair_repulsion"]["from_module"] == ["a_exp"]
     atoms = zbl_structure(seed=4)
     assert_matches_mace(e3fuse_eval(path, atoms), mace_reference(trained, atoms), len(atoms))
     assert "pair repulsion: ZBL" in _core.Model.load(str(path)).summary()

@@ -4,8 +4,8 @@ model object) into an .e3f file.
 Supported: MACE and ScaleShiftMACE with RealAgnosticInteractionBlock /
 RealAgnosticResidualInteractionBlock, Bessel radial basis with the polynomial
 cutoff, e3nn spherical harmonics, linear and non-linear readouts, E0s, scale
-and shift, several heads (one selected at conversion). Everything else is
-refused by module name.
+and shift, ZBL pair repulsion, several heads (one selected at conversion).
+Everything else is refused by module name.
 
 Conventions (see DESIGN §5): mace's edge vector is pos[receiver] - pos[sender]
 (+ shift); the core's convolution uses pos[sender] - pos[receiver], so the
@@ -286,12 +286,13 @@ ZBL_BOHR = 0.529
 ZBL_COULOMB = 14.3996
 
 
-def _defined_value(stored: float, literal: float) -> float:
+def _defined_value(stored: float, literal: float, name: str, from_module: list[str]) -> float:
     """The float64 value of a constant defined as `literal`: the literal when the module
     holds it (exactly, or rounded to float32 by a float32 model); otherwise the module's
-    own value (trained or edited), which is what the model computes with."""
+    own value (trained or edited: what the model computes with), named in from_module."""
     if stored == literal or stored == float(np.float32(literal)):
         return literal
+    from_module.append(name)
     return stored
 
 
@@ -324,20 +325,32 @@ def _pair_repulsion(model: torch.nn.Module, atomic_numbers: list[int]) -> dict[s
     if len(stored_c) != len(ZBL_C):
         raise UnsupportedModel(f"pair_repulsion_fn: {len(stored_c)} screening terms, expected 4")
     stored_radii = fn.covalent_radii.detach().to(torch.float64).reshape(-1).numpy()
+    from_module: list[str] = []
     radii = [
-        _defined_value(float(stored_radii[z]), float(ase.data.covalent_radii[z]))
+        _defined_value(
+            float(stored_radii[z]),
+            float(ase.data.covalent_radii[z]),
+            f"covalent_radii[{z}]",
+            from_module,
+        )
         for z in atomic_numbers
     ]
     desc: dict[str, Any] = {
         "kind": "zbl",
-        "c": [_defined_value(v, lit) for v, lit in zip(stored_c, ZBL_C)],
+        "c": [
+            _defined_value(v, lit, f"c[{k}]", from_module)
+            for k, (v, lit) in enumerate(zip(stored_c, ZBL_C))
+        ],
         "exponents": list(ZBL_EXPONENTS),
-        "a_exp": _defined_value(float(fn.a_exp), ZBL_A_EXP),
-        "a_prefactor": _defined_value(float(fn.a_prefactor), ZBL_A_PREFACTOR),
+        "a_exp": _defined_value(float(fn.a_exp), ZBL_A_EXP, "a_exp", from_module),
+        "a_prefactor": _defined_value(
+            float(fn.a_prefactor), ZBL_A_PREFACTOR, "a_prefactor", from_module
+        ),
         "bohr": ZBL_BOHR,
         "coulomb": ZBL_COULOMB,
         "p": int(fn.p),
         "covalent_radii": radii,
+        "from_module": from_module,  # constants that differ from mace-torch's definition
     }
     _check_pair_repulsion(fn, desc, atomic_numbers)
     return desc
