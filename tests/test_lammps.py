@@ -966,3 +966,76 @@ def test_device_cuda_comm_exchange(model: Path, family: str, tmp_path: Path) -> 
             proc = run_lmp(workdir, lmp_input(atoms, path, style=style), ranks=ranks)
             got = parse_lmp(workdir, proc)
             compare(got, expected, len(atoms), f"{family} {name} np {ranks} (cuda, comm exchange)")
+
+
+# --------------------------------------------------------------------------------------
+# A MACE model with ZBL pair repulsion (random weights, built with mace-torch: the
+# conversion and the Python engine against mace-torch are in test_mace_zbl.py)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def zbl_mace_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("mace.modules")
+    from test_mace import build_mace
+
+    from e3fuse.convert import mace as mace_convert
+
+    model = build_mace("8x0e+8x1o", elements=(1, 8, 29, 79), r_max=4.0, pair_repulsion=True, seed=3)
+    path = tmp_path_factory.mktemp("zbl") / "zbl.e3f"
+    mace_convert.convert(model, path)
+    return path
+
+
+def with_short_pairs(atoms: Atoms) -> Atoms:
+    """Au, H and O atoms put in, some at short range from their neighbour (Au-Au 0.7 A,
+    Au-H 0.6 A, Cu-O 1.0 A), where ZBL dominates the forces."""
+    atoms = atoms.copy()
+    direction = np.array([0.36, -0.48, 0.8])
+    for i, j, zi, zj, r in ((0, 1, 79, 79, 0.7), (6, 7, 79, 1, 0.6), (9, 10, 29, 8, 1.0)):
+        atoms.numbers[[i, j]] = (zi, zj)
+        atoms.positions[j] = atoms.positions[i] + r * direction
+    distances = atoms.get_all_distances(mic=True) + 10.0 * np.eye(len(atoms))
+    assert distances.min() > 0.55
+    return atoms
+
+
+@pytest.mark.parametrize("name", ["cluster", "slab"])
+def test_zbl_mace_ranks_agree(zbl_mace_model: Path, tmp_path: Path, name: str) -> None:
+    """pair_style e3fuse with a ZBL MACE model: one rank (lammps module) equals the
+    Python engine and the ASE calculator; lmp on 1 and 2 ranks, comm exchange (ghosts
+    one cutoff deep, node features exchanged) and comm shell, equals it too."""
+    import e3fuse
+
+    atoms = with_short_pairs(cu_cluster() if name == "cluster" else make_structure("slab"))
+    atoms = lammps_frame(atoms)
+    expected = reference(atoms, zbl_mace_model)
+    assert np.abs(expected["forces"]).max() > 50.0  # ZBL at work
+    ase_atoms = atoms.copy()
+    ase_atoms.calc = e3fuse.Calculator(str(zbl_mace_model), device="cpu", dtype="float64")
+    assert_abs(ase_atoms.get_forces(), expected["forces"], TOL.forces, "ASE forces")
+    assert_abs(ase_atoms.get_potential_energies(), expected["energies"], TOL.energy_per_atom, "ASE")
+    compare(run_python(atoms, zbl_mace_model), expected, len(atoms), f"zbl {name} np 1")
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    for comm in ("exchange", "shell"):
+        for ranks in (1, 2):
+            workdir = tmp_path / f"{comm}-np{ranks}"
+            text = lmp_input(atoms, zbl_mace_model, style=f"comm {comm}")
+            got = parse_lmp(workdir, run_lmp(workdir, text, ranks=ranks))
+            compare(got, expected, len(atoms), f"zbl {name} np {ranks} comm {comm}")
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+def test_zbl_mace_device_cuda_comm_exchange(zbl_mace_model: Path, tmp_path: Path) -> None:
+    """device cuda (float64) with a ZBL MACE model, 1 and 2 ranks, comm exchange, equals
+    the CPU engine."""
+    atoms = lammps_frame(with_short_pairs(make_structure("slab")))
+    expected = reference(atoms, zbl_mace_model)
+    for ranks in (1, 2):
+        workdir = tmp_path / f"np{ranks}"
+        style = "device cuda precision float64 comm exchange"
+        got = parse_lmp(
+            workdir, run_lmp(workdir, lmp_input(atoms, zbl_mace_model, style=style), ranks=ranks)
+        )
+        compare(got, expected, len(atoms), f"zbl slab np {ranks} (cuda, comm exchange)")

@@ -360,8 +360,9 @@ def test_cli_convert_verifies_and_refuses(workdir: Path, tmp_path: Path) -> None
     assert _core.Model.load(str(out)).family == "mace"
     assert _core.Model.load(str(out)).num_layers == 2
     zbl = build_mace("8x0e", max_ell=1, correlation=1, seed=2, pair_repulsion=True)
-    with pytest.raises(mace_convert.UnsupportedModel, match="pair_repulsion"):
-        mace_convert.convert(zbl, tmp_path / "zbl.e3f")
+    torch.save(zbl, tmp_path / "zbl.model")  # ZBL: converted and verified (test_mace_zbl.py)
+    assert cli.main(["convert", "mace", str(tmp_path / "zbl.model"), "-o", str(out)]) == 0
+    assert "pair repulsion: ZBL" in _core.Model.load(str(out)).summary()
     assert cli.main(["convert", "mace", str(tmp_path / "missing.model"), "-o", str(out)]) == 1
 
 

@@ -21,6 +21,7 @@
 #include "cuda/backend.h"
 #endif
 #include "cpu/ops.h"
+#include "cpu/pair_repulsion.h"
 #include "cpu/typed_plan.h"
 #include "e3fuse/error.h"
 #include "e3fuse/neighbors.h"
@@ -278,7 +279,8 @@ class CpuRunner {
 // MACE interaction t (mace-torch RealAgnostic[Residual]InteractionBlock + product):
 //   sc = Skip_s(x) (residual); u = LinearUp(x); y = Conv(u) (1/avg_num_neighbors);
 //   m = Linear(y); m = Skip_s(m) (non-residual); x = ProductLinear(SC_s(m)) (+ sc);
-//   e_i += Readout_t(x_i).   Atomic energy e_i = e0[s_i] + scale * sum_t Readout_t + shift.
+//   e_i += Readout_t(x_i).   Atomic energy e_i = e0[s_i] + scale * (sum_t Readout_t + Z_i) + shift
+//   (Z_i: the ZBL pair repulsion, ops/pair_repulsion.h, when the model has it).
 // The backward pass keeps u, m and the readout hidden pre-activations (node-level).
 template <class T>
 class MaceRunner {
@@ -291,6 +293,12 @@ class MaceRunner {
     e0_ = plan.e0;
     scale_ = plan.mace_scale;
     shift_ = plan.mace_shift;
+    if (plan.pair_repulsion.enabled) {
+      pair_table_ = ops::pair_repulsion_table(plan.pair_repulsion, plan.atomic_numbers);
+      pair_ = ops::pair_repulsion_view(plan.pair_repulsion,
+                                       static_cast<int>(plan.atomic_numbers.size()), plan.cutoff,
+                                       pair_table_.data());
+    }
   }
 
   void run(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {
@@ -348,6 +356,8 @@ class MaceRunner {
       }
       for (int64_t i = 0; i < rows; ++i) inter[i] += static_cast<double>(r[i]);
     }
+    // ZBL: an interaction energy, scaled and shifted with the readouts' (ScaleShiftMACE)
+    if (pair_.pair) cpu::pair_repulsion_forward(pair_, g, g.num_energy_nodes, inter.data());
     double energy = 0.0;
     for (int64_t i = 0; i < n; ++i) {
       const double e =
@@ -364,6 +374,9 @@ class MaceRunner {
     std::vector<double> atom_virials;
     const bool want_virial = out.virial || out.atom_virials;
     if (want_virial) atom_virials.assign(N * 9, 0.0);
+    if (pair_.pair)
+      cpu::pair_repulsion_backward(pair_, g, n, scale_, forces.data(),
+                                   want_virial ? atom_virials.data() : nullptr);
     std::vector<T> gx(N * layers_.back().product_linear.dim_out, T(0)), gp, gm, gmlin, gy, gup, gh;
     for (int t = num_layers - 1; t >= 0; --t) {
       const Layer& L = layers_[t];
@@ -413,6 +426,8 @@ class MaceRunner {
   std::vector<Layer> layers_;
   std::vector<double> e0_;
   double scale_ = 1.0, shift_ = 0.0;
+  std::vector<double> pair_table_;  // ZBL pair repulsion (pair_.pair null: none)
+  ops::PairRepulsionView pair_;
   std::vector<std::vector<T>> up_, m_, hidden_;
   HaloRows halo_;
 };

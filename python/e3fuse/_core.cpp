@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "cpu/mace.h"
 #include "cpu/ops.h"
+#include "cpu/pair_repulsion.h"
 #include "cpu/typed_plan.h"
 #include "e3fuse/engine.h"
 #include "e3fuse/error.h"
@@ -607,6 +609,46 @@ PYBIND11_MODULE(_core, m) {
              }
              return out;
            })
+      // MACE's ZBL pair repulsion on an open CSR graph (nodes < num_energy_nodes count):
+      // (energies [n], forces [n, 3], per-atom virials [n, 9]) of weight * the pair energy.
+      .def(
+          "pair_repulsion",
+          [](const OpsProbe& p, Array<double> positions, Array<int32_t> species,
+             Array<int64_t> row_offsets, Array<int32_t> neighbors, int64_t num_energy_nodes,
+             double weight, const std::string& device) {
+            const ModelPlan& plan = p.model->plan();
+            if (!plan.pair_repulsion.enabled) throw Error("the model has no pair repulsion");
+            const int64_t n = positions.shape(0);
+            check_shape(species, {n}, "species");
+            std::vector<int32_t> s(species.data(), species.data() + n);
+            for (int32_t v : s)
+              if (v < 0 || v >= static_cast<int32_t>(plan.atomic_numbers.size()))
+                throw Error("species index out of range");
+            GraphView g = open_graph(positions, row_offsets, neighbors, s);
+            g.num_energy_nodes = std::clamp<int64_t>(num_energy_nodes, 0, n);
+            Array<double> energies(n), forces({n, int64_t(3)}), virials({n, int64_t(9)});
+            std::fill_n(energies.mutable_data(), n, 0.0);
+            std::fill_n(forces.mutable_data(), 3 * n, 0.0);
+            std::fill_n(virials.mutable_data(), 9 * n, 0.0);
+            if (probe_on_cuda(device)) {
+#ifdef E3FUSE_WITH_CUDA
+              cuda::probe_pair_repulsion(plan, g, weight, energies.mutable_data(),
+                                         forces.mutable_data(), virials.mutable_data());
+#endif
+            } else {
+              const std::vector<double> table =
+                  ops::pair_repulsion_table(plan.pair_repulsion, plan.atomic_numbers);
+              const ops::PairRepulsionView zbl = ops::pair_repulsion_view(
+                  plan.pair_repulsion, static_cast<int>(plan.atomic_numbers.size()), plan.cutoff,
+                  table.data());
+              cpu::pair_repulsion_forward(zbl, g, g.num_energy_nodes, energies.mutable_data());
+              cpu::pair_repulsion_backward(zbl, g, n, weight, forces.mutable_data(),
+                                           virials.mutable_data());
+            }
+            return py::make_tuple(energies, forces, virials);
+          },
+          py::arg("positions"), py::arg("species"), py::arg("row_offsets"), py::arg("neighbors"),
+          py::arg("num_energy_nodes"), py::arg("weight") = 1.0, py::arg("device") = "cpu")
       // Convolution of layer `layer` on an open (non-periodic) CSR graph.
       .def("conv",
            [](const OpsProbe& p, int layer, Array<double> positions, Array<int64_t> row_offsets,

@@ -117,9 +117,21 @@ def mace_calculator(source: Any, dtype: str = "float64", head: str | None = None
 
 
 def evaluate_mace(calc: Any, atoms: Any) -> dict[str, np.ndarray]:
-    """energy, energies, forces and (periodic systems) stress with a MACECalculator."""
+    """energy, energies, forces and (periodic systems) stress with a MACECalculator.
+
+    The model runs under torch's default dtype set to the calculator's: mace-torch forms
+    some constants from Python floats and integer tensors (ZBLBasis: 14.3996 * Z_u * Z_v),
+    which take the global default dtype, float32 unless set, even in a float64 model."""
+    import torch
+
     atoms = atoms.copy()
     atoms.calc = calc
-    calc.calculate(atoms, ["energy", "forces", "stress"])
+    previous = torch.get_default_dtype()
+    if getattr(calc, "default_dtype", "") == "float64":
+        torch.set_default_dtype(torch.float64)
+    try:
+        calc.calculate(atoms, ["energy", "forces", "stress"])
+    finally:
+        torch.set_default_dtype(previous)
     results = calc.results
     return _as_arrays(results, bool(atoms.pbc.all()))

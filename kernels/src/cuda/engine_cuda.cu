@@ -23,6 +23,7 @@
 #include "cuda/common.cuh"
 #include "cuda/conv.cuh"
 #include "cuda/node_ops.cuh"
+#include "cuda/pair_repulsion.cuh"
 #include "e3fuse/error.h"
 #include "neighbors/neighbor_list.cuh"
 
@@ -590,6 +591,7 @@ class MaceModel : public Model {
     e0_.upload(plan.e0);
     scale_ = plan.mace_scale;
     shift_ = plan.mace_shift;
+    pair_.upload(plan);
   }
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
@@ -658,6 +660,10 @@ class MaceModel : public Model {
       accumulate_kernel<T><<<grid(n), kThreads, 0, st>>>(rows, r_.data(), inter_.data());
       check_launch("accumulate_kernel");
     }
+    if (pair_.enabled()) {  // ZBL: an interaction energy, scaled and shifted with the readouts'
+      s.profiler.mark("pair repulsion", st);
+      pair_repulsion_forward(pair_.view(), g, g.num_energy_nodes, inter_.data(), st);
+    }
     mace_energy_kernel<<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, e0_.data(),
                                                      scale_, shift_, inter_.data(),
                                                      s.energies.data());
@@ -668,6 +674,11 @@ class MaceModel : public Model {
     seed_kernel<T><<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, nullptr,
                                                  static_cast<T>(scale_), seed_.data());
     check_launch("seed_kernel");
+    if (pair_.enabled()) {
+      s.profiler.mark("pair repulsion", st);
+      pair_repulsion_backward(pair_.view(), g, n, scale_, s.forces.data(),
+                              want_virial ? s.atom_virials.data() : nullptr, st);
+    }
     // The backward's node adjoints reuse the forward's buffers that it no longer reads:
     // dE/dx goes to x's, dE/dp to p's, dE/dm to m's own (the contraction's adjoint runs in
     // place) and dE/dy to y's.
@@ -757,6 +768,7 @@ class MaceModel : public Model {
   DeviceArray<T> embedding_;
   DeviceArray<double> e0_, inter_;
   double scale_ = 1.0, shift_ = 0.0;
+  PairRepulsion pair_;
   std::vector<Layer> layers_;
   std::vector<DeviceArray<T>> up_, m_, hidden_;
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;

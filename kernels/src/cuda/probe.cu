@@ -2,7 +2,10 @@
 // run one op on the default stream, synchronize, download.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda/node_ops.cuh"
+#include "cuda/pair_repulsion.cuh"
 #include "cuda/probe.h"
 
 namespace e3fuse::cuda {
@@ -91,6 +94,47 @@ void probe_symmetric_contraction(const cpu::SymmetricContraction<T>& sc, int64_t
     symmetric_contraction_forward(d, n, ds.data(), dx.data(), dout.data(), nullptr);
     to_host(dout, out, n * d.dim_out);
   }
+}
+
+void probe_pair_repulsion(const ModelPlan& plan, const GraphView& g, double weight,
+                          double* energies, double* forces, double* atom_virials) {
+  const int64_t n = g.num_nodes;
+  const int64_t edges = n > 0 ? g.row_offsets[n] : 0;
+  PairRepulsion zbl;
+  zbl.upload(plan);
+  if (!zbl.enabled()) throw Error("probe: the model has no pair repulsion");
+  DeviceArray<double> positions = to_device(g.positions, 3 * n);
+  DeviceArray<int32_t> species = to_device(g.species, n);
+  DeviceArray<int64_t> row_offsets = to_device(g.row_offsets, n + 1);
+  DeviceArray<int32_t> neighbors = to_device(g.neighbors, edges);
+  DeviceArray<int32_t> shift_index;
+  DeviceArray<double> shifts;
+  GraphView d = g;
+  d.positions = positions.data();
+  d.species = species.data();
+  d.row_offsets = row_offsets.data();
+  d.neighbors = neighbors.data();
+  d.layer_rows = nullptr;
+  if (g.shift_index) {
+    int32_t max_shift = -1;
+    for (int64_t e = 0; e < edges; ++e) max_shift = std::max(max_shift, g.shift_index[e]);
+    shift_index = to_device(g.shift_index, edges);
+    shifts = to_device(g.shifts, 3 * static_cast<int64_t>(max_shift + 1));
+    d.shift_index = shift_index.data();
+    d.shifts = shifts.data();
+  }
+  DeviceArray<double> e, f, w;
+  e.resize(static_cast<size_t>(n));
+  f.resize(static_cast<size_t>(3 * n));
+  w.resize(static_cast<size_t>(9 * n));
+  e.zero();
+  f.zero();
+  w.zero();
+  pair_repulsion_forward(zbl.view(), d, g.num_energy_nodes, e.data(), nullptr);
+  pair_repulsion_backward(zbl.view(), d, n, weight, f.data(), w.data(), nullptr);
+  to_host(e, energies, n);
+  to_host(f, forces, 3 * n);
+  to_host(w, atom_virials, 9 * n);
 }
 
 #define E3FUSE_INSTANTIATE(T)                                                                  \

@@ -9,6 +9,8 @@
 
 #include "cpu/mace.h"
 #include "cpu/typed_plan.h"
+#include "e3fuse/system.h"
+#include "model/plan.h"
 
 namespace e3fuse::cuda {
 
@@ -48,6 +50,16 @@ void probe_symmetric_contraction(const cpu::SymmetricContraction<T>& sc, int64_t
 // ---------------------------------------------------------------------------------
 // (end of the node-level ops section)
 // ---------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------
+// ZBL pair repulsion (cuda/pair_repulsion.cu), defined in cuda/probe.cu.
+// ---------------------------------------------------------------------------------
+
+// The op on the graph `g` (host arrays; nodes [0, g.num_energy_nodes) count): energies
+// (n) = the forward on those nodes, forces (n x 3) and atom_virials (n x 9) = the backward
+// with `weight`; all overwritten.
+void probe_pair_repulsion(const ModelPlan& plan, const GraphView& g, double weight,
+                          double* energies, double* forces, double* atom_virials);
 
 // ---------------------------------------------------------------------------------
 // Neighbor list (neighbors/neighbor_list.cu), defined in neighbors/neighbor_probe.cu.

@@ -422,6 +422,32 @@ JointEmbeddingPlan joint_embedding(PlanBuilder& b, const json::Value& v, int emb
   return plan;
 }
 
+// "pair_repulsion" of a MACE model (ZBL, see ops/pair_repulsion.h): constants in the
+// JSON, covalent radii per species.
+PairRepulsionPlan pair_repulsion(PlanBuilder& b, const json::Value& v, int num_species) {
+  if (v["kind"].as_string() != "zbl")
+    b.fail("pair repulsion kind '" + v["kind"].as_string() + "' at " + v.path());
+  PairRepulsionPlan p;
+  p.enabled = true;
+  p.c = v["c"].as_double_vector();
+  p.exponents = v["exponents"].as_double_vector();
+  p.a_exp = v["a_exp"].as_double();
+  p.a_prefactor = v["a_prefactor"].as_double();
+  p.bohr = v["bohr"].as_double();
+  p.coulomb = v["coulomb"].as_double();
+  p.p = static_cast<double>(v["p"].as_int());
+  p.covalent_radii = v["covalent_radii"].as_double_vector();
+  bool ok = !p.c.empty() && p.c.size() == p.exponents.size() && p.c.size() <= 8 && p.p >= 1 &&
+            p.p <= 32 && p.a_prefactor > 0 && p.bohr > 0 &&
+            static_cast<int>(p.covalent_radii.size()) == num_species;
+  for (double r : p.covalent_radii) ok = ok && r > 0 && std::isfinite(r);
+  for (double x : {p.a_exp, p.a_prefactor, p.bohr, p.coulomb}) ok = ok && std::isfinite(x);
+  for (size_t k = 0; k < p.c.size(); ++k)
+    ok = ok && std::isfinite(p.c[k]) && std::isfinite(p.exponents[k]);
+  if (!ok) b.fail("invalid pair repulsion constants at " + v.path());
+  return p;
+}
+
 void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   build_common(b, arch, plan);
   const int num_species = static_cast<int>(plan.atomic_numbers.size());
@@ -476,6 +502,8 @@ void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   plan.e0 = b.tensor(arch["e0"], {num_species});
   plan.mace_scale = arch["scale"].as_double();
   plan.mace_shift = arch["shift"].as_double();
+  if (arch.contains("pair_repulsion"))
+    plan.pair_repulsion = pair_repulsion(b, arch["pair_repulsion"], num_species);
 }
 
 }  // namespace
@@ -639,6 +667,8 @@ std::string Model::summary() const {
     s += "system input:  " + je.inputs[i].name + " (" + je.inputs[i].key + ")" +
          (je.folded ? " = " + num(je.values[i]) : ", default " + num(je.inputs[i].default_value)) +
          (je.has_readout ? ", with embedding readout" : "") + "\n";
+  if (p.pair_repulsion.enabled)
+    s += "pair repulsion: ZBL, envelope p " + num(p.pair_repulsion.p) + "\n";
   s += "elements:      " + to_string(p.atomic_numbers.size()) + " (Z =";
   for (size_t i = 0; i < p.atomic_numbers.size(); ++i) {
     if (i == 12) {

@@ -197,6 +197,16 @@ struct JointEmbeddingPlan {
   std::vector<double> values;  // folded values, in input order
 };
 
+// MACE's ZBL pair repulsion (mace-torch ZBLBasis, pair_repulsion=True); the formula is in
+// ops/pair_repulsion.h. Part of the interaction energy: scaled by mace_scale (1 in MACE).
+struct PairRepulsionPlan {
+  bool enabled = false;
+  std::vector<double> c, exponents;  // screening function sum_k c_k exp(-exponents_k r / a)
+  double a_exp = 0.0, a_prefactor = 0.0, bohr = 0.0, coulomb = 0.0;
+  double p = 6.0;                      // polynomial envelope exponent
+  std::vector<double> covalent_radii;  // per species
+};
+
 struct ModelPlan {
   std::string family;
   std::string json;
@@ -220,6 +230,7 @@ struct ModelPlan {
   std::vector<double> e0;
   double mace_scale = 1.0, mace_shift = 0.0;
   JointEmbeddingPlan joint_embedding;
+  PairRepulsionPlan pair_repulsion;
 };
 
 // Values per node that each halo exchange moves (HaloExchange in e3fuse/engine.h):

@@ -4,9 +4,9 @@ model object) into an .e3f file.
 Supported: MACE and ScaleShiftMACE with RealAgnosticInteractionBlock /
 RealAgnosticResidualInteractionBlock, Bessel radial basis with the polynomial
 cutoff, e3nn spherical harmonics, linear and non-linear readouts, E0s, scale
-and shift, several heads (one selected at conversion), use_agnostic_product,
-use_last_readout_only, edge_irreps / use_edge_irreps_first, and embedding_specs
-of the per-system total_charge / total_spin (with or without
+and shift, ZBL pair repulsion, several heads (one selected at conversion),
+use_agnostic_product, use_last_readout_only, edge_irreps / use_edge_irreps_first,
+and embedding_specs of the per-system total_charge / total_spin (with or without
 use_embedding_readout; their values are given at run time, see
 Model::with_system_inputs). Everything else is refused by module name.
 
@@ -390,6 +390,136 @@ def _joint_embedding(
     return out
 
 
+# mace-torch 0.3.16 radial.py ZBLBasis: the screening coefficients c (a buffer), the
+# exponent factors, Bohr radius and e^2/(4 pi eps0) in eV A written in forward(), and
+# a_exp, a_prefactor (buffers, or parameters when trainable).
+ZBL_C = (0.1818, 0.5099, 0.2802, 0.02817)
+ZBL_EXPONENTS = (3.2, 0.9423, 0.4028, 0.2016)
+ZBL_A_EXP = 0.300
+ZBL_A_PREFACTOR = 0.4543
+ZBL_BOHR = 0.529
+ZBL_COULOMB = 14.3996
+
+
+def _defined_value(stored: float, literal: float, name: str, from_module: list[str]) -> float:
+    """The float64 value of a constant defined as `literal`: the literal when the module
+    holds it (exactly, or rounded to float32 by a float32 model); otherwise the module's
+    own value (trained or edited: what the model computes with), named in from_module."""
+    if stored == literal or stored == float(np.float32(literal)):
+        return literal
+    from_module.append(name)
+    return stored
+
+
+def _zbl_numpy(desc: dict[str, Any], z: np.ndarray, radii: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Half the ZBL energy of edges (z[:, 0], z[:, 1]) at distances r, from `desc`."""
+    zu, zv = z[:, 0].astype(np.float64), z[:, 1].astype(np.float64)
+    a = desc["a_prefactor"] * desc["bohr"] / (zu ** desc["a_exp"] + zv ** desc["a_exp"])
+    phi = sum(c * np.exp(-d * r / a) for c, d in zip(desc["c"], desc["exponents"]))
+    r_max = radii[:, 0] + radii[:, 1]
+    p = desc["p"]
+    x = r / r_max
+    envelope = (
+        1.0
+        - (p + 1.0) * (p + 2.0) / 2.0 * x**p
+        + p * (p + 2.0) * x ** (p + 1)
+        - p * (p + 1.0) / 2.0 * x ** (p + 2)
+    ) * (r < r_max)
+    return 0.5 * desc["coulomb"] * zu * zv / r * phi * envelope
+
+
+def _pair_repulsion(model: torch.nn.Module, atomic_numbers: list[int]) -> dict[str, Any]:
+    """mace's ZBLBasis -> the "pair_repulsion" description (constants in float64 from
+    their definition, see _defined_value), checked against the module."""
+    import ase.data
+
+    fn = model.pair_repulsion_fn
+    if type(fn).__name__ != "ZBLBasis":
+        raise UnsupportedModel(f"pair_repulsion_fn: {type(fn).__name__} is not supported")
+    stored_c = [float(v) for v in fn.c.detach().reshape(-1).tolist()]
+    if len(stored_c) != len(ZBL_C):
+        raise UnsupportedModel(f"pair_repulsion_fn: {len(stored_c)} screening terms, expected 4")
+    stored_radii = fn.covalent_radii.detach().to(torch.float64).reshape(-1).numpy()
+    from_module: list[str] = []
+    radii = [
+        _defined_value(
+            float(stored_radii[z]),
+            float(ase.data.covalent_radii[z]),
+            f"covalent_radii[{z}]",
+            from_module,
+        )
+        for z in atomic_numbers
+    ]
+    desc: dict[str, Any] = {
+        "kind": "zbl",
+        "c": [
+            _defined_value(v, lit, f"c[{k}]", from_module)
+            for k, (v, lit) in enumerate(zip(stored_c, ZBL_C))
+        ],
+        "exponents": list(ZBL_EXPONENTS),
+        "a_exp": _defined_value(float(fn.a_exp), ZBL_A_EXP, "a_exp", from_module),
+        "a_prefactor": _defined_value(
+            float(fn.a_prefactor), ZBL_A_PREFACTOR, "a_prefactor", from_module
+        ),
+        "bohr": ZBL_BOHR,
+        "coulomb": ZBL_COULOMB,
+        "p": int(fn.p),
+        "covalent_radii": radii,
+        "from_module": from_module,  # constants that differ from mace-torch's definition
+    }
+    _check_pair_repulsion(fn, desc, atomic_numbers)
+    return desc
+
+
+def _check_pair_repulsion(fn: Any, desc: dict[str, Any], atomic_numbers: list[int]) -> None:
+    """The module (its buffers set to the description's values, run in float64) against
+    the description's formula, per edge of every species pair at short and long range:
+    catches a mace-torch whose ZBLBasis computes something else."""
+    import copy
+
+    module = copy.deepcopy(fn).to(torch.float64)
+    with torch.no_grad():
+        module.c.copy_(torch.tensor(desc["c"], dtype=torch.float64))
+        module.a_exp.copy_(torch.tensor(desc["a_exp"], dtype=torch.float64))
+        module.a_prefactor.copy_(torch.tensor(desc["a_prefactor"], dtype=torch.float64))
+        for z, radius in zip(atomic_numbers, desc["covalent_radii"]):
+            module.covalent_radii[z] = radius
+    s = len(atomic_numbers)
+    pairs = np.array([(u, v) for u in range(s) for v in range(s)], dtype=np.int64)
+    fractions = np.array([0.02, 0.1, 0.35, 0.7, 0.97, 1.2])  # of R_u + R_v
+    species = np.repeat(pairs, len(fractions), axis=0)  # [edges, 2]: sender, receiver
+    z = np.array(atomic_numbers)[species]
+    radii = np.array(desc["covalent_radii"])[species]
+    r = np.tile(fractions, len(pairs)) * radii.sum(axis=1)
+    edges = len(r)
+    # each edge its own receiver: node 2e sends to node 2e + 1
+    node_species = species.reshape(-1)
+    node_attrs = torch.nn.functional.one_hot(torch.from_numpy(node_species), s).to(torch.float64)
+    edge_index = torch.stack([torch.arange(0, 2 * edges, 2), torch.arange(1, 2 * edges, 2)]).to(
+        torch.int64
+    )
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            out = module(
+                torch.from_numpy(r).unsqueeze(-1),
+                node_attrs,
+                edge_index,
+                torch.tensor(atomic_numbers, dtype=torch.int64),
+            )
+    finally:
+        torch.set_default_dtype(previous)
+    got = out.detach().numpy().reshape(-1)[1::2]
+    expected = _zbl_numpy(desc, z, radii, r)
+    err = np.abs(got - expected).max()
+    if not err <= 1e-12 * np.abs(expected).max():
+        raise UnsupportedModel(
+            "pair_repulsion_fn: ZBLBasis of this mace-torch does not compute e3fuse's ZBL "
+            f"({err:.2e})"
+        )
+
+
 def extract(
     model: torch.nn.Module, source: dict[str, Any], head: str | None = None
 ) -> tuple[dict[str, Any], TensorStore]:
@@ -400,9 +530,6 @@ def extract(
         raise UnsupportedModel(
             f"model class {kind} is not supported (supported: {', '.join(SUPPORTED_MODELS)})"
         )
-    for attr, what in (("pair_repulsion", "ZBL pair repulsion"),):
-        if hasattr(model, attr):
-            raise UnsupportedModel(f"{attr}: {what} is not supported")
     heads = list(getattr(model, "heads", None) or ["Default"])
     if head is None:
         if len(heads) > 1:
@@ -540,6 +667,8 @@ def extract(
     }
     if joint_embedding is not None:
         architecture["joint_embedding"] = joint_embedding
+    if hasattr(model, "pair_repulsion"):  # part of the interaction energy: scaled (ScaleShiftMACE)
+        architecture["pair_repulsion"] = _pair_repulsion(model, atomic_numbers)
     return architecture, store
 
 
