@@ -79,6 +79,8 @@ def build_mace(
     first_residual: bool = False,
     seed: int = 0,
     heads: list[str] | None = None,
+    interaction: str = "RealAgnosticResidualInteractionBlock",
+    interaction_first: str | None = None,
     **extra: Any,
 ) -> Any:
     """A mace-torch model in float64 with random (non-trivial) weights."""
@@ -89,7 +91,7 @@ def build_mace(
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     n = len(elements)
-    first = (
+    first = interaction_first or (
         "RealAgnosticResidualInteractionBlock" if first_residual else "RealAgnosticInteractionBlock"
     )
     kwargs = dict(
@@ -97,7 +99,7 @@ def build_mace(
         num_bessel=num_bessel,
         num_polynomial_cutoff=p,
         max_ell=max_ell,
-        interaction_cls=mace_modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+        interaction_cls=mace_modules.interaction_classes[interaction],
         interaction_cls_first=mace_modules.interaction_classes[first],
         num_interactions=num_interactions,
         num_elements=n,

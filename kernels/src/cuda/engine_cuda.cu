@@ -993,6 +993,19 @@ std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision
     throw Error("GPU " + std::to_string(gpu) + " requested, but this process sees " +
                 std::to_string(count) + " GPU(s) (CUDA_VISIBLE_DEVICES)");
   if (gpu < 0) check(cudaGetDevice(&gpu), "cudaGetDevice");
+  // MACE radial options implemented on the CPU engine only so far (cpu/conv.cpp,
+  // cpu/edge_density.cpp): refused by name rather than computed wrongly.
+  if (plan.radial.pair_dependent())
+    throw Error(
+        "the CUDA engine does not support MACE distance transforms (Agnesi/Soft) yet; use "
+        "device 'cpu'");
+  if (!plan.radial.apply_cutoff)
+    throw Error("the CUDA engine does not support MACE apply_cutoff=False yet; use device 'cpu'");
+  for (const MaceLayer& l : plan.mace_layers)
+    if (l.density)
+      throw Error(
+          "the CUDA engine does not support MACE density interaction blocks "
+          "(RealAgnosticDensity[Residual]InteractionBlock) yet; use device 'cpu'");
   return std::make_unique<BackendImpl>(plan, precision, gpu, radial_tables);
 }
 

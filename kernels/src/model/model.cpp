@@ -382,8 +382,33 @@ SymmetricContractionPlan symmetric_contraction(PlanBuilder& b, const json::Value
   return plan;
 }
 
+// MACE's radial options (plan.h DistanceTransform, apply_cutoff); absent keys: the defaults.
+void build_mace_radial(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
+  const json::Value& radial = arch["radial"];
+  if (const json::Value* ac = radial.find("apply_cutoff")) plan.radial.apply_cutoff = ac->as_bool();
+  const json::Value* tv = radial.find("transform");
+  if (!tv) return;
+  const std::string kind = (*tv)["kind"].as_string();
+  if (kind == "agnesi") {
+    plan.radial.transform = DistanceTransform::agnesi;
+    plan.radial.agnesi_q = (*tv)["q"].as_double();
+    plan.radial.agnesi_p = (*tv)["p"].as_double();
+    plan.radial.agnesi_a = (*tv)["a"].as_double();
+  } else if (kind == "soft") {
+    plan.radial.transform = DistanceTransform::soft;
+    plan.radial.soft_alpha = (*tv)["alpha"].as_double();
+  } else {
+    b.fail("distance transform '" + kind + "' is not supported");
+  }
+  const int num_species = static_cast<int>(plan.atomic_numbers.size());
+  plan.radial.covalent_radii = b.tensor((*tv)["covalent_radii"], {num_species});
+  for (double rc : plan.radial.covalent_radii)
+    if (!(rc > 0.0)) b.fail("distance transform: covalent radii must be positive");
+}
+
 void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   build_common(b, arch, plan);
+  build_mace_radial(b, arch, plan);
   const int num_species = static_cast<int>(plan.atomic_numbers.size());
   int64_t dim = plan.embedding_dim;
   for (const json::Value& lv : arch["layers"].array()) {
@@ -396,6 +421,10 @@ void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
     layer.linear = b.linear(lv["linear"]);
     layer.product = symmetric_contraction(b, lv["product"], num_species);
     layer.product_linear = b.linear(lv["product_linear"]);
+    if (const json::Value* dv = lv.find("density")) {
+      layer.density = true;
+      layer.density_weights = b.tensor((*dv)["weights"], {plan.radial.num_basis});
+    }
     const json::Value& rv = lv["readout"];
     layer.readout.nonlinear = rv["kind"].as_string() == "nonlinear";
     if (layer.readout.nonlinear) {
