@@ -599,7 +599,10 @@ std::string Model::summary() const {
   s += "radial basis:  bessel x" + to_string(p.radial.num_basis) + ", envelope " +
        (p.radial.envelope == EnvelopeKind::xplor ? "xplor (r_on " + to_string(p.radial.r_on) + ")"
                                                  : "polynomial (p " + to_string(p.radial.p) + ")") +
-       "\n";
+       (p.radial.transform == DistanceTransform::agnesi ? ", Agnesi distance transform"
+        : p.radial.transform == DistanceTransform::soft ? ", Soft distance transform"
+                                                        : "") +
+       (p.radial.apply_cutoff ? "" : ", envelope on the radial MLP output") + "\n";
   s += "sph. harmonics: lmax " + to_string(p.sh.lmax) + "\n";
   for (size_t t = 0; t < p.layers.size(); ++t) {
     const SevennetLayer& l = p.layers[t];
@@ -614,8 +617,8 @@ std::string Model::summary() const {
     s += "layer " + to_string(t) + ":       " + irreps_string(l.linear_up.in) + " -> conv " +
          irreps_string(l.conv.out) + " (" + to_string(l.conv.paths.size()) + " paths, radial MLP";
     for (int d : l.conv.mlp.dims) s += " " + to_string(d);
-    s += ", 1/" + num(l.conv.denominator) + ") -> " + irreps_string(l.linear.out) +
-         " -> product (correlation";
+    s += (l.density ? std::string(", 1/(1 + density)") : ", 1/" + num(l.conv.denominator)) +
+         ") -> " + irreps_string(l.linear.out) + " -> product (correlation";
     for (const auto& c : l.product.contractions)
       s += " " + to_string(c.terms.empty() ? 0 : c.terms.back().nu);
     s += ") -> " + irreps_string(l.product_linear.out) + (l.residual ? ", residual" : "") +
