@@ -218,19 +218,48 @@ def test_invariances(workdir: Path) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_device_agrees_with_cpu(device: str, workdir: Path) -> None:
-    """Each backend against the CPU float64 engine: float64 to 1e-10 eV/A, float32 (tables
-    and MLP) to 3e-5 eV/A. The CUDA engine refuses these options by name (not implemented
-    there yet)."""
-    _, path = converted("omat", workdir)
+@pytest.mark.parametrize("name", ["omat", "soft-density-no-cutoff", "no-cutoff"])
+def test_device_agrees_with_cpu(name: str, device: str, workdir: Path) -> None:
+    """Each backend against the CPU float64 engine on a mixed H/O/Cu system: float64 (the
+    per-edge MLP) to 1e-10 eV/A, float32 with pair tables and with the MLP to 3e-5 eV/A.
+    On CUDA, apply_cutoff=False runs with radial tables only (float64 or radial='mlp' are
+    refused by name)."""
+    _, path = converted(name, workdir)
     atoms = mixed_structure(seed=9)
-    if device == "cuda":
-        with pytest.raises(ValueError, match="CUDA engine does not support MACE"):
-            evaluate(path, atoms, device=device)
-        return
     cpu = evaluate(path, atoms)
-    ours = evaluate(path, atoms, device=device)
-    assert np.abs(ours["forces"] - cpu["forces"]).max() < 1e-10
+    no_cutoff = VARIANTS[name].get("apply_cutoff", True) is False
+    if device == "cuda" and no_cutoff:
+        with pytest.raises(ValueError, match="apply_cutoff=False"):
+            evaluate(path, atoms, device=device)
+    else:
+        ours = evaluate(path, atoms, device=device)
+        assert abs(ours["energy"] - cpu["energy"]) / len(atoms) < 1e-12
+        assert np.abs(ours["forces"] - cpu["forces"]).max() < 1e-10
+        assert np.abs(ours["stress"] - cpu["stress"]).max() < 1e-12
+        assert np.abs(ours["energies"] - cpu["energies"]).max() < 1e-12
+    table = evaluate(path, atoms, "float64", radial="table", device=device)
+    assert np.abs(table["forces"] - cpu["forces"]).max() < 2e-6 * max(
+        1.0, np.abs(cpu["forces"]).max()
+    )
     for radial in ("table", "mlp"):
+        if device == "cuda" and no_cutoff and radial == "mlp":
+            continue
         f32 = evaluate(path, atoms, "float32", radial=radial, device=device)
         assert np.abs(f32["forces"] - cpu["forces"]).max() < 3e-5
+        assert np.abs(f32["stress"] - cpu["stress"]).max() < 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pair_tables_built_on_first_use(device: str, workdir: Path) -> None:
+    """One calculator meets Cu alone, then H/O/Cu (new pairs' tables built on the way, on a
+    common grid): both agree with fresh calculators."""
+    _, path = converted("omat", workdir)
+    calc = Calculator(str(path), device=device, dtype="float32")
+    for atoms in (structure((29,), seed=1, cubic=True), mixed_structure(seed=10)):
+        a = atoms.copy()
+        a.calc = calc
+        forces = a.get_forces()
+        fresh = evaluate(path, atoms, "float32", device=device)
+        assert np.abs(forces - fresh["forces"]).max() < 1e-6
+        exact = evaluate(path, atoms)
+        assert np.abs(forces - exact["forces"]).max() < 3e-5

@@ -105,7 +105,8 @@ void hermite(double f0, double f1, double m0, double m1, double c[4]) {
 }  // namespace
 
 template <class T>
-RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0) {
+RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0,
+                                 int min_intervals) {
   const double cutoff = model.cutoff;
   if (!(cutoff > 0.0)) throw Error("internal: radial table needs a positive cutoff");
   const int W = mlp.dims.back();
@@ -114,7 +115,9 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, dou
   const double anchor = model.radial.envelope == EnvelopeKind::xplor && model.radial.r_on > 0.0
                             ? model.radial.r_on
                             : 0.0;
-  for (int level = kFirstIntervals;; level *= 2) {
+  int first = kFirstIntervals;
+  while (first < min_intervals && first < kMaxIntervals) first *= 2;
+  for (int level = first;; level *= 2) {
     const double step = cutoff / level;
     const double origin = anchor - std::ceil(anchor / step - 1e-9) * step;
     const int intervals = static_cast<int>(std::ceil((cutoff - origin) / step - 1e-9));
@@ -178,7 +181,8 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, dou
   }
 }
 
-template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&, double);
-template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&, double);
+template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&, double, int);
+template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&, double,
+                                                       int);
 
 }  // namespace e3fuse::cpu

@@ -56,9 +56,11 @@ struct RadialTable {
 
 // Tabulates `mlp` composed with the model's edge embedding over [0, cutoff], halving the
 // step until the midpoint errors are below float32 rounding (cpu/radial_table.cpp).
-// With a MACE distance transform the table is that of one species pair, whose r_0 is `r0`.
+// With a MACE distance transform the table is that of one species pair, whose r_0 is `r0`;
+// min_intervals: start the refinement there (pair tables share one grid, see Conv).
 template <class T>
-RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0 = 0.0);
+RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0 = 0.0,
+                                 int min_intervals = 0);
 
 template <class T>
 struct Conv {
@@ -82,7 +84,9 @@ struct Conv {
   // model has up to 89 elements (4005 pairs, each table 15-115 MB): only the pairs of the
   // species present in the evaluated system are built, on first use (ensure_pair_tables),
   // and kept. pair_table[a * S + b] indexes pair_tables, -1 while not built; empty: no
-  // pair tables (per-edge MLP, or the one `table`).
+  // pair tables (per-edge MLP, or the one `table`). All pair tables of a convolution share
+  // one grid (the finest any pair needs), so that the GPU reads them as one table whose
+  // interval index is offset by pair_table[...] x intervals.
   std::vector<int> pair_table;
   std::vector<RadialTable<T>> pair_tables;
   MlpPlan mlp_plan;                      // to build pair tables (double weights)
@@ -94,26 +98,42 @@ struct Conv {
 };
 
 // Builds the pair tables of `conv` that the species in species[0..n) need (no-op without
-// pair tables). Not thread-safe: call between ops.
+// pair tables); true when it built any. Not thread-safe: call between ops.
 template <class T>
-void ensure_pair_tables(Conv<T>& conv, int64_t n, const int32_t* species) {
-  if (conv.pair_table.empty()) return;
+bool ensure_pair_tables(Conv<T>& conv, int64_t n, const int32_t* species) {
+  if (conv.pair_table.empty()) return false;
   const ModelPlan& model = *conv.table_of;
   const int S = static_cast<int>(model.atomic_numbers.size());
   std::vector<char> present(static_cast<size_t>(S), 0);
   for (int64_t i = 0; i < n; ++i) present[static_cast<size_t>(species[i])] = 1;
+  const ops::TransformParams tp{model.radial.transform, model.radial.agnesi_q,
+                                model.radial.agnesi_p, model.radial.agnesi_a,
+                                model.radial.soft_alpha};
+  bool built = false;
   for (int a = 0; a < S; ++a)
     for (int b = a; b < S; ++b) {
       if (!present[a] || !present[b] || conv.pair_table[a * S + b] >= 0) continue;
-      const ops::TransformParams tp{model.radial.transform, model.radial.agnesi_q,
-                                    model.radial.agnesi_p, model.radial.agnesi_a,
-                                    model.radial.soft_alpha};
       const double r0 =
           ops::transform_r0(tp, model.radial.covalent_radii[a], model.radial.covalent_radii[b]);
-      conv.pair_tables.push_back(make_radial_table<T>(model, conv.mlp_plan, r0));
+      const int grid = conv.pair_tables.empty() ? 0 : conv.pair_tables.front().intervals;
+      conv.pair_tables.push_back(make_radial_table<T>(model, conv.mlp_plan, r0, grid));
       conv.pair_table[a * S + b] = conv.pair_table[b * S + a] =
           static_cast<int>(conv.pair_tables.size()) - 1;
+      built = true;
     }
+  if (!built) return false;
+  // one grid for all: rebuild the coarser tables on the finest one
+  int finest = 0;
+  for (const RadialTable<T>& t : conv.pair_tables) finest = std::max(finest, t.intervals);
+  for (int a = 0; a < S; ++a)
+    for (int b = a; b < S; ++b) {
+      const int slot = conv.pair_table[a * S + b];
+      if (slot < 0 || conv.pair_tables[slot].intervals == finest) continue;
+      const double r0 =
+          ops::transform_r0(tp, model.radial.covalent_radii[a], model.radial.covalent_radii[b]);
+      conv.pair_tables[slot] = make_radial_table<T>(model, conv.mlp_plan, r0, finest);
+    }
+  return true;
 }
 
 template <class T>
