@@ -331,7 +331,8 @@ class MaceRunner {
         const auto dim = static_cast<size_t>(L.conv.dim_out);
         for (size_t i = 0; i < static_cast<size_t>(rows); ++i)
           for (size_t q = 0; q < dim; ++q)
-            y[i * dim + q] = static_cast<T>(static_cast<double>(y[i * dim + q]) / (1.0 + rho_[t][i]));
+            y[i * dim + q] =
+                static_cast<T>(static_cast<double>(y[i * dim + q]) / (1.0 + rho_[t][i]));
         y_[t].assign(y.begin(), y.begin() + static_cast<int64_t>(rows * dim));
       }
       m_[t].resize(N * L.linear.dim_out);

@@ -92,7 +92,7 @@ struct Tile {
   std::vector<T> dYc, dr;     // backward: combined angular adjoint [n][sh_dim], dE/dr [n]
   std::vector<int> interval;  // radial table: each edge's interval and local coordinate
   std::vector<T> local_t;
-  std::vector<int> pair;       // s_receiver * num_species + s_sender
+  std::vector<int> pair;          // s_receiver * num_species + s_sender
   std::vector<T> cut, dcut, raw;  // apply_cutoff false: f(r), f'(r), MLP output before f
   std::vector<T> M, A1, A2, dY1, dY2;
 

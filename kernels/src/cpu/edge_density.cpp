@@ -29,8 +29,8 @@ void density_of_edge(const TypedPlan<T>& plan, const double* weights, int pair, 
                              plan.envelope, plan.transform, plan.apply_cutoff, r, r0, emb, demb, f,
                              df);
   } else {
-    ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64,
-                        plan.envelope, r, emb, demb);
+    ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope,
+                        r, emb, demb);
   }
   ops::edge_density(nb, weights, emb, demb, plan.apply_cutoff, f, df, value, grad);
 }

@@ -42,18 +42,18 @@ Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<d
                                 model.radial.p};
   const RadialPlan& rp = model.radial;
   const bool mace_embedding = rp.pair_dependent() || !rp.apply_cutoff;
-  const ops::TransformParams tp{rp.transform, rp.agnesi_q, rp.agnesi_p, rp.agnesi_a,
-                                rp.soft_alpha};
+  const ops::TransformParams tp{rp.transform, rp.agnesi_q, rp.agnesi_p, rp.agnesi_a, rp.soft_alpha};
   std::vector<double> h(static_cast<size_t>(n) * nb), dh(h.size()), cut(n, 1.0), dcut(n, 0.0);
 #pragma omp parallel for schedule(static)
   for (int p = 0; p < n; ++p) {
     if (mace_embedding)
-      ops::mace_edge_embedding<double>(nb, rp.coeffs.data(), rp.prefactor, env, tp,
-                                       rp.apply_cutoff, rs[p], r0, &h[static_cast<size_t>(p) * nb],
+      ops::mace_edge_embedding<double>(nb, rp.coeffs.data(), rp.prefactor, env, tp, rp.apply_cutoff,
+                                       rs[p], r0, &h[static_cast<size_t>(p) * nb],
                                        &dh[static_cast<size_t>(p) * nb], cut[p], dcut[p]);
     else
       ops::edge_embedding<double>(nb, rp.coeffs.data(), rp.prefactor, env, rs[p],
-                                  &h[static_cast<size_t>(p) * nb], &dh[static_cast<size_t>(p) * nb]);
+                                  &h[static_cast<size_t>(p) * nb],
+                                  &dh[static_cast<size_t>(p) * nb]);
   }
   for (int l = 0; l < layers; ++l) {
     const int K = mlp.dims[l], N = mlp.dims[l + 1];

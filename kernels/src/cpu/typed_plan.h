@@ -89,7 +89,7 @@ struct Conv {
   // interval index is offset by pair_table[...] x intervals.
   std::vector<int> pair_table;
   std::vector<RadialTable<T>> pair_tables;
-  MlpPlan mlp_plan;                      // to build pair tables (double weights)
+  MlpPlan mlp_plan;                     // to build pair tables (double weights)
   const ModelPlan* table_of = nullptr;  // the model (outlives the engine's typed plans)
   bool tabulated() const { return !table.empty() || !pair_table.empty(); }
   const RadialTable<T>& table_for_pair(int pair) const {

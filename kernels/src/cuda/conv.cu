@@ -217,8 +217,8 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
       double x = 0.0;
       ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals, iv, x);
       if (c.pair_slot)  // the species pair's table
-        iv += c.pair_slot[g.species[i] * c.num_species + g.species[s_sender[t]]] *
-              c.table_intervals;
+        iv +=
+            c.pair_slot[g.species[i] * c.num_species + g.species[s_sender[t]]] * c.table_intervals;
       s_interval[t] = iv;
       s_t[t] = static_cast<T>(x);
       return;

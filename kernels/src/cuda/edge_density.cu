@@ -12,8 +12,7 @@ namespace {
 
 constexpr int kDensityThreads = 128;
 
-__device__ inline void density_edge_vector(const GraphView& g, int64_t i, int64_t e,
-                                           double v[3]) {
+__device__ inline void density_edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
   const int64_t j = g.neighbors[e];
   for (int a = 0; a < 3; ++a) v[a] = g.positions[3 * j + a] - g.positions[3 * i + a];
   if (g.shift_index) {
@@ -119,9 +118,8 @@ template <class T>
 void edge_density_forward(const Geometry<T>& geom, const double* weights, const GraphView& g,
                           double* rho, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  edge_density_forward_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(g.num_nodes, kDensityThreads)), kDensityThreads, 0,
-         stream>>>(geom.view, weights, g, rho);
+  edge_density_forward_kernel<T><<<static_cast<unsigned>(blocks_for(g.num_nodes, kDensityThreads)),
+                                   kDensityThreads, 0, stream>>>(geom.view, weights, g, rho);
   check_launch("edge_density_forward_kernel");
 }
 
@@ -155,13 +153,13 @@ void density_scale_backward(int64_t rows, int64_t n, int dim, const T* m, const 
   density_scale_forward<T>(rows, gy_dim, rho, gy, stream);  // dE/dS = dE/dy / (1 + rho)
 }
 
-#define E3FUSE_INSTANTIATE(T)                                                                     \
-  template void edge_density_forward<T>(const Geometry<T>&, const double*, const GraphView&,      \
-                                        double*, cudaStream_t);                                   \
-  template void edge_density_backward<T>(const Geometry<T>&, const double*, const GraphView&,     \
-                                         const double*, double*, double*, cudaStream_t);          \
-  template void density_scale_forward<T>(int64_t, int, const double*, T*, cudaStream_t);          \
-  template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const T*,              \
+#define E3FUSE_INSTANTIATE(T)                                                                 \
+  template void edge_density_forward<T>(const Geometry<T>&, const double*, const GraphView&,  \
+                                        double*, cudaStream_t);                               \
+  template void edge_density_backward<T>(const Geometry<T>&, const double*, const GraphView&, \
+                                         const double*, double*, double*, cudaStream_t);      \
+  template void density_scale_forward<T>(int64_t, int, const double*, T*, cudaStream_t);      \
+  template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const T*,          \
                                           const double*, int, T*, double*, cudaStream_t);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)

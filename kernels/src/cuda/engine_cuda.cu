@@ -805,8 +805,8 @@ class MaceModel : public Model {
   std::vector<Layer> layers_;
   std::vector<cpu::Conv<T>> host_convs_;  // per layer, with pair tables (cpu::Conv)
   std::vector<DeviceArray<T>> up_, m_, hidden_;
-  std::vector<DeviceArray<T>> mlin_;        // density layers: linear(y)
-  std::vector<DeviceArray<double>> rho_;    // density layers: rho per node
+  std::vector<DeviceArray<T>> mlin_;      // density layers: linear(y)
+  std::vector<DeviceArray<double>> rho_;  // density layers: rho per node
   DeviceArray<double> grad_rho_;
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
 };

@@ -266,7 +266,10 @@ def _distance_transform(
         desc[key] = _float64_constant(value, literal)
     module_radii = transform.covalent_radii.detach().to(torch.float64).numpy()
     radii = np.array(
-        [_float64_constant(float(module_radii[z]), float(covalent_radii[z])) for z in atomic_numbers]
+        [
+            _float64_constant(float(module_radii[z]), float(covalent_radii[z]))
+            for z in atomic_numbers
+        ]
     )
     desc["covalent_radii"] = store.add("radial.transform.covalent_radii", radii)
     return desc
