@@ -1258,6 +1258,8 @@ void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host) {
   v.table_inv_step = first.inv_step;
   v.pair_slot = c.pair_slot.data();
   v.num_species = host.table_of ? static_cast<int>(host.table_of->atomic_numbers.size()) : 0;
+  // the uploads ran on the default stream; rare (new species pairs), so simply wait for them
+  check(cudaDeviceSynchronize(), "radial pair tables upload");
 }
 
 // Whether the float32 backward runs 3 blocks per SM (80 registers per thread, the kernel
