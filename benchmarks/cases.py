@@ -164,6 +164,8 @@ def model_work(architecture: dict[str, Any], nnz: Any = None) -> dict[str, int]:
         conv = layer["conv"]
         dims = conv["mlp"]["dims"]
         mlp += sum(dims[i] * dims[i + 1] for i in range(len(dims) - 1))
+        if "density" in layer:  # MACE density blocks: w . emb per edge (dims[0] = num_basis)
+            mlp += dims[0]
         for ins in conv["instructions"]:
             mul, l1, _ = conv["irreps_in"][ins["in"]]
             _, l2, _ = conv["irreps_sh"][ins["sh"]]

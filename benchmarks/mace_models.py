@@ -10,6 +10,13 @@ functions, polynomial cutoff p = 5, r_max 6 A, radial MLP [64, 64, 64], readout 
 89 elements (Z = 1..89 here; MP-0's table has 89 entries, so the per-element weights have
 MP-0's shapes), avg_num_neighbors 61.96 (a normalisation constant; it costs nothing).
 Timing does not depend on the weights.
+
+"omat0-medium": MACE-OMAT-0 medium's architecture (mace-foundations/mace_omat/
+mace-omat-medium.sh; MPA-0 medium has the same blocks): RealAgnosticDensityInteractionBlock
+first then RealAgnosticDensityResidualInteractionBlock, 128x0e+128x1o, 2 interactions,
+r_max 6, the Agnesi distance transform, and mace's defaults otherwise (max_ell 3,
+correlation 3, 8 Bessel functions, p = 5, radial MLP [64, 64, 64], MLP_irreps 16x0e), 89
+elements, with its ZBL pair repulsion.
 """
 
 from __future__ import annotations
@@ -20,11 +27,39 @@ from typing import Any
 
 import numpy as np
 
-HIDDEN = {"mp0-small": "128x0e", "mp0-medium": "128x0e+128x1o", "mp0-large": "128x0e+128x1o+128x2e"}
+HIDDEN = {
+    "mp0-small": "128x0e",
+    "mp0-medium": "128x0e+128x1o",
+    "mp0-large": "128x0e+128x1o+128x2e",
+    "omat0-medium": "128x0e+128x1o",
+}
+
+
+def _options(name: str) -> dict[str, Any]:
+    """Keyword arguments of ScaleShiftMACE that differ between the architectures."""
+    from mace import modules
+
+    if name.startswith("omat0"):
+        return dict(
+            num_bessel=8,
+            interaction_cls=modules.interaction_classes[
+                "RealAgnosticDensityResidualInteractionBlock"
+            ],
+            interaction_cls_first=modules.interaction_classes[
+                "RealAgnosticDensityInteractionBlock"
+            ],
+            distance_transform="Agnesi",
+            pair_repulsion=True,
+        )
+    return dict(
+        num_bessel=10,
+        interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+        interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
+    )
 
 
 def build(name: str, seed: int = 0) -> Any:
-    """The MACE-MP-0 `name` architecture with seeded random weights, float64, eval mode."""
+    """The `name` architecture (HIDDEN) with seeded random weights, float64, eval mode."""
     import torch
     from e3nn import o3
     from mace import modules
@@ -41,11 +76,8 @@ def build(name: str, seed: int = 0) -> Any:
             warnings.simplefilter("ignore")
             model = modules.ScaleShiftMACE(
                 r_max=6.0,
-                num_bessel=10,
                 num_polynomial_cutoff=5,
                 max_ell=3,
-                interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-                interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
                 num_interactions=2,
                 num_elements=len(elements),
                 hidden_irreps=o3.Irreps(HIDDEN[name]),
@@ -58,6 +90,7 @@ def build(name: str, seed: int = 0) -> Any:
                 radial_MLP=[64, 64, 64],
                 atomic_inter_scale=0.8,
                 atomic_inter_shift=-0.1,
+                **_options(name),
             )
     finally:
         torch.set_default_dtype(previous)

@@ -80,6 +80,7 @@ def build_mace(
     seed: int = 0,
     heads: list[str] | None = None,
     interaction: str = "RealAgnosticResidualInteractionBlock",
+    interaction_first: str | None = None,
     **extra: Any,
 ) -> Any:
     """A mace-torch model in float64 with random (non-trivial) weights."""
@@ -90,7 +91,7 @@ def build_mace(
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     n = len(elements)
-    first = (
+    first = interaction_first or (
         "RealAgnosticResidualInteractionBlock" if first_residual else "RealAgnosticInteractionBlock"
     )
     kwargs = dict(

@@ -308,6 +308,8 @@ class MaceRunner {
     const auto N = static_cast<size_t>(n);
     up_.resize(num_layers);
     m_.resize(num_layers);
+    y_.resize(num_layers);
+    rho_.resize(num_layers);
     hidden_.resize(num_layers);
     std::vector<T> x;
     embed_species(geom_, g, x);
@@ -328,7 +330,19 @@ class MaceRunner {
       if (halo && t > 0) halo_.forward(*halo, g, L.linear_up.dim_out, up_[t].data());
       if (!halo) zero_rows_from(up_[t], in_rows, L.linear_up.dim_out);  // read times 0
       y.resize(N * L.conv.dim_out);
+      cpu::ensure_pair_tables(layers_[t].conv, n, g.species);
       cpu::conv_forward(geom_, L.conv, cpu::first_receivers(g, rows), up_[t].data(), y.data());
+      if (L.density) {  // y_i /= 1 + rho_i; y and rho kept for the backward pass
+        rho_[t].resize(N);
+        cpu::edge_density_forward(geom_, L.density_weights, cpu::first_receivers(g, rows),
+                                  rho_[t].data());
+        const auto dim = static_cast<size_t>(L.conv.dim_out);
+        for (size_t i = 0; i < static_cast<size_t>(rows); ++i)
+          for (size_t q = 0; q < dim; ++q)
+            y[i * dim + q] =
+                static_cast<T>(static_cast<double>(y[i * dim + q]) / (1.0 + rho_[t][i]));
+        y_[t].assign(y.begin(), y.begin() + static_cast<int64_t>(rows * dim));
+      }
       m_[t].resize(N * L.linear.dim_out);
       if (L.residual) {
         cpu::linear_forward(L.linear, rows, y.data(), m_[t].data());
@@ -404,11 +418,27 @@ class MaceRunner {
       gy.resize(N * L.linear.dim_in);
       cpu::linear_backward(L.linear, rows, gm.data(), gy.data(), false);
       zero_rows_from(gy, rows, L.linear.dim_in);  // ghosts' energies are not ours
+      if (L.density) {  // y = S / d, d = 1 + rho: dE/dS = gy / d, dE/drho = -gy . y / d
+        grad_rho.assign(N, 0.0);
+        const auto dim = static_cast<size_t>(L.conv.dim_out);
+        for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
+          const double d = 1.0 + rho_[t][i];
+          double s = 0.0;
+          for (size_t q = 0; q < dim; ++q) {
+            s += static_cast<double>(gy[i * dim + q]) * static_cast<double>(y_[t][i * dim + q]);
+            gy[i * dim + q] = static_cast<T>(static_cast<double>(gy[i * dim + q]) / d);
+          }
+          grad_rho[i] = -s / d;
+        }
+      }
       gup.resize(N * L.conv.dim_in);
-      cpu::conv_backward(geom_, L.conv,
-                         cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
-                         up_[t].data(), gy.data(), gup.data(), forces.data(),
-                         want_virial ? atom_virials.data() : nullptr);
+      const GraphView backward_graph =
+          cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t));
+      cpu::conv_backward(geom_, L.conv, backward_graph, up_[t].data(), gy.data(), gup.data(),
+                         forces.data(), want_virial ? atom_virials.data() : nullptr);
+      if (L.density)
+        cpu::edge_density_backward(geom_, L.density_weights, backward_graph, grad_rho.data(),
+                                   forces.data(), want_virial ? atom_virials.data() : nullptr);
       if (t == 0) break;
       if (halo) halo_.reverse(*halo, g, L.conv.dim_in, gup.data());
       std::vector<T> gprev(N * L.linear_up.dim_in, T(0));
@@ -428,7 +458,9 @@ class MaceRunner {
   double scale_ = 1.0, shift_ = 0.0;
   std::vector<double> pair_table_;  // ZBL pair repulsion (pair_.pair null: none)
   ops::PairRepulsionView pair_;
-  std::vector<std::vector<T>> up_, m_, hidden_;
+  std::vector<std::vector<T>> up_, m_, hidden_, y_;
+  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides the convolution
+  std::vector<double> grad_rho;
   HaloRows halo_;
 };
 

@@ -92,6 +92,8 @@ struct Tile {
   std::vector<T> dYc, dr;     // backward: combined angular adjoint [n][sh_dim], dE/dr [n]
   std::vector<int> interval;  // radial table: each edge's interval and local coordinate
   std::vector<T> local_t;
+  std::vector<int> pair;          // s_receiver * num_species + s_sender
+  std::vector<T> cut, dcut, raw;  // apply_cutoff false: f(r), f'(r), MLP output before f
   std::vector<T> M, A1, A2, dY1, dY2;
 
   void reserve_edges(int64_t count, int sh_dim, int num_basis) {
@@ -105,6 +107,9 @@ struct Tile {
     dP.resize(3 * c * sh_dim);
     emb.resize(c * num_basis);
     demb.resize(c * num_basis);
+    pair.resize(c);
+    cut.resize(c);
+    dcut.resize(c);
   }
 };
 
@@ -134,6 +139,7 @@ bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool w
     if (r2 == 0.0) return false;
     const double r = std::sqrt(r2);
     t.sender[n] = j;
+    t.pair[n] = g.species[i] * plan.num_species + g.species[j];
     for (int a = 0; a < 3; ++a) {
       t.vec[3 * n + a] = static_cast<T>(v[a]);
       t.u[3 * n + a] = static_cast<T>(v[a] / r);
@@ -150,8 +156,18 @@ bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool w
     if (!with_embedding) continue;
     // In double whatever T is: cheap per edge, and it keeps float32 accurate near the cutoff.
     double emb[64], demb[64];
-    ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope,
-                        t.r_f64[e], emb, with_grad ? demb : nullptr);
+    if (plan.mace_embedding) {
+      const double r0 = plan.pair_dependent ? plan.pair_r0[static_cast<size_t>(t.pair[e])] : 1.0;
+      double f = 1.0, df = 0.0;
+      ops::mace_edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64,
+                               plan.envelope, plan.transform, plan.apply_cutoff, t.r_f64[e], r0,
+                               emb, with_grad ? demb : nullptr, f, df);
+      t.cut[e] = static_cast<T>(f);
+      t.dcut[e] = static_cast<T>(df);
+    } else {
+      ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64,
+                          plan.envelope, t.r_f64[e], emb, with_grad ? demb : nullptr);
+    }
     for (int b = 0; b < nb; ++b) {
       t.emb[static_cast<size_t>(e) * nb + b] = static_cast<T>(emb[b]);
       if (with_grad) t.demb[static_cast<size_t>(e) * nb + b] = static_cast<T>(demb[b]);
@@ -214,11 +230,12 @@ void mlp_backward_to_r(const Mlp<T>& mlp, int num_basis, Tile<T>& t) {
 // The tabulated radial MLP (ops/radial_table.h): t.weights [n][numel], and each edge's
 // interval and local coordinate for the backward.
 template <class T>
-void table_weights(const RadialTable<T>& table, int64_t numel, Tile<T>& t) {
+void table_weights(const Conv<T>& conv, int64_t numel, Tile<T>& t) {
   t.weights.resize(static_cast<size_t>(t.n) * numel);
   t.interval.resize(t.n);
   t.local_t.resize(t.n);
   for (int e = 0; e < t.n; ++e) {
+    const RadialTable<T>& table = conv.table_for_pair(t.pair[e]);
     double x = 0.0;
     ops::radial_table_locate(t.r_f64[e], table.origin, table.inv_step, table.intervals,
                              t.interval[e], x);
@@ -231,10 +248,11 @@ void table_weights(const RadialTable<T>& table, int64_t numel, Tile<T>& t) {
 
 // dE/dr per edge (into t.dr) from t.grad_w = dE/dR [n][numel], after table_weights.
 template <class T>
-void table_backward_to_r(const RadialTable<T>& table, int64_t numel, Tile<T>& t) {
+void table_backward_to_r(const Conv<T>& conv, int64_t numel, Tile<T>& t) {
   t.dr.resize(t.n);
-  const T inv_step = static_cast<T>(table.inv_step);
   for (int e = 0; e < t.n; ++e) {
+    const RadialTable<T>& table = conv.table_for_pair(t.pair[e]);
+    const T inv_step = static_cast<T>(table.inv_step);
     const T* c = table.coeffs.data() + static_cast<size_t>(t.interval[e]) * numel * 4;
     const T* gw = t.grad_w.data() + static_cast<size_t>(e) * numel;
     T s = T(0);
@@ -246,12 +264,46 @@ void table_backward_to_r(const RadialTable<T>& table, int64_t numel, Tile<T>& t)
 
 // The radial weights R(r) of the tile's edges into t.weights: per edge through the MLP,
 // or from the table.
+// With apply_cutoff false (MACE) the MLP's output is multiplied by the envelope f(r), and
+// t.raw keeps it before that for the backward pass (the tables include f).
 template <class T>
-void radial_weights(const Conv<T>& conv, Tile<T>& t) {
-  if (conv.table.empty())
-    mlp_forward(conv.mlp, t);
-  else
-    table_weights(conv.table, conv.weight_numel, t);
+void radial_weights(const TypedPlan<T>& plan, const Conv<T>& conv, Tile<T>& t) {
+  if (conv.tabulated()) {
+    table_weights(conv, conv.weight_numel, t);
+    return;
+  }
+  mlp_forward(conv.mlp, t);
+  if (plan.apply_cutoff) return;
+  t.raw = t.weights;
+  const size_t numel = static_cast<size_t>(conv.weight_numel);
+  for (int e = 0; e < t.n; ++e)
+    for (size_t q = 0; q < numel; ++q) t.weights[e * numel + q] *= t.cut[e];
+}
+
+// dE/dr per edge into t.dr from t.grad_w = dE/dR (consumed).
+template <class T>
+void radial_backward_to_r(const TypedPlan<T>& plan, const Conv<T>& conv, Tile<T>& t) {
+  if (conv.tabulated()) {
+    table_backward_to_r(conv, conv.weight_numel, t);
+    return;
+  }
+  if (plan.apply_cutoff) {
+    mlp_backward_to_r(conv.mlp, plan.num_basis, t);
+    return;
+  }
+  // R = MLP(emb) f(r): dE/dr = (dE/dR f) . dMLP/dr + (dE/dR . MLP) f'(r)
+  const size_t numel = static_cast<size_t>(conv.weight_numel);
+  std::vector<T> slope(t.n);
+  for (int e = 0; e < t.n; ++e) {
+    T s = T(0);
+    for (size_t q = 0; q < numel; ++q) {
+      s += t.grad_w[e * numel + q] * t.raw[e * numel + q];
+      t.grad_w[e * numel + q] *= t.cut[e];
+    }
+    slope[e] = s * t.dcut[e];
+  }
+  mlp_backward_to_r(conv.mlp, plan.num_basis, t);
+  for (int e = 0; e < t.n; ++e) t.dr[e] += slope[e];
 }
 
 template <class T>
@@ -348,12 +400,12 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
     for (int64_t i = 0; i < g.num_nodes; ++i) {
       T* yi = y + i * conv.dim_out;
       std::fill(yi, yi + conv.dim_out, T(0));
-      if (!gather_tile(plan, g, i, false, conv.table.empty(), t)) {
+      if (!gather_tile(plan, g, i, false, !conv.tabulated(), t)) {
         bad_node = i;
         continue;
       }
       if (t.n == 0) continue;
-      radial_weights(conv, t);
+      radial_weights(plan, conv, t);
       const int sh_dim = plan.sh.dim;
       for (int e = 0; e < t.n; ++e) {
         const T* xj = x + static_cast<int64_t>(t.sender[e]) * conv.dim_in;
@@ -387,12 +439,12 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
     for (int64_t k = 0; k < g.num_nodes; ++k) {
       T* gxk = grad_x + k * conv.dim_in;
       std::fill(gxk, gxk + conv.dim_in, T(0));
-      if (!gather_tile(plan, g, k, true, conv.table.empty(), t)) {
+      if (!gather_tile(plan, g, k, true, !conv.tabulated(), t)) {
         bad_node = k;
         continue;
       }
       if (t.n == 0) continue;
-      radial_weights(conv, t);
+      radial_weights(plan, conv, t);
       t.grad_w.assign(static_cast<size_t>(t.n) * conv.weight_numel, T(0));
       std::vector<T>& dYc = t.dYc;
       dYc.resize(static_cast<size_t>(t.n) * sh_dim);
@@ -429,10 +481,7 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
           dyc[m] = (dY1[m] + parity[m] * dY2[m]) * conv.inv_denominator;
       }
       for (int64_t q = 0; q < conv.dim_in; ++q) gxk[q] *= conv.inv_denominator;
-      if (conv.table.empty())
-        mlp_backward_to_r(conv.mlp, plan.num_basis, t);  // dE/dr per edge in t.dr
-      else
-        table_backward_to_r(conv.table, conv.weight_numel, t);
+      radial_backward_to_r(plan, conv, t);  // dE/dr per edge in t.dr
       double fk[3] = {0, 0, 0};
       double wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
       for (int e = 0; e < t.n; ++e) {

@@ -89,6 +89,8 @@ struct MaceBlock {
   SymmetricContraction<T> product;
   Activation act = Activation::identity;
   T act_scale = T(1);
+  bool density = false;                 // divide the convolution by 1 + rho (MaceLayer)
+  std::vector<double> density_weights;  // [num_basis], read in double
 };
 
 // With `table_of` (the model), the convolution's radial MLP is also tabulated.
@@ -108,6 +110,8 @@ MaceBlock<T> make_mace_block(const MaceLayer& l, const ModelPlan* table_of = nul
   if (q.nonlinear) q.readout_2 = make_linear<T>(l.readout.linear_2);
   q.act = l.readout.act;
   q.act_scale = static_cast<T>(l.readout.act_scale);
+  q.density = l.density;
+  q.density_weights = l.density_weights;
   wire_conv_layout(q.linear_up, q.conv, q.linear);
   return q;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "cpu/typed_plan.h"
 #include "e3fuse/system.h"
@@ -69,5 +70,17 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
 template <class T>
 void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& graph,
                    const T* x, const T* grad_y, T* grad_x, double* forces, double* atom_virials);
+
+// mace's density blocks: rho_i = sum_{j in N(i), r_ij < cutoff} tanh((w . emb_ij)^2) (times
+// the envelope when apply_cutoff is false) for every node of the graph (overwritten).
+template <class T>
+void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+                          const GraphView& graph, double* rho);
+// Adds the edge-geometry part of grad_rho = dE/drho (every node of the graph) to forces and,
+// when given, atom_virials (as conv_backward; needs the symmetric graph).
+template <class T>
+void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+                           const GraphView& graph, const double* grad_rho, double* forces,
+                           double* atom_virials);
 
 }  // namespace e3fuse::cpu

@@ -30,7 +30,9 @@ struct Samples {
   std::vector<double> value, grad;
 };
 
-Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<double>& rs) {
+// r0: the species pair's r_0 under a MACE distance transform (ignored without one).
+Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<double>& rs,
+                 double r0) {
   const int n = static_cast<int>(rs.size());
   const int layers = static_cast<int>(mlp.weights.size());
   const int nb = model.radial.num_basis;
@@ -38,11 +40,21 @@ Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<d
     throw Error("internal: radial MLP input does not match the radial basis");
   const ops::EnvelopeParams env{model.radial.envelope, model.radial.r_cut, model.radial.r_on,
                                 model.radial.p};
-  std::vector<double> h(static_cast<size_t>(n) * nb), dh(h.size());
+  const RadialPlan& rp = model.radial;
+  const bool mace_embedding = rp.pair_dependent() || !rp.apply_cutoff;
+  const ops::TransformParams tp{rp.transform, rp.agnesi_q, rp.agnesi_p, rp.agnesi_a, rp.soft_alpha};
+  std::vector<double> h(static_cast<size_t>(n) * nb), dh(h.size()), cut(n, 1.0), dcut(n, 0.0);
 #pragma omp parallel for schedule(static)
-  for (int p = 0; p < n; ++p)
-    ops::edge_embedding<double>(nb, model.radial.coeffs.data(), model.radial.prefactor, env, rs[p],
-                                &h[static_cast<size_t>(p) * nb], &dh[static_cast<size_t>(p) * nb]);
+  for (int p = 0; p < n; ++p) {
+    if (mace_embedding)
+      ops::mace_edge_embedding<double>(nb, rp.coeffs.data(), rp.prefactor, env, tp, rp.apply_cutoff,
+                                       rs[p], r0, &h[static_cast<size_t>(p) * nb],
+                                       &dh[static_cast<size_t>(p) * nb], cut[p], dcut[p]);
+    else
+      ops::edge_embedding<double>(nb, rp.coeffs.data(), rp.prefactor, env, rs[p],
+                                  &h[static_cast<size_t>(p) * nb],
+                                  &dh[static_cast<size_t>(p) * nb]);
+  }
   for (int l = 0; l < layers; ++l) {
     const int K = mlp.dims[l], N = mlp.dims[l + 1];
     const double* W = mlp.weights[l].data();
@@ -69,6 +81,15 @@ Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<d
     h.swap(z);
     dh.swap(dz);
   }
+  if (!rp.apply_cutoff) {  // R = MLP(emb) f(r)
+    const int W = mlp.dims.back();
+    for (int p = 0; p < n; ++p)
+      for (int c = 0; c < W; ++c) {
+        const size_t q = static_cast<size_t>(p) * W + c;
+        dh[q] = dh[q] * cut[p] + h[q] * dcut[p];
+        h[q] *= cut[p];
+      }
+  }
   return {std::move(h), std::move(dh)};
 }
 
@@ -84,7 +105,8 @@ void hermite(double f0, double f1, double m0, double m1, double c[4]) {
 }  // namespace
 
 template <class T>
-RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp) {
+RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0,
+                                 int min_intervals) {
   const double cutoff = model.cutoff;
   if (!(cutoff > 0.0)) throw Error("internal: radial table needs a positive cutoff");
   const int W = mlp.dims.back();
@@ -93,7 +115,9 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp) {
   const double anchor = model.radial.envelope == EnvelopeKind::xplor && model.radial.r_on > 0.0
                             ? model.radial.r_on
                             : 0.0;
-  for (int level = kFirstIntervals;; level *= 2) {
+  int first = kFirstIntervals;
+  while (first < min_intervals && first < kMaxIntervals) first *= 2;
+  for (int level = first;; level *= 2) {
     const double step = cutoff / level;
     const double origin = anchor - std::ceil(anchor / step - 1e-9) * step;
     const int intervals = static_cast<int>(std::ceil((cutoff - origin) / step - 1e-9));
@@ -101,17 +125,20 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp) {
     // knot at r < 0 takes the values at |r|, its slope negated. At r = 0 the formula is
     // 0 / 0 and its slope cancels digits: a knot within tiny of 0 takes the value just
     // above (off by O(tiny^2)) and slope 0, the exact limit.
+    // A distance transform makes R(r) not even in r (it is smooth at 0, the knot there takes
+    // the value and slope just above).
+    const bool even = !model.radial.pair_dependent();
     const double tiny = 1e-4 * step;
     std::vector<double> rs(intervals + 1), mid(intervals), sign(intervals + 1);
     for (int i = 0; i <= intervals; ++i) {
       const double r = origin + i * step;
-      sign[i] = std::abs(r) < tiny ? 0.0 : r < 0.0 ? -1.0 : 1.0;
+      sign[i] = std::abs(r) < tiny ? (even ? 0.0 : 1.0) : r < 0.0 ? -1.0 : 1.0;
       rs[i] = std::max(std::abs(r), tiny);
     }
     for (int i = 0; i < intervals; ++i)
       mid[i] = std::max(std::abs(origin + (i + 0.5) * step), tiny);
-    Samples knots = evaluate(model, mlp, rs);
-    const Samples mids = evaluate(model, mlp, mid);
+    Samples knots = evaluate(model, mlp, rs, r0);
+    const Samples mids = evaluate(model, mlp, mid, r0);
     for (int i = 0; i <= intervals; ++i)
       for (int w = 0; w < W; ++w) knots.grad[static_cast<size_t>(i) * W + w] *= sign[i];
     std::vector<double> vmax(W, 0.0), gmax(W, 0.0);
@@ -154,7 +181,8 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp) {
   }
 }
 
-template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&);
-template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&);
+template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&, double, int);
+template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&, double,
+                                                       int);
 
 }  // namespace e3fuse::cpu

@@ -56,8 +56,11 @@ struct RadialTable {
 
 // Tabulates `mlp` composed with the model's edge embedding over [0, cutoff], halving the
 // step until the midpoint errors are below float32 rounding (cpu/radial_table.cpp).
+// With a MACE distance transform the table is that of one species pair, whose r_0 is `r0`;
+// min_intervals: start the refinement there (pair tables share one grid, see Conv).
 template <class T>
-RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp);
+RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0 = 0.0,
+                                 int min_intervals = 0);
 
 template <class T>
 struct Conv {
@@ -76,7 +79,62 @@ struct Conv {
   Mlp<T> mlp;
   RadialTable<T> table;  // used instead of mlp when not empty
   T inv_denominator = T(1);
+  // Species-pair-dependent embedding (MACE distance transforms): the radial MLP's output is a
+  // function of r for each unordered species pair, so the tables are per pair. A foundation
+  // model has up to 89 elements (4005 pairs, each table 15-115 MB): only the pairs of the
+  // species present in the evaluated system are built, on first use (ensure_pair_tables),
+  // and kept. pair_table[a * S + b] indexes pair_tables, -1 while not built; empty: no
+  // pair tables (per-edge MLP, or the one `table`). All pair tables of a convolution share
+  // one grid (the finest any pair needs), so that the GPU reads them as one table whose
+  // interval index is offset by pair_table[...] x intervals.
+  std::vector<int> pair_table;
+  std::vector<RadialTable<T>> pair_tables;
+  MlpPlan mlp_plan;                     // to build pair tables (double weights)
+  const ModelPlan* table_of = nullptr;  // the model (outlives the engine's typed plans)
+  bool tabulated() const { return !table.empty() || !pair_table.empty(); }
+  const RadialTable<T>& table_for_pair(int pair) const {
+    return pair_table.empty() ? table : pair_tables[static_cast<size_t>(pair_table[pair])];
+  }
 };
+
+// Builds the pair tables of `conv` that the species in species[0..n) need (no-op without
+// pair tables); true when it built any. Not thread-safe: call between ops.
+template <class T>
+bool ensure_pair_tables(Conv<T>& conv, int64_t n, const int32_t* species) {
+  if (conv.pair_table.empty()) return false;
+  const ModelPlan& model = *conv.table_of;
+  const int S = static_cast<int>(model.atomic_numbers.size());
+  std::vector<char> present(static_cast<size_t>(S), 0);
+  for (int64_t i = 0; i < n; ++i) present[static_cast<size_t>(species[i])] = 1;
+  const ops::TransformParams tp{model.radial.transform, model.radial.agnesi_q,
+                                model.radial.agnesi_p, model.radial.agnesi_a,
+                                model.radial.soft_alpha};
+  bool built = false;
+  for (int a = 0; a < S; ++a)
+    for (int b = a; b < S; ++b) {
+      if (!present[a] || !present[b] || conv.pair_table[a * S + b] >= 0) continue;
+      const double r0 =
+          ops::transform_r0(tp, model.radial.covalent_radii[a], model.radial.covalent_radii[b]);
+      const int grid = conv.pair_tables.empty() ? 0 : conv.pair_tables.front().intervals;
+      conv.pair_tables.push_back(make_radial_table<T>(model, conv.mlp_plan, r0, grid));
+      conv.pair_table[a * S + b] = conv.pair_table[b * S + a] =
+          static_cast<int>(conv.pair_tables.size()) - 1;
+      built = true;
+    }
+  if (!built) return false;
+  // one grid for all: rebuild the coarser tables on the finest one
+  int finest = 0;
+  for (const RadialTable<T>& t : conv.pair_tables) finest = std::max(finest, t.intervals);
+  for (int a = 0; a < S; ++a)
+    for (int b = a; b < S; ++b) {
+      const int slot = conv.pair_table[a * S + b];
+      if (slot < 0 || conv.pair_tables[slot].intervals == finest) continue;
+      const double r0 =
+          ops::transform_r0(tp, model.radial.covalent_radii[a], model.radial.covalent_radii[b]);
+      conv.pair_tables[slot] = make_radial_table<T>(model, conv.mlp_plan, r0, finest);
+    }
+  return true;
+}
 
 template <class T>
 struct Gate {
@@ -101,6 +159,12 @@ struct TypedPlan {
   std::vector<double> radial_coeffs_f64;  // the edge embedding is evaluated in double
   double radial_prefactor_f64 = 0.0;
   ops::EnvelopeParams envelope{};
+  // MACE radial options: with mace_embedding the edge embedding is ops::mace_edge_embedding
+  // (distance transform with r_0 = pair_r0[s_receiver * num_species + s_sender], and/or the
+  // envelope applied to the MLP output instead, apply_cutoff false).
+  bool mace_embedding = false, apply_cutoff = true, pair_dependent = false;
+  ops::TransformParams transform{};
+  std::vector<double> pair_r0;
   ops::ShTable<T> sh;
   int embedding_dim = 0;
   std::vector<T> embedding;
@@ -179,7 +243,14 @@ Conv<T> make_conv(const ConvPlan& p, const ModelPlan* table_of = nullptr) {
     c.paths.push_back(std::move(q));
   }
   c.mlp = make_mlp<T>(p.mlp);
-  if (table_of) c.table = make_radial_table<T>(*table_of, p.mlp);
+  if (table_of && table_of->radial.pair_dependent()) {
+    const size_t S = table_of->atomic_numbers.size();
+    c.pair_table.assign(S * S, -1);
+    c.mlp_plan = p.mlp;
+    c.table_of = table_of;
+  } else if (table_of) {
+    c.table = make_radial_table<T>(*table_of, p.mlp);
+  }
   c.inv_denominator = static_cast<T>(1.0 / p.denominator);
   return c;
 }
@@ -243,6 +314,19 @@ TypedPlan<T> make_typed_plan(const ModelPlan& p, bool radial_tables = false) {
   t.radial_coeffs_f64 = p.radial.coeffs;
   t.radial_prefactor_f64 = p.radial.prefactor;
   t.envelope = {p.radial.envelope, p.radial.r_cut, p.radial.r_on, p.radial.p};
+  t.apply_cutoff = p.radial.apply_cutoff;
+  t.pair_dependent = p.radial.pair_dependent();
+  t.mace_embedding = t.pair_dependent || !t.apply_cutoff;
+  t.transform = {p.radial.transform, p.radial.agnesi_q, p.radial.agnesi_p, p.radial.agnesi_a,
+                 p.radial.soft_alpha};
+  if (t.pair_dependent) {
+    const int S = t.num_species;
+    t.pair_r0.resize(static_cast<size_t>(S) * S);
+    for (int a = 0; a < S; ++a)
+      for (int b = 0; b < S; ++b)
+        t.pair_r0[static_cast<size_t>(a) * S + b] =
+            ops::transform_r0(t.transform, p.radial.covalent_radii[a], p.radial.covalent_radii[b]);
+  }
   t.sh = ops::make_sh_table<T>(p.sh);
   t.embedding_dim = p.embedding_dim;
   t.embedding = std::vector<T>(p.embedding.begin(), p.embedding.end());

@@ -216,14 +216,26 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
       int iv = 0;
       double x = 0.0;
       ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals, iv, x);
+      if (c.pair_slot)  // the species pair's table
+        iv +=
+            c.pair_slot[g.species[i] * c.num_species + g.species[s_sender[t]]] * c.table_intervals;
       s_interval[t] = iv;
       s_t[t] = static_cast<T>(x);
       return;
     }
     // The embedding in double whatever T is (as on the CPU: accurate near the cutoff).
     double b[kMaxBasis], db[kMaxBasis];
-    ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, b,
-                                demb ? db : nullptr);
+    if (geo.mace_embedding) {  // apply_cutoff false is refused with the MLP (engine_cuda.cu)
+      const double r0 =
+          geo.pair_r0 ? geo.pair_r0[g.species[i] * geo.num_species + g.species[s_sender[t]]] : 1.0;
+      double f = 1.0, df = 0.0;
+      ops::mace_edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope,
+                                       geo.transform, geo.apply_cutoff, r, r0, b,
+                                       demb ? db : nullptr, f, df);
+    } else {
+      ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, b,
+                                  demb ? db : nullptr);
+    }
     for (int k = 0; k < geo.num_basis; ++k) {
       emb[t * emb_stride + k] = static_cast<T>(b[k]);
       if (demb) demb[t * geo.num_basis + k] = static_cast<T>(db[k]);
@@ -1097,6 +1109,14 @@ Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan) {
   v.term_begin = g.term_begin.data();
   v.exps = g.exps.data();
   v.sh_coeffs = g.sh_coeffs.data();
+  v.mace_embedding = plan.mace_embedding;
+  v.apply_cutoff = plan.apply_cutoff;
+  v.transform = plan.transform;
+  v.num_species = plan.num_species;
+  if (plan.pair_dependent) {
+    g.pair_r0.upload(plan.pair_r0);
+    v.pair_r0 = g.pair_r0.data();
+  }
   return g;
 }
 
@@ -1216,6 +1236,30 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
     v.table_inv_step = conv.table.inv_step;
   }
   return c;
+}
+
+template <class T>
+void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host) {
+  if (host.pair_tables.empty()) return;
+  const auto& first = host.pair_tables.front();
+  std::vector<T> all;
+  all.reserve(first.coeffs.size() * host.pair_tables.size());
+  for (const auto& t : host.pair_tables) {
+    if (t.intervals != first.intervals || t.origin != first.origin)
+      throw Error("internal: pair radial tables on different grids");
+    all.insert(all.end(), t.coeffs.begin(), t.coeffs.end());
+  }
+  c.table.upload(all);
+  c.pair_slot.upload(host.pair_table);
+  auto& v = c.view;
+  v.table = c.table.data();
+  v.table_intervals = first.intervals;
+  v.table_origin = first.origin;
+  v.table_inv_step = first.inv_step;
+  v.pair_slot = c.pair_slot.data();
+  v.num_species = host.table_of ? static_cast<int>(host.table_of->atomic_numbers.size()) : 0;
+  // the uploads ran on the default stream; rare (new species pairs), so simply wait for them
+  check(cudaDeviceSynchronize(), "radial pair tables upload");
 }
 
 // Whether the float32 backward runs 3 blocks per SM (80 registers per thread, the kernel
@@ -1343,6 +1387,7 @@ void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* fo
 #define E3FUSE_INSTANTIATE(T)                                                                   \
   template Geometry<T> make_geometry<T>(const cpu::TypedPlan<T>&);                              \
   template Conv<T> make_conv<T>(const cpu::Conv<T>&);                                           \
+  template void upload_pair_tables<T>(Conv<T>&, const cpu::Conv<T>&);                           \
   template void conv_forward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*, \
                                 T*, int64_t*, cudaStream_t);                                    \
   template void conv_backward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, int64_t, \

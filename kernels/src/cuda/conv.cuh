@@ -48,10 +48,17 @@ struct Geometry {
     const int* term_begin = nullptr;  // sh_dim + 1
     const int* exps = nullptr;        // per term: e0 | e1 << 8 | e2 << 16
     const T* sh_coeffs = nullptr;     // per term
+    // MACE radial options (cpu::TypedPlan): ops::mace_edge_embedding with r_0 =
+    // pair_r0[s_i * num_species + s_j] under a distance transform
+    bool mace_embedding = false, apply_cutoff = true;
+    ops::TransformParams transform{};
+    int num_species = 0;
+    const double* pair_r0 = nullptr;
   };
   View view;
   DeviceArray<int> term_begin, exps;
   DeviceArray<T> sh_coeffs;
+  DeviceArray<double> pair_r0;
 };
 
 template <class T>
@@ -109,6 +116,10 @@ struct Conv {
     const T* table = nullptr;
     int table_intervals = 0;
     double table_origin = 0.0, table_inv_step = 0.0;
+    // Tables per species pair (cpu::Conv::pair_tables, one grid): `table` holds them one
+    // after the other, pair (a, b) at pair_slot[a * num_species + b] x table_intervals.
+    const int* pair_slot = nullptr;
+    int num_species = 0;
   };
   View view;
   DeviceArray<InBlock> blocks;
@@ -117,6 +128,7 @@ struct Conv {
   DeviceArray<MEntry> m_entries;
   DeviceArray<T> cg, mlp, table;
   DeviceArray<float> mlp_fragments;
+  DeviceArray<int> pair_slot;
 };
 
 // Forces and per-atom virials on the receivers of the convolution's messages, as
@@ -138,6 +150,29 @@ template <class T>
 Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan);
 template <class T>
 Conv<T> make_conv(const cpu::Conv<T>& conv);
+// (Re)uploads the pair tables of `host` (after cpu::ensure_pair_tables built some).
+template <class T>
+void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host);
+
+// mace's density blocks on the GPU (cpu/edge_density.cpp's math, one thread per node, in
+// double): rho[i] for the graph's nodes, and the forces / per-atom virials of grad_rho
+// (both ends of each pair at each node, written to that node only: deterministic).
+template <class T>
+void edge_density_forward(const Geometry<T>& geom, const double* weights, const GraphView& g,
+                          double* rho, cudaStream_t stream);
+template <class T>
+void edge_density_backward(const Geometry<T>& geom, const double* weights, const GraphView& g,
+                           const double* grad_rho, double* forces, double* atom_virials,
+                           cudaStream_t stream);
+// y[i] /= 1 + rho[i] for i < rows (dim values per row).
+template <class T>
+void density_scale_forward(int64_t rows, int dim, const double* rho, T* y, cudaStream_t stream);
+// With m = linear(y) (dim values per row) and gm = dE/dm: grad_rho[i] = -gm_i . m_i / (1 + rho_i)
+// for i < rows, 0 for rows <= i < n; gy[i] /= 1 + rho_i for i < rows (gy_dim values per row).
+template <class T>
+void density_scale_backward(int64_t rows, int64_t n, int dim, const T* m, const T* gm,
+                            const double* rho, int gy_dim, T* gy, double* grad_rho,
+                            cudaStream_t stream);
 
 // y_i = (1/D) sum_j TP(x_j, Y(v_ij), MLP(emb(r_ij))) for every node of the device
 // graph `g` (ir_mul layouts, as on the CPU). Sets *error_node = i + 1 if two atoms coincide.

@@ -376,6 +376,9 @@ class Model {
   // atom_virials [n][9] (both zeroed first). With s.halo active, node features are
   // computed on owned nodes only and ghost rows of layer inputs are exchanged.
   virtual void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) = 0;
+  // Called with the host's species of the next call's nodes before run (MACE builds the
+  // radial tables of the species pairs it meets; see cpu::Conv::pair_tables).
+  virtual void prepare(const int32_t* /*species*/, int64_t /*n*/) {}
   // Bytes of the node tensors run() holds per node for a graph of n nodes (single GPU):
   // the sum of the widths it resizes its arrays to, kept next to run() so the two agree.
   virtual size_t node_bytes(int64_t n, bool want_grad) const = 0;
@@ -564,6 +567,8 @@ class MaceModel : public Model {
     SymmetricContraction<T> product;
     Activation act = Activation::identity;
     T act_scale = T(1);
+    bool density = false;  // divide the convolution by 1 + rho (cpu::MaceBlock)
+    DeviceArray<double> density_weights;
   };
 
   MaceModel(const ModelPlan& plan, const cpu::TypedPlan<T>& typed, bool radial_tables)
@@ -586,12 +591,21 @@ class MaceModel : public Model {
       if (q.nonlinear) q.readout_2 = make_linear<T>(h.readout_2);
       q.act = h.act;
       q.act_scale = h.act_scale;
+      q.density = h.density;
+      if (q.density) q.density_weights.upload(h.density_weights);
+      if (!h.conv.pair_table.empty()) host_convs_.push_back(h.conv);  // tables built in prepare
       layers_.push_back(std::move(q));
     }
     e0_.upload(plan.e0);
     scale_ = plan.mace_scale;
     shift_ = plan.mace_shift;
     pair_.upload(plan);
+  }
+
+  void prepare(const int32_t* species, int64_t n) override {
+    for (size_t t = 0; t < host_convs_.size(); ++t)  // all layers have pair tables, or none
+      if (cpu::ensure_pair_tables(host_convs_[t], n, species))
+        upload_pair_tables(layers_[t].conv, host_convs_[t]);
   }
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
@@ -602,6 +616,8 @@ class MaceModel : public Model {
     const int L = static_cast<int>(layers_.size());
     up_.resize(L);
     m_.resize(L);
+    rho_.resize(L);
+    mlin_.resize(L);
     hidden_.resize(L);
     embed_species(g, n, embedding_dim_, embedding_, x_, st);
     inter_.resize(N);
@@ -628,13 +644,24 @@ class MaceModel : public Model {
       s.profiler.mark("conv forward", st);
       conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), up_[t].data(), y_.data(),
                    s.error_node.data(), st);
+      if (l.density) {  // y /= 1 + rho (rho and linear(y) kept for the backward)
+        s.profiler.mark("edge density", st);
+        rho_[t].resize(N);
+        edge_density_forward(geom_, l.density_weights.data(), cpu::first_receivers(g, rows),
+                             rho_[t].data(), st);
+        density_scale_forward(rows, static_cast<int>(l.conv.view.dim_out), rho_[t].data(),
+                              y_.data(), st);
+      }
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
+      if (l.density) mlin_[t].resize(N * l.linear.dim_out);
       if (l.residual) {
         linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
+        if (l.density) copy_values(m_[t].data(), mlin_[t].data(), rows * l.linear.dim_out, st);
       } else {
         // m = skip(linear(y)): y's buffer, dead after the linear, takes skip's output
         linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
+        if (l.density) copy_values(m_[t].data(), mlin_[t].data(), rows * l.linear.dim_out, st);
         y_.resize(std::max(y_.size(), N * l.skip.dim_out));
         element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
         copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
@@ -717,12 +744,25 @@ class MaceModel : public Model {
       T* gy = y_.data();
       linear_backward(l.linear, rows, gm.data(), gy, false, st);
       zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
+      if (l.density) {  // y = S / d: dE/dS = gy / d, dE/drho = -gy . y / d = -gm . linear(y) / d
+        s.profiler.mark("edge density", st);
+        grad_rho_.resize(N);
+        density_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), mlin_[t].data(),
+                               gm.data(), rho_[t].data(), static_cast<int>(l.linear.dim_in), gy,
+                               grad_rho_.data(), st);
+      }
       gup_.resize(N * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
-      conv_backward(geom_, l.conv, cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
-                    rows, up_[t].data(), gy, gup_.data(), s.forces.data(),
-                    want_virial ? s.atom_virials.data() : nullptr, s.remote(), s.error_node.data(),
-                    st);
+      const GraphView backward_graph =
+          cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t));
+      conv_backward(geom_, l.conv, backward_graph, rows, up_[t].data(), gy, gup_.data(),
+                    s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, s.remote(),
+                    s.error_node.data(), st);
+      if (l.density) {
+        s.profiler.mark("edge density", st);
+        edge_density_backward(geom_, l.density_weights.data(), backward_graph, grad_rho_.data(),
+                              s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, st);
+      }
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
       if (s.halo.active()) {
@@ -740,7 +780,7 @@ class MaceModel : public Model {
 
   size_t node_bytes(int64_t /*n*/, bool want_grad) const override {
     size_t up = 0, m = 0, hidden = 0, x = embedding_dim_, sc = 0, y = 0, p = 0, a = 0, gh = 0,
-           gup = 0, gprev = 0;
+           gup = 0, gprev = 0, doubles = 0;
     for (const Layer& l : layers_) {
       up += l.linear_up.dim_out;
       m += l.linear.dim_out;
@@ -756,10 +796,15 @@ class MaceModel : public Model {
       }
       gup = std::max<size_t>(gup, l.conv.view.dim_in);
       gprev = std::max<size_t>(gprev, l.linear_up.dim_in);
+      if (l.density) {  // mlin_ and rho_
+        m += l.linear.dim_out;
+        doubles += 1;
+      }
     }
+    if (doubles > 0 && want_grad) doubles += 1;                // + grad_rho_
     size_t floats = up + m + hidden + x + sc + y + p + 1 + a;  // + r_
     if (want_grad) floats += 1 + gh + gup + gprev;             // + seed_
-    return floats * sizeof(T) + sizeof(double);                // + inter_
+    return floats * sizeof(T) + (1 + doubles) * sizeof(double);  // + inter_
   }
 
  private:
@@ -770,7 +815,11 @@ class MaceModel : public Model {
   double scale_ = 1.0, shift_ = 0.0;
   PairRepulsion pair_;
   std::vector<Layer> layers_;
+  std::vector<cpu::Conv<T>> host_convs_;  // per layer, with pair tables (cpu::Conv)
   std::vector<DeviceArray<T>> up_, m_, hidden_;
+  std::vector<DeviceArray<T>> mlin_;      // density layers: linear(y)
+  std::vector<DeviceArray<double>> rho_;  // density layers: rho per node
+  DeviceArray<double> grad_rho_;
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
 };
 
@@ -827,6 +876,7 @@ class BackendImpl : public Backend {
       g.shifts = s.shifts.data();
     }
     s.halo.bind(halo, n, h.num_energy_nodes, st);
+    model_->prepare(h.species, n);
     run(g, out);
   }
 
@@ -850,6 +900,7 @@ class BackendImpl : public Backend {
     g.num_energy_nodes = num_energy_nodes;
     g.layer_rows = layer_rows;
     s.halo.bind(nullptr, n, n, st);
+    model_->prepare(sys.species, n);
     // a minimum-distance check left in flight by update() is reported before the model's own
     run(g, out, [&] { neighbors_->finish_checks(s.positions.data(), st); });
     largest_call_bytes_ = std::max(
@@ -1005,6 +1056,12 @@ std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision
     throw Error("GPU " + std::to_string(gpu) + " requested, but this process sees " +
                 std::to_string(count) + " GPU(s) (CUDA_VISIBLE_DEVICES)");
   if (gpu < 0) check(cudaGetDevice(&gpu), "cudaGetDevice");
+  // apply_cutoff=False multiplies the radial MLP's output by the envelope: the tables include
+  // it, the GPU's per-edge MLP kernels do not (refused by name rather than computed wrongly).
+  if (!plan.radial.apply_cutoff && !radial_tables)
+    throw Error(
+        "the CUDA engine supports MACE apply_cutoff=False with radial tables only (float32, "
+        "radial 'auto' or 'table'); use device 'cpu' for float64 or radial 'mlp'");
   return std::make_unique<BackendImpl>(plan, precision, gpu, radial_tables);
 }
 

@@ -448,8 +448,33 @@ PairRepulsionPlan pair_repulsion(PlanBuilder& b, const json::Value& v, int num_s
   return p;
 }
 
+// MACE's radial options (plan.h DistanceTransform, apply_cutoff); absent keys: the defaults.
+void build_mace_radial(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
+  const json::Value& radial = arch["radial"];
+  if (const json::Value* ac = radial.find("apply_cutoff")) plan.radial.apply_cutoff = ac->as_bool();
+  const json::Value* tv = radial.find("transform");
+  if (!tv) return;
+  const std::string kind = (*tv)["kind"].as_string();
+  if (kind == "agnesi") {
+    plan.radial.transform = DistanceTransform::agnesi;
+    plan.radial.agnesi_q = (*tv)["q"].as_double();
+    plan.radial.agnesi_p = (*tv)["p"].as_double();
+    plan.radial.agnesi_a = (*tv)["a"].as_double();
+  } else if (kind == "soft") {
+    plan.radial.transform = DistanceTransform::soft;
+    plan.radial.soft_alpha = (*tv)["alpha"].as_double();
+  } else {
+    b.fail("distance transform '" + kind + "' is not supported");
+  }
+  const int num_species = static_cast<int>(plan.atomic_numbers.size());
+  plan.radial.covalent_radii = b.tensor((*tv)["covalent_radii"], {num_species});
+  for (double rc : plan.radial.covalent_radii)
+    if (!(rc > 0.0)) b.fail("distance transform: covalent radii must be positive");
+}
+
 void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   build_common(b, arch, plan);
+  build_mace_radial(b, arch, plan);
   const int num_species = static_cast<int>(plan.atomic_numbers.size());
   int64_t dim = plan.embedding_dim;
   for (const json::Value& lv : arch["layers"].array()) {
@@ -462,6 +487,10 @@ void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
     layer.linear = b.linear(lv["linear"]);
     layer.product = symmetric_contraction(b, lv["product"], num_species);
     layer.product_linear = b.linear(lv["product_linear"]);
+    if (const json::Value* dv = lv.find("density")) {
+      layer.density = true;
+      layer.density_weights = b.tensor((*dv)["weights"], {plan.radial.num_basis});
+    }
     const json::Value& rv = lv["readout"];
     layer.readout.nonlinear = rv["kind"].as_string() == "nonlinear";
     if (layer.readout.nonlinear) {
@@ -640,7 +669,10 @@ std::string Model::summary() const {
   s += "radial basis:  bessel x" + to_string(p.radial.num_basis) + ", envelope " +
        (p.radial.envelope == EnvelopeKind::xplor ? "xplor (r_on " + to_string(p.radial.r_on) + ")"
                                                  : "polynomial (p " + to_string(p.radial.p) + ")") +
-       "\n";
+       (p.radial.transform == DistanceTransform::agnesi ? ", Agnesi distance transform"
+        : p.radial.transform == DistanceTransform::soft ? ", Soft distance transform"
+                                                        : "") +
+       (p.radial.apply_cutoff ? "" : ", envelope on the radial MLP output") + "\n";
   s += "sph. harmonics: lmax " + to_string(p.sh.lmax) + "\n";
   for (size_t t = 0; t < p.layers.size(); ++t) {
     const SevennetLayer& l = p.layers[t];
@@ -655,8 +687,8 @@ std::string Model::summary() const {
     s += "layer " + to_string(t) + ":       " + irreps_string(l.linear_up.in) + " -> conv " +
          irreps_string(l.conv.out) + " (" + to_string(l.conv.paths.size()) + " paths, radial MLP";
     for (int d : l.conv.mlp.dims) s += " " + to_string(d);
-    s += ", 1/" + num(l.conv.denominator) + ") -> " + irreps_string(l.linear.out) +
-         " -> product (correlation";
+    s += (l.density ? std::string(", 1/(1 + density)") : ", 1/" + num(l.conv.denominator)) +
+         ") -> " + irreps_string(l.linear.out) + " -> product (correlation";
     for (const auto& c : l.product.contractions)
       s += " " + to_string(c.terms.empty() ? 0 : c.terms.back().nu);
     s += ") -> " + irreps_string(l.product_linear.out) + (l.residual ? ", residual" : "") +

@@ -101,6 +101,13 @@ struct SevennetLayer {
 
 enum class EnvelopeKind { xplor, polynomial };
 
+// MACE's distance transforms (mace/modules/radial.py): the Bessel basis is evaluated at
+// x = T(r, r_0), r_0 from the covalent radii of the edge's two species, the envelope at r.
+//   agnesi: x = 1 / (1 + a y^q / (1 + y^(q - p))), y = r / r_0, r_0 = (rc_s + rc_r) / 2
+//   soft:   x = p_0 + (r - p_0) (1 + tanh(alpha (r - m) / (p_1 - p_0))) / 2,
+//           r_0 = rc_s + rc_r, p_0 = 3 r_0 / 4, p_1 = 4 r_0 / 3, m = (p_0 + p_1) / 2
+enum class DistanceTransform { none, agnesi, soft };
+
 // Edge embedding: emb_n(r) = prefactor * sin(coeffs_n r) / r * envelope(r).
 struct RadialPlan {
   int num_basis = 0;
@@ -110,6 +117,14 @@ struct RadialPlan {
   double r_cut = 0.0;
   double r_on = 0.0;  // xplor
   double p = 6.0;     // polynomial
+  // MACE only: distance transform (see DistanceTransform) and apply_cutoff = false (the
+  // envelope then multiplies the radial MLP's output and the edge density, not the basis).
+  DistanceTransform transform = DistanceTransform::none;
+  double agnesi_q = 0.0, agnesi_p = 0.0, agnesi_a = 0.0, soft_alpha = 0.0;
+  std::vector<double> covalent_radii;  // per species (model order), with a transform
+  bool apply_cutoff = true;
+  // The embedding depends on the species pair of the edge, not on r alone.
+  bool pair_dependent() const { return transform != DistanceTransform::none; }
 };
 
 // Real spherical harmonics of the unit vector, Y_l^m(u) = sum_k coeffs[m][k] u^exponents[k].
@@ -162,9 +177,14 @@ struct MaceReadout {
 
 // sc = skip(x) (residual); x_up = linear_up(x); y = conv(x_up); m = linear(y);
 // m = skip(m) (non-residual); p = SC(m); x = product_linear(p) (+ sc); e += readout(x).
+// mace's density blocks (RealAgnosticDensity[Residual]InteractionBlock): the convolution's sum
+// is divided by 1 + rho_i instead of avg_num_neighbors (conv.denominator is then 1), with
+// rho_i = sum_{j in N(i)} tanh((w . emb_ij)^2) (* envelope(r_ij) when apply_cutoff is false).
 struct MaceLayer {
   bool residual = false;
   bool product_sc = false;
+  bool density = false;
+  std::vector<double> density_weights;  // [num_basis], e3nn's 1/sqrt(fan_in) folded in
   ElementLinearPlan skip;
   LinearPlan linear_up, linear, product_linear;
   ConvPlan conv;

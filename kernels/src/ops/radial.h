@@ -74,4 +74,86 @@ E3F_HD void edge_embedding(int num_basis, const T* coeffs, T prefactor, const En
   }
 }
 
+// MACE's distance transforms (plan.h DistanceTransform; mace/modules/radial.py
+// AgnesiTransform, SoftTransform) for one edge of "radius" r_0: x = T(r) and dx/dr.
+struct TransformParams {
+  DistanceTransform kind = DistanceTransform::none;
+  double q = 0, p = 0, a = 0, alpha = 0;
+};
+
+// r_0 of an edge between species of covalent radii rc_a and rc_b.
+E3F_HD double transform_r0(const TransformParams& t, double rc_a, double rc_b) {
+  return t.kind == DistanceTransform::agnesi ? 0.5 * (rc_a + rc_b) : rc_a + rc_b;
+}
+
+template <class T>
+E3F_HD void distance_transform(const TransformParams& tp, T r, T r0, T& x, T& dx) {
+  if (tp.kind == DistanceTransform::agnesi) {
+    // x = D / (D + N), N = a y^q, D = 1 + y^(q-p): dx/dr = (D' N - D N') / (D + N)^2
+    const T y = r / r0, q = T(tp.q), p = T(tp.p), a = T(tp.a);
+    const T yq = std::pow(y, q), yqp = std::pow(y, q - p);
+    const T N = a * yq, D = T(1) + yqp;
+    const T dN = a * q * yq / r, dD = (q - p) * yqp / r;
+    const T s = D + N;
+    x = D / s;
+    dx = (dD * N - D * dN) / (s * s);
+    return;
+  }
+  if (tp.kind == DistanceTransform::soft) {
+    const T p0 = T(0.75) * r0, p1 = (T(4) / T(3)) * r0;
+    const T m = T(0.5) * (p0 + p1), al = T(tp.alpha) / (p1 - p0);
+    const T th = std::tanh(al * (r - m));
+    const T sx = T(0.5) * (T(1) + th);
+    x = p0 + (r - p0) * sx;
+    dx = sx + (r - p0) * T(0.5) * al * (T(1) - th * th);
+    return;
+  }
+  x = r;
+  dx = T(1);
+}
+
+// MACE's radial embedding (mace RadialEmbeddingBlock): emb[n] = B_n(x) * (apply_cutoff ?
+// f(r) : 1) with x = T(r, r_0), and demb[n] = d emb[n] / dr (when demb is given); cutoff
+// and dcutoff receive f(r) and f'(r).
+template <class T>
+E3F_HD void mace_edge_embedding(int num_basis, const T* coeffs, T prefactor,
+                                const EnvelopeParams& env, const TransformParams& tp,
+                                bool apply_cutoff, T r, T r0, T* emb, T* demb, T& cutoff,
+                                T& dcutoff) {
+  envelope(env, r, cutoff, dcutoff);
+  T x, dx;
+  distance_transform(tp, r, r0, x, dx);
+  const T f = apply_cutoff ? cutoff : T(1), df = apply_cutoff ? dcutoff : T(0);
+  const T inv_x = T(1) / x;
+  for (int n = 0; n < num_basis; ++n) {
+    const T cx = coeffs[n] * x;
+    const T s = std::sin(cx), c = std::cos(cx);
+    const T b = prefactor * s * inv_x;
+    const T db = prefactor * (coeffs[n] * c * inv_x - s * inv_x * inv_x) * dx;
+    emb[n] = b * f;
+    if (demb) demb[n] = db * f + b * df;
+  }
+}
+
+// mace's edge density tanh(s^2), s = w . emb (density_fn, a linear layer), times the
+// envelope when apply_cutoff is false; value and d/dr from emb, demb, f, f'.
+template <class T>
+E3F_HD void edge_density(int num_basis, const T* weights, const T* emb, const T* demb,
+                         bool apply_cutoff, T cutoff, T dcutoff, T& value, T& grad) {
+  T s = T(0), ds = T(0);
+  for (int n = 0; n < num_basis; ++n) {
+    s += weights[n] * emb[n];
+    ds += weights[n] * demb[n];
+  }
+  const T th = std::tanh(s * s);
+  const T dth = T(2) * s * ds * (T(1) - th * th);
+  if (apply_cutoff) {
+    value = th;
+    grad = dth;
+  } else {
+    value = th * cutoff;
+    grad = dth * cutoff + th * dcutoff;
+  }
+}
+
 }  // namespace e3fuse::ops

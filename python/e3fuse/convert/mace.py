@@ -2,11 +2,12 @@
 model object) into an .e3f file.
 
 Supported: MACE and ScaleShiftMACE with RealAgnosticInteractionBlock /
-RealAgnosticResidualInteractionBlock, Bessel radial basis with the polynomial
-cutoff, e3nn spherical harmonics, linear and non-linear readouts, E0s, scale
-and shift, ZBL pair repulsion, several heads (one selected at conversion),
-use_agnostic_product, use_last_readout_only, edge_irreps / use_edge_irreps_first,
-and embedding_specs of the per-system total_charge / total_spin (with or without
+RealAgnosticResidualInteractionBlock / RealAgnosticDensity[Residual]InteractionBlock,
+Bessel radial basis with the polynomial cutoff, the Agnesi and Soft distance transforms,
+apply_cutoff True or False, e3nn spherical harmonics, linear and non-linear readouts,
+E0s, scale and shift, ZBL pair repulsion, several heads (one selected at conversion),
+use_agnostic_product, use_last_readout_only, edge_irreps / use_edge_irreps_first, and
+embedding_specs of the per-system total_charge / total_spin (with or without
 use_embedding_readout; their values are given at run time, see
 Model::with_system_inputs). Everything else is refused by module name.
 
@@ -33,7 +34,22 @@ from .e3nn_parts import UnsupportedModel
 from .exact_constants import restore_float64_constants
 
 SUPPORTED_MODELS = ("MACE", "ScaleShiftMACE")
-SUPPORTED_INTERACTIONS = ("RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock")
+SUPPORTED_INTERACTIONS = (
+    "RealAgnosticInteractionBlock",
+    "RealAgnosticResidualInteractionBlock",
+    "RealAgnosticDensityInteractionBlock",
+    "RealAgnosticDensityResidualInteractionBlock",
+)
+DENSITY_INTERACTIONS = (
+    "RealAgnosticDensityInteractionBlock",
+    "RealAgnosticDensityResidualInteractionBlock",
+)
+
+# The constants of mace's distance transforms (mace/modules/radial.py AgnesiTransform,
+# SoftTransform defaults), taken as float64 literals when the module's buffers equal them to
+# float32 rounding (a model built in float32), else the module's values (trained ones).
+AGNESI_DEFAULTS = {"q": 0.9183, "p": 4.5791, "a": 1.0805}
+SOFT_DEFAULTS = {"alpha": 4.0}
 
 
 def load_mace_model(source: str | Path | torch.nn.Module) -> torch.nn.Module:
@@ -237,6 +253,55 @@ def _check_product(
     err = np.abs(got - expected).max()
     if err > 1e-10 * max(1.0, np.abs(expected).max()):
         raise RuntimeError(f"{name}: sparse symmetric contraction does not reproduce ({err:.2e})")
+
+
+def _float64_constant(value: float, literal: float | None) -> float:
+    """`literal` when `value` equals it to float32 rounding, else `value`."""
+    if literal is not None and abs(value - literal) <= 1e-7 * abs(literal):
+        return literal
+    return value
+
+
+def _distance_transform(
+    transform: Any, atomic_numbers: list[int], store: TensorStore
+) -> dict[str, Any]:
+    """AgnesiTransform / SoftTransform -> constants and the covalent radii of the model's
+    elements (ase's table in float64 where the module's buffer equals it to float32 rounding)."""
+    from ase.data import covalent_radii
+
+    kind = type(transform).__name__
+    if kind == "AgnesiTransform":
+        desc: dict[str, Any] = {"kind": "agnesi"}
+        defaults: dict[str, float] = AGNESI_DEFAULTS
+    elif kind == "SoftTransform":
+        desc = {"kind": "soft"}
+        defaults = SOFT_DEFAULTS
+    else:
+        raise UnsupportedModel(f"radial_embedding.distance_transform: {kind} is not supported")
+    for key, literal in defaults.items():
+        value = float(getattr(transform, key).detach().to(torch.float64))
+        desc[key] = _float64_constant(value, literal)
+    module_radii = transform.covalent_radii.detach().to(torch.float64).numpy()
+    radii = np.array(
+        [
+            _float64_constant(float(module_radii[z]), float(covalent_radii[z]))
+            for z in atomic_numbers
+        ]
+    )
+    desc["covalent_radii"] = store.add("radial.transform.covalent_radii", radii)
+    return desc
+
+
+def _density(inter: Any, name: str, store: TensorStore, num_basis: int) -> dict[str, Any]:
+    """density_fn, an e3nn FullyConnectedNet [num_basis, 1] (one linear layer) -> w with
+    density_fn(emb) = w . emb."""
+    fc = inter.density_fn
+    if list(fc.hs) != [num_basis, 1]:
+        raise UnsupportedModel(f"{name}.density_fn: layer sizes {list(fc.hs)} are not supported")
+    layer = fc.layer0
+    w = layer.weight.detach().to(torch.float64).reshape(num_basis)
+    w = w / (layer.h_in * layer.var_in / layer.var_out) ** 0.5
+    return {"weights": store.add(f"{name}.density.weights", w.numpy())}
 
 
 def _flip_edge_direction(conv: dict[str, Any], store: TensorStore) -> None:
@@ -552,19 +617,20 @@ def extract(
     radial = model.radial_embedding
     if type(radial.bessel_fn).__name__ != "BesselBasis":
         raise UnsupportedModel(f"radial_embedding.bessel_fn: {type(radial.bessel_fn).__name__}")
-    if hasattr(radial, "distance_transform"):
-        raise UnsupportedModel("radial_embedding.distance_transform (Agnesi/Soft) is not supported")
-    if not getattr(radial, "apply_cutoff", True):
-        raise UnsupportedModel("radial_embedding with apply_cutoff=False is not supported")
     bessel = radial.bessel_fn
-    radial_desc = {
+    radial_desc: dict[str, Any] = {
         "kind": "bessel",
         "num_basis": int(bessel.bessel_weights.numel()),
         "prefactor": float(bessel.prefactor),
         "coeffs": store.add(
             "radial.coeffs", bessel.bessel_weights.detach().to(torch.float64).numpy()
         ),
+        "apply_cutoff": bool(getattr(radial, "apply_cutoff", True)),
     }
+    if hasattr(radial, "distance_transform"):
+        radial_desc["transform"] = _distance_transform(
+            radial.distance_transform, atomic_numbers, store
+        )
     cutoff_fn = radial.cutoff_fn
     if type(cutoff_fn).__name__ != "PolynomialCutoff":
         raise UnsupportedModel(f"radial_embedding.cutoff_fn: {type(cutoff_fn).__name__}")
@@ -595,11 +661,13 @@ def extract(
             raise UnsupportedModel(f"interactions.{t}: fused convolution backends")
         if type(prod).__name__ != "EquivariantProductBasisBlock":
             raise UnsupportedModel(f"products.{t}: {type(prod).__name__} is not supported")
-        residual = ikind == "RealAgnosticResidualInteractionBlock"
+        residual = "Residual" in ikind
+        density = ikind in DENSITY_INTERACTIONS
         conv = parts.tensor_product_uvu(inter.conv_tp, f"{name}.conv", store)
         _flip_edge_direction(conv, store)
         conv["mlp"] = parts.fully_connected_net(inter.conv_tp_weights, f"{name}.conv.mlp", store)
-        conv["denominator"] = float(inter.avg_num_neighbors)
+        # density blocks divide by 1 + rho (the "density" entry) instead of avg_num_neighbors
+        conv["denominator"] = 1.0 if density else float(inter.avg_num_neighbors)
         layer = {
             "residual": residual,
             "skip": _element_linear(inter.skip_tp, f"{name}.skip", store, num_elements),
@@ -610,6 +678,8 @@ def extract(
             "product_linear": parts.linear(prod.linear, f"{name}.product_linear", store),
             "product_sc": bool(prod.use_sc),
         }
+        if density:
+            layer["density"] = _density(inter, name, store, radial_desc["num_basis"])
         layers.append(layer)
     # MACE.forward: readout i reads layer i's features, except that a single readout
     # reads the last layer's (feat_idx = -1): use_last_readout_only=True keeps only the

@@ -1,0 +1,115 @@
+// cpu/edge_density.cpp: the neighbor density of mace's density interaction blocks
+// (RealAgnosticDensity[Residual]InteractionBlock), rho_i = sum_{j in N(i)} tanh((w . emb_ij)^2)
+// (times the envelope when apply_cutoff is false; ops::edge_density), and its force/virial
+// adjoint. Evaluated in double whatever the engine's precision (8-16 basis functions per edge,
+// cheap next to the convolution). Nothing is stored per edge.
+//
+// Backward as in conv.cpp: node k visits each neighbor j once and takes both directed edges of
+// the pair, which share r: dE/dr = (dE/drho_k + dE/drho_j) d(edge density)/dr; all writes go
+// to node k.
+#include <cmath>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "ops/radial.h"
+
+namespace e3fuse::cpu {
+
+namespace {
+
+// Edge density of receiver i and its neighbor at position offset v (r < cutoff): value, d/dr.
+template <class T>
+void density_of_edge(const TypedPlan<T>& plan, const double* weights, int pair, double r,
+                     double& value, double& grad) {
+  const int nb = plan.num_basis;
+  double emb[64], demb[64], f = 1.0, df = 0.0;
+  if (plan.mace_embedding) {
+    const double r0 = plan.pair_dependent ? plan.pair_r0[static_cast<size_t>(pair)] : 1.0;
+    ops::mace_edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64,
+                             plan.envelope, plan.transform, plan.apply_cutoff, r, r0, emb, demb, f,
+                             df);
+  } else {
+    ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope,
+                        r, emb, demb);
+  }
+  ops::edge_density(nb, weights, emb, demb, plan.apply_cutoff, f, df, value, grad);
+}
+
+// Edge vector of CSR entry e (receiver i), as conv.cpp's gather_tile.
+inline void edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
+  const double* pi = g.positions + 3 * i;
+  const double* pj = g.positions + 3 * static_cast<int64_t>(g.neighbors[e]);
+  for (int a = 0; a < 3; ++a) v[a] = pj[a] - pi[a];
+  if (g.shift_index) {
+    const double* s = g.shifts + 3 * static_cast<int64_t>(g.shift_index[e]);
+    for (int a = 0; a < 3; ++a) v[a] += s[a];
+  }
+}
+
+}  // namespace
+
+template <class T>
+void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+                          const GraphView& g, double* rho) {
+  const double cutoff2 = plan.cutoff * plan.cutoff;
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t i = 0; i < g.num_nodes; ++i) {
+    double sum = 0.0;
+    for (int64_t e = g.row_offsets[i]; e < g.row_offsets[i + 1]; ++e) {
+      double v[3];
+      edge_vector(g, i, e, v);
+      const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+      if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
+      const int pair = g.species[i] * plan.num_species + g.species[g.neighbors[e]];
+      double value, grad;
+      density_of_edge(plan, weights.data(), pair, std::sqrt(r2), value, grad);
+      sum += value;
+    }
+    rho[i] = sum;
+  }
+}
+
+template <class T>
+void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+                           const GraphView& g, const double* grad_rho, double* forces,
+                           double* atom_virials) {
+  const double cutoff2 = plan.cutoff * plan.cutoff;
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t k = 0; k < g.num_nodes; ++k) {
+    double fk[3] = {0, 0, 0}, wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t e = g.row_offsets[k]; e < g.row_offsets[k + 1]; ++e) {
+      const int32_t j = g.neighbors[e];
+      const double gsum = grad_rho[k] + grad_rho[j];
+      if (gsum == 0.0) continue;
+      double v[3];
+      edge_vector(g, k, e, v);
+      const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+      if (r2 >= cutoff2 || r2 == 0.0) continue;
+      const double r = std::sqrt(r2);
+      double value, grad;
+      density_of_edge(plan, weights.data(), g.species[k] * plan.num_species + g.species[j], r,
+                      value, grad);
+      const double dr = gsum * grad;
+      for (int a = 0; a < 3; ++a) {
+        const double f = dr * v[a] / r;
+        fk[a] += f;
+        if (atom_virials)
+          for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
+      }
+    }
+    for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
+    if (atom_virials)
+      for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
+  }
+}
+
+template void edge_density_forward<float>(const TypedPlan<float>&, const std::vector<double>&,
+                                          const GraphView&, double*);
+template void edge_density_forward<double>(const TypedPlan<double>&, const std::vector<double>&,
+                                           const GraphView&, double*);
+template void edge_density_backward<float>(const TypedPlan<float>&, const std::vector<double>&,
+                                           const GraphView&, const double*, double*, double*);
+template void edge_density_backward<double>(const TypedPlan<double>&, const std::vector<double>&,
+                                            const GraphView&, const double*, double*, double*);
+
+}  // namespace e3fuse::cpu

@@ -1,0 +1,168 @@
+// cuda/edge_density.cu: mace's density blocks on the GPU (RealAgnosticDensity[Residual]-
+// InteractionBlock): the neighbor density rho_i, the division of the convolution by
+// 1 + rho_i, and their adjoints. Same math as cpu/edge_density.cpp (ops::edge_density, in
+// double), one thread per node; the backward takes both directed edges of each pair at
+// each end and writes to that node only, so no atomics and a fixed summation order.
+#include "cuda/conv.cuh"
+#include "ops/radial.h"
+
+namespace e3fuse::cuda {
+
+namespace {
+
+constexpr int kDensityThreads = 128;
+
+__device__ inline void density_edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
+  const int64_t j = g.neighbors[e];
+  for (int a = 0; a < 3; ++a) v[a] = g.positions[3 * j + a] - g.positions[3 * i + a];
+  if (g.shift_index) {
+    const double* s = g.shifts + 3 * static_cast<int64_t>(g.shift_index[e]);
+    for (int a = 0; a < 3; ++a) v[a] += s[a];
+  }
+}
+
+// The edge density of the edge (i, j) at distance r, and its r-derivative.
+template <class T>
+__device__ void density_of_edge(const typename Geometry<T>::View& geo, const double* w,
+                                const GraphView& g, int64_t i, int64_t j, double r, double& value,
+                                double& grad) {
+  double emb[kMaxBasis], demb[kMaxBasis], f = 1.0, df = 0.0;
+  if (geo.mace_embedding) {
+    const double r0 =
+        geo.pair_r0 ? geo.pair_r0[g.species[i] * geo.num_species + g.species[j]] : 1.0;
+    ops::mace_edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope,
+                                     geo.transform, geo.apply_cutoff, r, r0, emb, demb, f, df);
+  } else {
+    ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, emb,
+                                demb);
+  }
+  ops::edge_density<double>(geo.num_basis, w, emb, demb, geo.apply_cutoff, f, df, value, grad);
+}
+
+template <class T>
+__global__ void edge_density_forward_kernel(typename Geometry<T>::View geo, const double* w,
+                                            GraphView g, double* rho) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= g.num_nodes) return;
+  const double cutoff2 = geo.cutoff * geo.cutoff;
+  double sum = 0.0;
+  for (int64_t e = g.row_offsets[i]; e < g.row_offsets[i + 1]; ++e) {
+    double v[3];
+    density_edge_vector(g, i, e, v);
+    const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+    if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
+    double value, grad;
+    density_of_edge<T>(geo, w, g, i, g.neighbors[e], sqrt(r2), value, grad);
+    sum += value;
+  }
+  rho[i] = sum;
+}
+
+template <class T>
+__global__ void edge_density_backward_kernel(typename Geometry<T>::View geo, const double* w,
+                                             GraphView g, const double* grad_rho, double* forces,
+                                             double* atom_virials) {
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (k >= g.num_nodes) return;
+  const double cutoff2 = geo.cutoff * geo.cutoff;
+  double fk[3] = {0, 0, 0}, wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t e = g.row_offsets[k]; e < g.row_offsets[k + 1]; ++e) {
+    const int64_t j = g.neighbors[e];
+    const double gsum = grad_rho[k] + grad_rho[j];
+    if (gsum == 0.0) continue;
+    double v[3];
+    density_edge_vector(g, k, e, v);
+    const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+    if (r2 >= cutoff2 || r2 == 0.0) continue;
+    const double r = sqrt(r2);
+    double value, grad;
+    density_of_edge<T>(geo, w, g, k, j, r, value, grad);
+    const double dr = gsum * grad;
+    for (int a = 0; a < 3; ++a) {
+      const double f = dr * v[a] / r;
+      fk[a] += f;
+      if (atom_virials)
+        for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
+    }
+  }
+  for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
+  if (atom_virials)
+    for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
+}
+
+template <class T>
+__global__ void density_scale_forward_kernel(int64_t rows, int dim, const double* rho, T* y) {
+  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (q >= rows * dim) return;
+  y[q] = static_cast<T>(static_cast<double>(y[q]) / (1.0 + rho[q / dim]));
+}
+
+template <class T>
+__global__ void density_grad_rho_kernel(int64_t rows, int64_t n, int dim, const T* m, const T* gm,
+                                        const double* rho, double* grad_rho) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  if (i >= rows) {
+    grad_rho[i] = 0.0;
+    return;
+  }
+  double s = 0.0;
+  for (int q = 0; q < dim; ++q)
+    s += static_cast<double>(m[i * dim + q]) * static_cast<double>(gm[i * dim + q]);
+  grad_rho[i] = -s / (1.0 + rho[i]);
+}
+
+}  // namespace
+
+template <class T>
+void edge_density_forward(const Geometry<T>& geom, const double* weights, const GraphView& g,
+                          double* rho, cudaStream_t stream) {
+  if (g.num_nodes == 0) return;
+  edge_density_forward_kernel<T><<<static_cast<unsigned>(blocks_for(g.num_nodes, kDensityThreads)),
+                                   kDensityThreads, 0, stream>>>(geom.view, weights, g, rho);
+  check_launch("edge_density_forward_kernel");
+}
+
+template <class T>
+void edge_density_backward(const Geometry<T>& geom, const double* weights, const GraphView& g,
+                           const double* grad_rho, double* forces, double* atom_virials,
+                           cudaStream_t stream) {
+  if (g.num_nodes == 0) return;
+  edge_density_backward_kernel<T>
+      <<<static_cast<unsigned>(blocks_for(g.num_nodes, kDensityThreads)), kDensityThreads, 0,
+         stream>>>(geom.view, weights, g, grad_rho, forces, atom_virials);
+  check_launch("edge_density_backward_kernel");
+}
+
+template <class T>
+void density_scale_forward(int64_t rows, int dim, const double* rho, T* y, cudaStream_t stream) {
+  if (rows == 0) return;
+  density_scale_forward_kernel<T>
+      <<<static_cast<unsigned>(blocks_for(rows * dim, 256)), 256, 0, stream>>>(rows, dim, rho, y);
+  check_launch("density_scale_forward_kernel");
+}
+
+template <class T>
+void density_scale_backward(int64_t rows, int64_t n, int dim, const T* m, const T* gm,
+                            const double* rho, int gy_dim, T* gy, double* grad_rho,
+                            cudaStream_t stream) {
+  if (n == 0) return;
+  density_grad_rho_kernel<T><<<static_cast<unsigned>(blocks_for(n, 128)), 128, 0, stream>>>(
+      rows, n, dim, m, gm, rho, grad_rho);
+  check_launch("density_grad_rho_kernel");
+  density_scale_forward<T>(rows, gy_dim, rho, gy, stream);  // dE/dS = dE/dy / (1 + rho)
+}
+
+#define E3FUSE_INSTANTIATE(T)                                                                 \
+  template void edge_density_forward<T>(const Geometry<T>&, const double*, const GraphView&,  \
+                                        double*, cudaStream_t);                               \
+  template void edge_density_backward<T>(const Geometry<T>&, const double*, const GraphView&, \
+                                         const double*, double*, double*, cudaStream_t);      \
+  template void density_scale_forward<T>(int64_t, int, const double*, T*, cudaStream_t);      \
+  template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const T*,          \
+                                          const double*, int, T*, double*, cudaStream_t);
+E3FUSE_INSTANTIATE(float)
+E3FUSE_INSTANTIATE(double)
+#undef E3FUSE_INSTANTIATE
+
+}  // namespace e3fuse::cuda
