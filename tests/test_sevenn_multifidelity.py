@@ -15,9 +15,9 @@
   envelope from 5.5 A, 8 Bessel functions, radial MLP 64-64, univ species (119
   slots, Z = 0 included). Shrunk for CPU time: the channels (128 -> 32, every
   multiplicity divided by 4). Chosen (values, not structure): convolution
-  denominator and energy scale, see _architecture. Assumed where no source says: omni and omat use the
-  mf-ompa preset's settings otherwise (cutoff, envelope, self-connection); omni
-  enables modal node embedding too, to cover that path.
+  denominator and energy scale, see _architecture. Assumed where no source says:
+  omni and omat use the mf-ompa preset's settings otherwise (cutoff, envelope,
+  self-connection); omni enables modal node embedding too, to cover that path.
 - Errors: missing, unknown or unexpected modality.
 
 Tolerances: float64 against the float64-built reference 1e-10 eV/A (forces),
