@@ -467,3 +467,22 @@ def test_cli_convert_with_modal_verifies(
     assert "verification" in printed
     assert cli.main(["info", str(out)]) == 0
     assert "modal=PBE" in capsys.readouterr().out
+
+
+def test_per_species_self_connection_paths_are_padded() -> None:
+    """A species whose probed path weights are all zero (left out by the probe) gets
+    that path with zeros: every species has the same paths (the CUDA tables)."""
+    from e3fuse.modelfile import TensorStore
+
+    store = TensorStore()
+    full = [
+        {"in": 0, "out": 0, "weight": store.add("sc.e0.path.0.0", np.ones((2, 3)))},
+        {"in": 1, "out": 1, "weight": store.add("sc.e0.path.1.1", np.ones((4, 4)))},
+    ]
+    partial = [{"in": 1, "out": 1, "weight": store.add("sc.e1.path.1.1", np.ones((4, 4)))}]
+    desc = {"elements": [{"paths": full}, {"paths": partial}]}
+    sevennet._same_paths_per_species(desc, "sc", store)
+    padded = desc["elements"][1]["paths"]
+    assert [(p["in"], p["out"]) for p in padded] == [(0, 0), (1, 1)]
+    assert not store.arrays[padded[0]["weight"]].any()
+    assert store.arrays[padded[0]["weight"]].shape == (2, 3)

@@ -176,8 +176,27 @@ def _self_connection(intro: Any, name: str, store: TensorStore, num_species: int
 
         if intro.key_operand != "node_attr":
             raise UnsupportedModel(f"{name}: self-connection operand {intro.key_operand!r}")
-        return _element_linear(intro.fc_tensor_product, name, store, num_species)
+        desc = _element_linear(intro.fc_tensor_product, name, store, num_species)
+        _same_paths_per_species(desc, name, store)
+        return desc
     raise UnsupportedModel(f"{name}: self-connection {kind} is not supported")
+
+
+def _same_paths_per_species(desc: dict[str, Any], name: str, store: TensorStore) -> None:
+    """The probe leaves out a species' path whose weights are all zero; every
+    species gets the same paths (zeros where left out), as the CUDA backend's
+    element-linear tables expect."""
+    shapes = {}
+    for element in desc["elements"]:
+        for p in element["paths"]:
+            shapes[(p["in"], p["out"])] = store.arrays[p["weight"]].shape
+    for s, element in enumerate(desc["elements"]):
+        have = {(p["in"], p["out"]) for p in element["paths"]}
+        for (i, o), shape in shapes.items():
+            if (i, o) not in have:
+                weight = store.add(f"{name}.e{s}.path.{i}.{o}", np.zeros(shape))
+                element["paths"].append({"in": i, "out": o, "weight": weight})
+        element["paths"].sort(key=lambda p: (p["in"], p["out"]))
 
 
 def _interaction_layer(
