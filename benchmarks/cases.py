@@ -186,7 +186,9 @@ def model_work(architecture: dict[str, Any], nnz: Any = None) -> dict[str, int]:
                 sc += _symmetric_contraction_macs(layer["product"], nnz)
         else:  # SevenNet
             for key in ("self_connection", "linear_1", "linear_2"):
-                lin += _linear_macs(layer[key])
+                # 'nequip' self-connection: each atom applies its own element's linear
+                desc = layer[key]
+                lin += _linear_macs(desc["elements"][0] if "elements" in desc else desc)
     for linear in architecture.get("readout") or []:
         lin += _linear_macs(linear)
     return {

@@ -29,12 +29,16 @@ MODELS = ("7net-0", "7net-l3i5")
 # Tolerances: one table keyed by dtype.
 #
 # float64, whole model against sevenn in float64 (absolute, the limits of the
-# issue): energy per atom 1e-10 eV, forces 1e-9 eV/A, stress 1e-11 eV/A^3. Both
-# codes evaluate the same float64 arithmetic in a different order, so the
-# observed differences are rounding-level (~1e-15 eV/A on forces); the limits
-# leave 3-5 orders of magnitude for summation order on larger systems while
-# still catching any real mistake (a wrong constant, a dropped edge or path
-# moves forces by >= 1e-6 eV/A).
+# issue): energy per atom 1e-12 eV, forces 1e-10 eV/A, stress 1e-11 eV/A^3. The
+# sevenn reference is BUILT in float64 (torch's default dtype float64 while its
+# e3nn modules are constructed, e3fuse.convert.sevennet.build_float64), and the
+# converter reads the same float64-built modules, so both codes evaluate the
+# same float64 arithmetic in a different order: the observed differences are
+# rounding-level (~1e-14 eV/A on forces); the limits leave 2-4 orders of
+# magnitude for summation order on larger systems while still catching any real
+# mistake (a wrong constant, a dropped edge or path moves forces by >= 1e-6 eV/A;
+# float32-rounded Clebsch-Gordan coefficients, what a model built in float32 and
+# cast carries, by ~3e-6 eV/A).
 #
 # float32 (against the float64 sevenn reference): every op rounds at ~6e-8
 # relative; the 5 message-passing layers and sums over ~50 neighbors amplify
@@ -49,13 +53,12 @@ MODELS = ("7net-0", "7net-l3i5")
 # `grad_rel` the same widened for adjoints (VJPs, forces), whose sums cancel more.
 #
 # `equivariance` bounds the change of energy, forces and stress (relative error
-# norms) under a rotation of the whole system. It is NOT rounding-level in
-# float64: the e3nn modules of the sevenn checkpoints carry Clebsch-Gordan
-# coefficients rounded to float32 (relative deviation ~4e-9 from the exact
-# Wigner 3j symbols on the l = 1, 2 paths) and e3fuse reproduces them exactly, so
-# sevenn and e3fuse both break rotation invariance by up to ~4e-10 (energy) and
-# ~1e-8 (forces) relative. A real equivariance bug (wrong sign or order of an
-# irrep component) shows up at 1e-3 or more.
+# norms) under a rotation of the whole system. With the models built in float64
+# their Clebsch-Gordan coefficients are float64, so invariance holds to float64
+# rounding (~1e-14 relative); the limit leaves room for summation order. (Built in
+# float32, sevenn's checkpoints carry coefficients rounded to float32 and break
+# invariance by ~1e-8 relative in forces.) A real equivariance bug (wrong sign or
+# order of an irrep component) shows up at 1e-3 or more.
 # --------------------------------------------------------------------------------------
 
 
@@ -71,12 +74,12 @@ class Tolerance:
 
 TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(
-        energy_per_atom=1e-10,
-        forces=1e-9,
+        energy_per_atom=1e-12,
+        forces=1e-10,
         stress=1e-11,
         rel=1e-12,
         grad_rel=1e-11,
-        equivariance=1e-7,
+        equivariance=1e-11,
     ),
     "float32": Tolerance(
         energy_per_atom=1e-5, forces=3e-5, stress=1e-6, rel=1e-5, grad_rel=1e-4, equivariance=1e-4
@@ -334,7 +337,7 @@ class ModelCache:
         return self._paths[name]
 
     def reference(self, name: str) -> Any:
-        """sevenn's SevenNetCalculator on the float64 model."""
+        """sevenn's SevenNetCalculator on the model built in float64."""
         if name not in self._references:
             from e3fuse import reference
 

@@ -1039,3 +1039,26 @@ def test_zbl_mace_device_cuda_comm_exchange(zbl_mace_model: Path, tmp_path: Path
             workdir, run_lmp(workdir, lmp_input(atoms, zbl_mace_model, style=style), ranks=ranks)
         )
         compare(got, expected, len(atoms), f"zbl slab np {ranks} (cuda, comm exchange)")
+
+
+# --------------------------------------------------------------------------------------
+# A multi-fidelity SevenNet model (7net-mf-0 converted for one modality)
+# --------------------------------------------------------------------------------------
+
+
+def test_sevennet_mf0_mpi_ranks_agree(models: Any, tmp_path: Path) -> None:
+    """7net-mf-0 (modality PBE) on 1 and 2 ranks (comm exchange) equals the Python
+    engine, which the ASE calculator runs: a Cu/Ni cluster, no periodicity."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    from e3fuse.convert import sevennet
+
+    path = tmp_path / "7net-mf-0-PBE.e3f"
+    sevennet.convert("7net-mf-0", path, modal="PBE")
+    atoms = cu_cluster()
+    atoms.numbers[[3, 17, 30]] = 28
+    expected = reference(atoms, path)
+    for ranks in (1, 2):
+        workdir = tmp_path / f"np{ranks}"
+        proc = run_lmp(workdir, lmp_input(atoms, path, style="comm exchange"), ranks=ranks)
+        compare(parse_lmp(workdir, proc), expected, len(atoms), f"7net-mf-0 PBE np {ranks}")

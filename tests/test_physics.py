@@ -106,8 +106,8 @@ def test_rotation_invariance(model_path: Path, structure_name: str) -> None:
     """Proper rotations only: the SevenNet models are SO(3)-, not O(3)-invariant
     (their spherical harmonics are all labelled even, so a mirror image has a
     different energy, in sevenn too; test_models checks a mirrored molecule
-    against sevenn). The limit is TOL.equivariance, set by the source models' own
-    float32-rounded Clebsch-Gordan coefficients (see conftest)."""
+    against sevenn). The limit is TOL.equivariance (see conftest): the models are
+    built in float64, their Clebsch-Gordan coefficients float64."""
     atoms = STRUCTURES[structure_name]()
     calc = calculator(model_path, "float64")
     before = evaluate(calc, atoms)

@@ -3,6 +3,7 @@
 //
 // SevenNet layer t (sevenn's NequIP-style interaction block):
 //   sc = SelfConnection(x); x1 = Linear1(x); y = Conv(x1); p = Linear2(y) + sc; x = Gate(p)
+// (SelfConnection: a linear layer, or one per species for self_connection_type 'nequip')
 // atomic energy e_i = shift[s_i] + scale[s_i] * Readout(x_i).
 // The backward pass keeps x1 and p of every layer (node-level) and applies the
 // transposes in reverse order; Conv's adjoint also yields the forces.
@@ -178,6 +179,11 @@ class CpuRunner {
       : plan_(cpu::make_typed_plan<T>(plan, radial_tables)) {
     for (auto& layer : plan_.layers)
       cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
+    for (const SevennetLayer& l : plan.layers) {
+      const ElementLinearPlan per_species{l.self_connection.in, l.self_connection.out,
+                                          l.self_connection_species};
+      sc_species_.push_back(cpu::make_element_linear<T>(per_species));
+    }
   }
 
   // halo: see HaloExchange; null for a graph that holds every node's neighborhood.
@@ -197,7 +203,10 @@ class CpuRunner {
       const cpu::Layer<T>& L = layers[t];
       const int64_t rows = cpu::layer_output_rows(g, halo, t);
       sc.resize(static_cast<size_t>(n) * L.self_connection.dim_out);
-      cpu::linear_forward(L.self_connection, rows, x.data(), sc.data());
+      if (sc_species_[t].per_species.empty())
+        cpu::linear_forward(L.self_connection, rows, x.data(), sc.data());
+      else
+        cpu::element_linear_forward(sc_species_[t], rows, g.species, x.data(), sc.data());
       x1_[t].resize(static_cast<size_t>(n) * L.linear_1.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
       // (halo) or from the previous layer's rows
@@ -253,7 +262,11 @@ class CpuRunner {
       grad_p.resize(static_cast<size_t>(n) * L.gate.plan.dim_in);
       cpu::gate_backward(L.gate, rows, pre_gate_[t].data(), grad.data(), grad_p.data());
       grad.resize(static_cast<size_t>(n) * L.self_connection.dim_in);
-      cpu::linear_backward(L.self_connection, rows, grad_p.data(), grad.data(), false);
+      if (sc_species_[t].per_species.empty())
+        cpu::linear_backward(L.self_connection, rows, grad_p.data(), grad.data(), false);
+      else
+        cpu::element_linear_backward(sc_species_[t], rows, g.species, grad_p.data(), grad.data(),
+                                     false);
       zero_rows_from(grad, rows, L.self_connection.dim_in);  // linear_1's rows may be more
       grad_y.resize(static_cast<size_t>(n) * L.linear_2.dim_in);
       cpu::linear_backward(L.linear_2, rows, grad_p.data(), grad_y.data(), false);
@@ -272,6 +285,7 @@ class CpuRunner {
 
  private:
   cpu::TypedPlan<T> plan_;
+  std::vector<cpu::ElementLinear<T>> sc_species_;  // per layer; empty per_species: linear
   std::vector<std::vector<T>> x1_, pre_gate_;
   HaloRows halo_;
 };

@@ -82,7 +82,11 @@ struct OpsProbe {
     const size_t dot = name.find('.', 7);
     const auto& layer = mp.layers.at(std::stoi(name.substr(7, dot - 7)));
     const std::string which = name.substr(dot + 1);
-    if (which == "self_connection") return layer.self_connection;
+    if (which == "self_connection") {
+      if (!layer.self_connection_species.empty())
+        throw Error("'" + name + "' is one linear layer per species (self_connection_type nequip)");
+      return layer.self_connection;
+    }
     if (which == "linear_1") return layer.linear_1;
     if (which == "linear_2") return layer.linear_2;
     throw Error("unknown linear '" + name + "'");

@@ -28,7 +28,12 @@ def verification_structure(atomic_numbers: list[int], seed: int = 0):  # -> ase.
 
 
 def verify(
-    family: str, source, model_path: str, quiet: bool = False, head: str | None = None
+    family: str,
+    source,
+    model_path: str,
+    quiet: bool = False,
+    head: str | None = None,
+    modal: str | None = None,
 ) -> dict[str, float]:
     """Evaluate a random structure with the source package and with e3fuse in
     float64; raise if they differ beyond rounding."""
@@ -38,7 +43,11 @@ def verify(
 
     atoms = verification_structure(Model.load(model_path).atomic_numbers)
     if family == "sevennet":
-        ref = reference.evaluate(reference.sevenn_calculator(source, "float64"), atoms)
+        if modal is None:
+            from .modelfile import read_architecture
+
+            modal = read_architecture(model_path).get("source", {}).get("modal")
+        ref = reference.evaluate(reference.sevenn_calculator(source, "float64", modal), atoms)
     elif family == "mace":
         if head is None:
             from .modelfile import read_architecture
@@ -79,15 +88,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
         if args.family == "sevennet":
             from .convert import sevennet
 
-            sevennet.convert(args.source, tmp)
+            sevennet.convert(args.source, tmp, modal=args.modal)
         elif args.family == "mace":
             from .convert import mace
 
+            if args.modal is not None:
+                raise ValueError("--modal is for sevennet multi-fidelity models (mace: --head)")
             mace.convert(args.source, tmp, head=args.head)
         else:
             raise SystemExit(f"unknown model family {args.family!r}")
         if not args.no_verify:
-            verify(args.family, args.source, tmp, head=getattr(args, "head", None))
+            verify(args.family, args.source, tmp, head=args.head, modal=args.modal)
         os.replace(tmp, output)
     finally:
         if os.path.exists(tmp):
@@ -137,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint path; mace: model file saved with torch.save(model)",
     )
     p.add_argument("--head", default=None, help="mace multi-head models: the head to convert")
+    p.add_argument(
+        "--modal",
+        default=None,
+        help="sevennet multi-fidelity models: the modality (fidelity) to convert, by sevenn's "
+        "name (e.g. PBE or R2SCAN for 7net-mf-0)",
+    )
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--no-verify", action="store_true", help="skip the comparison with the source")
     p.set_defaults(func=cmd_convert)

@@ -26,22 +26,28 @@ def _onehot_to_float64(module: Any) -> None:
     module.forward = forward
 
 
-def sevenn_calculator(source: str, dtype: str = "float64") -> Any:
-    """sevenn's own SevenNetCalculator on the model `source`, built in `dtype`."""
+def sevenn_calculator(source: Any, dtype: str = "float64", modal: str | None = None) -> Any:
+    """sevenn's own SevenNetCalculator on the model `source` (a checkpoint path or
+    pretrained name, or a built sevenn model), in `dtype`: float64 models are BUILT
+    in float64 (e3nn's constants computed in float64, not cast from float32).
+    `modal`: the modality of a multi-fidelity model."""
     import sevenn.util
     import torch
     from sevenn.calculator import SevenNetCalculator
 
-    from .convert.sevennet import resolve_checkpoint
+    from .convert.sevennet import build_float64, resolve_checkpoint
 
-    checkpoint = sevenn.util.load_checkpoint(str(resolve_checkpoint(source)))
-    model = checkpoint.build_model()
+    if isinstance(source, torch.nn.Module):
+        model = source
+    else:
+        checkpoint = sevenn.util.load_checkpoint(str(resolve_checkpoint(source)))
+        model = build_float64(checkpoint) if dtype == "float64" else checkpoint.build_model()
     if dtype == "float64":
         model.to(torch.float64)
         _onehot_to_float64(model._modules["onehot_idx_to_onehot"])
     model.eval()
     model.set_is_batch_data(False)
-    calc = SevenNetCalculator(model, file_type="model_instance", device="cpu")
+    calc = SevenNetCalculator(model, file_type="model_instance", device="cpu", modal=modal)
     calc._e3fuse_dtype = dtype
     return calc
 

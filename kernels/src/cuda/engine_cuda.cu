@@ -391,17 +391,42 @@ class SevennetModel : public Model {
     Linear<T> self_connection, linear_1, linear_2;
     Conv<T> conv;
     Gate<T> gate;
+    // self_connection_type 'nequip': the self-connection is one linear per species
+    bool sc_per_species = false;
+    ElementLinear<T> sc_species;
   };
 
-  explicit SevennetModel(const cpu::TypedPlan<T>& plan) : geom_(make_geometry<T>(plan)) {
+  // `model`: the plan `plan` was made from (its per-species self-connections).
+  SevennetModel(const cpu::TypedPlan<T>& plan, const ModelPlan& model)
+      : geom_(make_geometry<T>(plan)) {
     embedding_dim_ = plan.embedding_dim;
     embedding_.upload(plan.embedding);
-    for (const auto& l : plan.layers) {
+    for (size_t t = 0; t < plan.layers.size(); ++t) {
+      const auto& l = plan.layers[t];
       if (l.self_connection.dim_out != l.linear_2.dim_out) {
         throw Error("internal: self-connection and linear_2 of different widths");
       }
-      Layer q{make_linear<T>(l.self_connection), make_linear<T>(l.linear_1),
-              make_linear<T>(l.linear_2), make_conv<T>(l.conv), make_gate<T>(l.gate)};
+      const SevennetLayer& source = model.layers.at(t);
+      const bool per_species = !source.self_connection_species.empty();
+      Linear<T> self_connection;
+      if (per_species) {  // the widths only: run as sc_species
+        self_connection.dim_in = l.self_connection.dim_in;
+        self_connection.dim_out = l.self_connection.dim_out;
+      } else {
+        self_connection = make_linear<T>(l.self_connection);
+      }
+      Layer q;
+      q.self_connection = std::move(self_connection);
+      q.linear_1 = make_linear<T>(l.linear_1);
+      q.linear_2 = make_linear<T>(l.linear_2);
+      q.conv = make_conv<T>(l.conv);
+      q.gate = make_gate<T>(l.gate);
+      if (per_species) {
+        q.sc_per_species = true;
+        q.sc_species = make_element_linear<T>(cpu::make_element_linear<T>(ElementLinearPlan{
+            source.self_connection.in, source.self_connection.out,
+            source.self_connection_species}));
+      }
       layers_.push_back(std::move(q));
     }
     for (const auto& r : plan.readout) readout_.push_back(make_linear<T>(r));
@@ -430,7 +455,10 @@ class SevennetModel : public Model {
       s.profiler.mark("linear forward", st);
       // the self-connection goes straight into the gate's input; linear_2 adds to it
       pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
-      linear_forward(l.self_connection, rows, x_.data(), pre_gate_[t].data(), st);
+      if (l.sc_per_species)
+        element_linear_forward(l.sc_species, rows, g.species, x_.data(), pre_gate_[t].data(), st);
+      else
+        linear_forward(l.self_connection, rows, x_.data(), pre_gate_[t].data(), st);
       DeviceArray<T>& x1 = x1_[recompute_x1 ? 0 : t];
       x1.resize(static_cast<size_t>(n) * l.linear_1.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
@@ -482,7 +510,11 @@ class SevennetModel : public Model {
       gate_backward(l.gate, rows, pre_gate_[t].data(), grad_.data(), grad_p_.data(), st);
       s.profiler.mark("linear backward", st);
       grad_.resize(static_cast<size_t>(n) * l.self_connection.dim_in);
-      linear_backward(l.self_connection, rows, grad_p_.data(), grad_.data(), false, st);
+      if (l.sc_per_species)
+        element_linear_backward(l.sc_species, rows, g.species, grad_p_.data(), grad_.data(), false,
+                                st);
+      else
+        linear_backward(l.self_connection, rows, grad_p_.data(), grad_.data(), false, st);
       // linear_1's rows may be more
       zero_rows(grad_.data(), rows, in_rows, static_cast<int>(l.self_connection.dim_in), st);
       // dE/dy reuses y's buffer: y is dead once linear_2 has run, and the two
@@ -937,7 +969,7 @@ class BackendImpl : public Backend {
     cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan, radial_tables);
     for (auto& layer : typed.layers)
       cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
-    return std::make_unique<SevennetModel<T>>(typed);
+    return std::make_unique<SevennetModel<T>>(typed, plan);
   }
 
   // after_sync: called once the step's results are on the host, before its errors are read.

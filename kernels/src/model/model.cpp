@@ -284,13 +284,23 @@ void build_common(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   }
 }
 
+ElementLinearPlan element_linear(PlanBuilder& b, const json::Value& v, int num_species);
+
 void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   build_common(b, arch, plan);
   const int num_species = static_cast<int>(plan.atomic_numbers.size());
   int64_t dim = plan.embedding_dim;
   for (const json::Value& lv : arch["layers"].array()) {
     SevennetLayer layer;
-    layer.self_connection = b.linear(lv["self_connection"]);
+    const json::Value& sc = lv["self_connection"];
+    if (sc.contains("elements")) {  // self_connection_type 'nequip'
+      ElementLinearPlan per_species = element_linear(b, sc, num_species);
+      layer.self_connection.in = per_species.in;
+      layer.self_connection.out = per_species.out;
+      layer.self_connection_species = std::move(per_species.per_species);
+    } else {
+      layer.self_connection = b.linear(sc);
+    }
     layer.linear_1 = b.linear(lv["linear_1"]);
     layer.conv = b.conv(lv["conv"], plan.sh);
     layer.linear_2 = b.linear(lv["linear_2"]);
@@ -680,7 +690,8 @@ std::string Model::summary() const {
          irreps_string(l.conv.out) + " (" + to_string(l.conv.paths.size()) + " paths, radial MLP";
     for (int d : l.conv.mlp.dims) s += " " + to_string(d);
     s += ", 1/" + num(l.conv.denominator) + ") -> " + irreps_string(l.linear_2.out) + " -> gate " +
-         to_string(l.gate.dim_out) + "\n";
+         to_string(l.gate.dim_out) +
+         (l.self_connection_species.empty() ? "" : ", self-connection per species") + "\n";
   }
   for (size_t t = 0; t < p.mace_layers.size(); ++t) {
     const MaceLayer& l = p.mace_layers[t];

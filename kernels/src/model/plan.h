@@ -92,11 +92,16 @@ struct GatePlan {
   int64_t dim_in = 0, dim_out = 0;
 };
 
+// self_connection_type 'linear': self_connection is an o3.Linear of x. 'nequip':
+// FullyConnectedTensorProduct(x, one-hot species), i.e. one linear map per species in
+// self_connection_species (as MACE's skip connection), and self_connection holds only
+// the irreps (no paths).
 struct SevennetLayer {
   LinearPlan self_connection, linear_1;
   ConvPlan conv;
   LinearPlan linear_2;
   GatePlan gate;
+  std::vector<LinearPlan> self_connection_species;  // 'nequip'; empty for 'linear'
 };
 
 enum class EnvelopeKind { xplor, polynomial };
