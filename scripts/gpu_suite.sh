@@ -5,7 +5,8 @@
 #   bash scripts/gpu_suite.sh [STEP ...]        (default: tests bench memory scaling)
 #
 # STEPs:
-#   tests               pytest -q -m "not slow" tests (GPU tests run: cuda_available() is true)
+#   tests               pytest -q -m "not slow" tests (GPU tests run: cuda_available() is true);
+#                       TESTS_K narrows it with -k, TESTS_FILES to some files
 #   bench[:WHICH]       benchmarks/bench_gpu.py; WHICH = 7net-0 | 7net-l3i5 | mace | all (default)
 #   calls[:WHICH]       bench_gpu.py --kinds model-call md-step (issue 21): the labelled "model
 #                       call" and "ASE MD step" of e3fuse and the packages (cueq, and e3nn up to
@@ -122,7 +123,10 @@ for step in "${STEPS[@]}"; do
   [[ $arg == "$step" ]] && arg=all
   case $kind in
   tests)
-    run_logged tests $PY -m pytest -q -m "not slow" -p no:cacheprovider tests || FAILED=1
+    # TESTS_K: a -k expression (e.g. "cuda"), TESTS_FILES: test files (default: tests)
+    # shellcheck disable=SC2086
+    run_logged tests $PY -m pytest -q -m "not slow" -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} \
+      ${TESTS_FILES:-tests} || FAILED=1
     ;;
   bench | memory | calls)
     for fm in $(which_models "$arg"); do
