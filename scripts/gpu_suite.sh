@@ -7,7 +7,8 @@
 # STEPs:
 #   tests               pytest -q -m "not slow" tests (GPU tests run: cuda_available() is true);
 #                       TESTS_K narrows it with -k, TESTS_FILES to some files
-#   bench[:WHICH]       benchmarks/bench_gpu.py; WHICH = 7net-0 | 7net-l3i5 | mace | all (default)
+#   bench[:WHICH]       benchmarks/bench_gpu.py; WHICH = 7net-0 | 7net-l3i5 | mace | omat0 |
+#                       mace-both (MACE-MP-0 and OMAT-0 medium arch.) | all (default)
 #   calls[:WHICH]       bench_gpu.py --kinds model-call md-step (issue 21): the labelled "model
 #                       call" and "ASE MD step" of e3fuse and the packages (cueq, and e3nn up to
 #                       4,000 atoms) at 864, 4,000 and 32,000 atoms -> calls_<model>_<gpu>.*
@@ -109,12 +110,16 @@ which_models() { # bench:WHICH -> family:model list
   7net-0) echo "sevennet:7net-0" ;;
   7net-l3i5) echo "sevennet:7net-l3i5" ;;
   mace) echo "mace:mp0-medium" ;;
+  omat0) echo "mace:omat0-medium" ;;
+  mace-both) echo "mace:mp0-medium mace:omat0-medium" ;;
   all) echo "sevennet:7net-0 sevennet:7net-l3i5 mace:mp0-medium" ;;
   *) echo "unknown:$1" ;;
   esac
 }
-mace_model_arg() { # the mace-torch model (built and converted by bench_gpu), else a carried .e3f
-  if have mace; then echo mp0-medium; else echo benchmarks/models/mace-mp0-medium-random.e3f; fi
+mace_model_arg() { # [architecture]: the mace-torch model (built and converted by bench_gpu),
+  # else a carried .e3f
+  local arch=${1:-mp0-medium}
+  if have mace; then echo "$arch"; else echo "benchmarks/models/mace-$arch-random.e3f"; fi
 }
 FAILED=0
 for step in "${STEPS[@]}"; do
@@ -136,7 +141,7 @@ for step in "${STEPS[@]}"; do
       [[ $kind == memory ]] && extra+=(--memory-scaling)
       [[ $kind == calls ]] && extra+=(--kinds model-call md-step)
       if [[ $fam == mace ]]; then
-        model=$(mace_model_arg)
+        model=$(mace_model_arg "$model")
       elif [[ $fam == sevennet ]]; then
         model_e3f "$model" >/dev/null
       else
