@@ -202,9 +202,9 @@ for step in "${STEPS[@]}"; do
   profile)
     for fm in $(which_models "$arg"); do
       m=${fm#*:}
-      if [[ $m == mp0-medium ]]; then
-        f=benchmarks/models/mace-mp0-medium-random.e3f
-        [[ -f $f ]] || $PY -c 'import sys; from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("benchmarks/models"))' >>"$LOG" 2>&1
+      if [[ ${fm%%:*} == mace ]]; then
+        f=benchmarks/models/mace-$m-random.e3f
+        [[ -f $f ]] || $PY -c 'import sys; from pathlib import Path; import mace_models; mace_models.model_files(sys.argv[1], Path("benchmarks/models"))' "$m" >>"$LOG" 2>&1
       else
         f=$(model_e3f "$m")
       fi
