@@ -27,6 +27,22 @@ inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel)
 
 inline int64_t blocks_for(int64_t work, int threads) { return (work + threads - 1) / threads; }
 
+// One warp per node (edge-walking kernels with few edges per lane): kWarp lanes.
+constexpr int kWarp = 32;
+
+// Sum over the warp; lane 0 holds the result (same tree every call).
+__device__ inline double warp_sum(double x) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    x += __shfl_down_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// The node of this thread's warp (uniform across the warp) and its lane.
+__device__ inline int64_t warp_node(int& lane) {
+  lane = static_cast<int>(threadIdx.x % kWarp);
+  return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+}
+
 // An integer setting from the environment (the E3FUSE_* switches kept to time variants),
 // or `fallback` when the variable is unset or not a number.
 inline int64_t env_int(const char* name, int64_t fallback) {

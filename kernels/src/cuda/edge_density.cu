@@ -14,20 +14,6 @@ namespace e3fuse::cuda {
 namespace {
 
 constexpr int kDensityThreads = 128;  // 4 nodes per block
-constexpr int kWarp = 32;
-
-// Sum over the warp; lane 0 holds the result (same tree every call).
-__device__ inline double warp_sum(double x) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2)
-    x += __shfl_down_sync(0xffffffffu, x, offset);
-  return x;
-}
-
-// The node of this thread's warp (uniform across the warp) and its lane.
-__device__ inline int64_t warp_node(int& lane) {
-  lane = static_cast<int>(threadIdx.x % kWarp);
-  return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
-}
 
 __device__ inline void density_edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
   const int64_t j = g.neighbors[e];
