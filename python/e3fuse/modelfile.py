@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-FORMAT_VERSION = 1
+# 2: MACE pair repulsion, distance transforms, density blocks, system inputs, SevenNet
+# per-species self-connections (a version-1 reader would ignore them silently)
+FORMAT_VERSION = 2
 METADATA_KEY = "e3fuse"
 
 _DTYPES = {

@@ -10,8 +10,10 @@
 namespace e3fuse {
 
 // Version of the .e3f format this build writes and reads. A file with a larger
-// version is refused with a message asking for a newer e3fuse.
-constexpr int kModelFormatVersion = 1;
+// version is refused with a message asking for a newer e3fuse. Version 2 added blocks a
+// version-1 reader would skip without a word (MACE pair_repulsion, radial transform and
+// apply_cutoff, density layers, joint_embedding; SevenNet per-species self-connections).
+constexpr int kModelFormatVersion = 2;
 
 struct ModelPlan;  // the internal execution plan (src/model/plan.h)
 
