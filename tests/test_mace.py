@@ -165,6 +165,44 @@ def converted(name: str, workdir: Path) -> tuple[Any, Path]:
     return _CACHE[name]
 
 
+def float64_energy(path: Path, atoms: Any) -> float:
+    """e3fuse's float64 CPU energy of `atoms` (a fresh calculator: no kept neighbor list)."""
+    a = atoms.copy()
+    a.calc = Calculator(str(path), device="cpu", dtype="float64")
+    return a.get_potential_energy()
+
+
+def finite_difference_forces(
+    path: Path, atoms: Any, entries: list[tuple[int, int]], h: float = 1e-5
+) -> list[float]:
+    """-dE/dx of the (atom, axis) entries by central differences."""
+    out = []
+    for i, axis in entries:
+        plus, minus = atoms.copy(), atoms.copy()
+        plus.positions[i, axis] += h
+        minus.positions[i, axis] -= h
+        out.append(-(float64_energy(path, plus) - float64_energy(path, minus)) / (2 * h))
+    return out
+
+
+def finite_difference_stress(
+    path: Path, atoms: Any, components: list[tuple[int, int]], h: float = 1e-5
+) -> list[float]:
+    """dE/d(strain_ab) / volume (ASE's sign) of the components by a symmetric central strain."""
+    out = []
+    for a, b in components:
+        energies = []
+        for sign in (1, -1):
+            strain = np.eye(3)
+            strain[a, b] += sign * h / 2
+            strain[b, a] += sign * h / 2
+            s = atoms.copy()
+            s.set_cell(atoms.cell.array @ strain, scale_atoms=True)
+            energies.append(float64_energy(path, s))
+        out.append((energies[0] - energies[1]) / (2 * h) / atoms.get_volume())
+    return out
+
+
 def e3fuse_eval(
     path: Path, atoms: Any, dtype: str = "float64", radial: str = "auto"
 ) -> dict[str, np.ndarray]:
@@ -312,26 +350,10 @@ def test_finite_differences(workdir: Path) -> None:
     calc = Calculator(str(path), device="cpu", dtype="float64")
     atoms.calc = calc
     forces, stress = atoms.get_forces(), atoms.get_stress(voigt=False)
-    h = 1e-5
-    for i, a in [(0, 0), (3, 1), (5, 2)]:
-        plus, minus = atoms.copy(), atoms.copy()
-        plus.positions[i, a] += h
-        minus.positions[i, a] -= h
-        plus.calc = minus.calc = Calculator(str(path), device="cpu", dtype="float64")
-        fd = -(plus.get_potential_energy() - minus.get_potential_energy()) / (2 * h)
+    entries, components = [(0, 0), (3, 1), (5, 2)], [(0, 0), (1, 2), (0, 1)]
+    for (i, a), fd in zip(entries, finite_difference_forces(path, atoms, entries)):
         assert abs(fd - forces[i, a]) < 1e-7
-    volume = atoms.get_volume()
-    for a, b in [(0, 0), (1, 2), (0, 1)]:
-        energies = []
-        for sign in (1, -1):
-            strain = np.eye(3)
-            strain[a, b] += sign * h / 2
-            strain[b, a] += sign * h / 2
-            s = atoms.copy()
-            s.set_cell(atoms.cell.array @ strain, scale_atoms=True)
-            s.calc = Calculator(str(path), device="cpu", dtype="float64")
-            energies.append(s.get_potential_energy())
-        fd = (energies[0] - energies[1]) / (2 * h) / volume
+    for (a, b), fd in zip(components, finite_difference_stress(path, atoms, components)):
         assert abs(fd - stress[a, b]) < 1e-8
 
 

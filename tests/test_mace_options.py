@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
 from conftest import DEVICES  # noqa: E402
-from test_mace import build_mace, structure  # noqa: E402
+from test_mace import build_mace, finite_difference_forces, finite_difference_stress, structure  # noqa: E402
 
 from e3fuse import reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
@@ -182,31 +182,14 @@ def test_finite_differences(workdir: Path) -> None:
     atoms = structure(_elements("combined"), seed=4)
     base = evaluate(path, atoms, "cpu")
 
-    def energy(a: Any) -> float:
-        a = a.copy()
-        a.calc = Calculator(str(path), device="cpu", dtype="float64")
-        return a.get_potential_energy()
-
-    h = 1e-5
-    for i, axis in [(0, 0), (5, 1), (7, 2)]:
-        plus, minus = atoms.copy(), atoms.copy()
-        plus.positions[i, axis] += h
-        minus.positions[i, axis] -= h
-        fd = -(energy(plus) - energy(minus)) / (2 * h)
+    entries = [(0, 0), (5, 1), (7, 2)]
+    for (i, axis), fd in zip(entries, finite_difference_forces(path, atoms, entries)):
         assert abs(fd - base["forces"][i, axis]) < 1e-7
     stress = atoms.copy()
     stress.calc = Calculator(str(path), device="cpu", dtype="float64")
     full = stress.get_stress(voigt=False)
-    for a, b in [(0, 0), (1, 2)]:
-        values = []
-        for sign in (1, -1):
-            strain = np.eye(3)
-            strain[a, b] += sign * h / 2
-            strain[b, a] += sign * h / 2
-            s = atoms.copy()
-            s.set_cell(atoms.cell.array @ strain, scale_atoms=True)
-            values.append(energy(s))
-        fd = (values[0] - values[1]) / (2 * h) / atoms.get_volume()
+    components = [(0, 0), (1, 2)]
+    for (a, b), fd in zip(components, finite_difference_stress(path, atoms, components)):
         assert abs(fd - full[a, b]) < 1e-8
 
 
