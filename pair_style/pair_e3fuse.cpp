@@ -291,9 +291,9 @@ int PairE3fuse::choose_gpu() {
 std::shared_ptr<const e3fuse::Model> PairE3fuse::with_system_inputs(
     std::shared_ptr<const e3fuse::Model> model) {
   const std::vector<e3fuse::Model::SystemInput> inputs = model->system_inputs();
-  for (const auto &kv : system_inputs_) {
+  for (const auto& kv : system_inputs_) {
     bool known = false;
-    for (const auto &in : inputs) known = known || in.key == kv.first;
+    for (const auto& in : inputs) known = known || in.key == kv.first;
     if (!known)
       throw std::runtime_error("pair_style keyword '" + kv.first +
                                "' given, but the model has no such per-system input");
@@ -301,7 +301,7 @@ std::shared_ptr<const e3fuse::Model> PairE3fuse::with_system_inputs(
   if (inputs.empty()) return model;
   std::vector<double> values;
   std::string used;
-  for (const auto &in : inputs) {
+  for (const auto& in : inputs) {
     const auto given = system_inputs_.find(in.key);
     values.push_back(given != system_inputs_.end() ? given->second : in.default_value);
     used += " " + in.key + " " + std::to_string(values.back()) +

@@ -157,9 +157,8 @@ void density_scale_backward(int64_t rows, int64_t n, int dim, const T* m, const 
                             const double* rho, int gy_dim, T* gy, double* grad_rho,
                             cudaStream_t stream) {
   if (n == 0) return;
-  density_grad_rho_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(n * kWarp, kDensityThreads)), kDensityThreads, 0,
-         stream>>>(rows, n, dim, m, gm, rho, grad_rho);
+  density_grad_rho_kernel<T><<<static_cast<unsigned>(blocks_for(n * kWarp, kDensityThreads)),
+                               kDensityThreads, 0, stream>>>(rows, n, dim, m, gm, rho, grad_rho);
   check_launch("density_grad_rho_kernel");
   density_scale_forward<T>(rows, gy_dim, rho, gy, stream);  // dE/dS = dE/dy / (1 + rho)
 }

@@ -423,9 +423,9 @@ class SevennetModel : public Model {
       q.gate = make_gate<T>(l.gate);
       if (per_species) {
         q.sc_per_species = true;
-        q.sc_species = make_element_linear<T>(cpu::make_element_linear<T>(ElementLinearPlan{
-            source.self_connection.in, source.self_connection.out,
-            source.self_connection_species}));
+        q.sc_species = make_element_linear<T>(cpu::make_element_linear<T>(
+            ElementLinearPlan{source.self_connection.in, source.self_connection.out,
+                              source.self_connection_species}));
       }
       layers_.push_back(std::move(q));
     }
