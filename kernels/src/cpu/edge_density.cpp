@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
+#include "ops/edge_vector.h"
 #include "ops/radial.h"
 
 namespace e3fuse::cpu {
@@ -35,17 +36,6 @@ void density_of_edge(const TypedPlan<T>& plan, const double* weights, int pair, 
   ops::edge_density(nb, weights, emb, demb, plan.apply_cutoff, f, df, value, grad);
 }
 
-// Edge vector of CSR entry e (receiver i), as conv.cpp's gather_tile.
-inline void edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
-  const double* pi = g.positions + 3 * i;
-  const double* pj = g.positions + 3 * static_cast<int64_t>(g.neighbors[e]);
-  for (int a = 0; a < 3; ++a) v[a] = pj[a] - pi[a];
-  if (g.shift_index) {
-    const double* s = g.shifts + 3 * static_cast<int64_t>(g.shift_index[e]);
-    for (int a = 0; a < 3; ++a) v[a] += s[a];
-  }
-}
-
 }  // namespace
 
 template <class T>
@@ -57,7 +47,7 @@ void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& w
     double sum = 0.0;
     for (int64_t e = g.row_offsets[i]; e < g.row_offsets[i + 1]; ++e) {
       double v[3];
-      edge_vector(g, i, e, v);
+      ops::edge_vector(g, i, e, v);
       const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
       if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
       const int pair = g.species[i] * plan.num_species + g.species[g.neighbors[e]];
@@ -82,7 +72,7 @@ void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& 
       const double gsum = grad_rho[k] + grad_rho[j];
       if (gsum == 0.0) continue;
       double v[3];
-      edge_vector(g, k, e, v);
+      ops::edge_vector(g, k, e, v);
       const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
       if (r2 >= cutoff2 || r2 == 0.0) continue;
       const double r = std::sqrt(r2);

@@ -7,6 +7,7 @@
 // measured 2.2 ms per MACE-OMAT-0-arch. call at 864 atoms on an H100 (latency of its serial
 // double-precision edge loop, 864 threads).
 #include "cuda/conv.cuh"
+#include "ops/edge_vector.h"
 #include "ops/radial.h"
 
 namespace e3fuse::cuda {
@@ -14,15 +15,6 @@ namespace e3fuse::cuda {
 namespace {
 
 constexpr int kDensityThreads = 128;  // 4 nodes per block
-
-__device__ inline void density_edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
-  const int64_t j = g.neighbors[e];
-  for (int a = 0; a < 3; ++a) v[a] = g.positions[3 * j + a] - g.positions[3 * i + a];
-  if (g.shift_index) {
-    const double* s = g.shifts + 3 * static_cast<int64_t>(g.shift_index[e]);
-    for (int a = 0; a < 3; ++a) v[a] += s[a];
-  }
-}
 
 // The edge density of the edge (i, j) at distance r, and its r-derivative.
 template <class T>
@@ -52,7 +44,7 @@ __global__ void edge_density_forward_kernel(typename Geometry<T>::View geo, cons
   double sum = 0.0;
   for (int64_t e = g.row_offsets[i] + lane; e < g.row_offsets[i + 1]; e += kWarp) {
     double v[3];
-    density_edge_vector(g, i, e, v);
+    ops::edge_vector(g, i, e, v);
     const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
     if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
     double value, grad;
@@ -77,7 +69,7 @@ __global__ void edge_density_backward_kernel(typename Geometry<T>::View geo, con
     const double gsum = grad_rho[k] + grad_rho[j];
     if (gsum == 0.0) continue;
     double v[3];
-    density_edge_vector(g, k, e, v);
+    ops::edge_vector(g, k, e, v);
     const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
     if (r2 >= cutoff2 || r2 == 0.0) continue;
     const double r = sqrt(r2);

@@ -15,6 +15,7 @@
 
 #include "e3fuse/system.h"
 #include "model/plan.h"
+#include "ops/edge_vector.h"
 #include "ops/radial.h"
 
 namespace e3fuse::ops {
@@ -87,16 +88,6 @@ E3F_HD void pair_repulsion_half(const PairRepulsionView& v, int si, int sj, doub
   de = 0.5 * coulomb * ((dphi - phi / r) * f + phi * df);
 }
 
-// v = positions[j] - positions[i] + shift of edge e (row i, sender j = neighbors[e]).
-E3F_HD void pair_edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
-  const int64_t j = g.neighbors[e];
-  for (int a = 0; a < 3; ++a) v[a] = g.positions[3 * j + a] - g.positions[3 * i + a];
-  if (g.shift_index) {
-    const double* s = g.shifts + 3 * static_cast<int64_t>(g.shift_index[e]);
-    for (int a = 0; a < 3; ++a) v[a] += s[a];
-  }
-}
-
 // Node i's energy: the sum of 0.5 V over its edges inside the model cutoff.
 // (first, stride: the share of node i's edges one GPU lane takes; 0, 1 for all of them.)
 E3F_HD double pair_repulsion_node_energy(const PairRepulsionView& zbl, const GraphView& g,
@@ -104,7 +95,7 @@ E3F_HD double pair_repulsion_node_energy(const PairRepulsionView& zbl, const Gra
   double energy = 0.0;
   for (int64_t e = g.row_offsets[i] + first; e < g.row_offsets[i + 1]; e += stride) {
     double v[3];
-    pair_edge_vector(g, i, e, v);
+    edge_vector(g, i, e, v);
     const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
     if (r2 >= zbl.cutoff2 || r2 == 0.0) continue;  // r = 0 is reported by the convolution
     double half, dhalf;
@@ -129,7 +120,7 @@ E3F_HD void pair_repulsion_node_gradient(const PairRepulsionView& zbl, const Gra
     const int count = (k_counts ? 1 : 0) + (j < g.num_energy_nodes ? 1 : 0);
     if (count == 0) continue;
     double v[3];
-    pair_edge_vector(g, k, e, v);
+    edge_vector(g, k, e, v);
     const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
     if (r2 >= zbl.cutoff2 || r2 == 0.0) continue;
     const double r = std::sqrt(r2);
