@@ -392,7 +392,10 @@ def convert(source: str, output: str | Path, modal: str | None = None) -> dict[s
     """Write the .e3f file; returns the architecture dictionary. `modal`: the
     modality of a multi-fidelity model (required there, refused elsewhere)."""
     import sevenn
+    import sevenn.util
 
+    # a missing or unknown modality fails before the model is built (seconds)
+    choose_modality(sevenn.util.load_checkpoint(str(resolve_checkpoint(source))).config, modal)
     model, config, path = load_sevenn_model(source)
     info = {
         "kind": "sevenn",
