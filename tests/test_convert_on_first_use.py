@@ -345,3 +345,28 @@ def test_usage_lines_of_a_many_element_model() -> None:
     assert "pair_coeff * * omat.e3f Cu Ni O" in text
     assert "the model's 89 elements:" in text
     assert "H He Li" in text and text.rstrip().endswith('# GPU: device="cuda", dtype="float32"')
+
+
+@pytest.mark.slow
+def test_two_processes_converting_at_once(models: dict[str, Path], cache_dir: Path) -> None:
+    """Two processes converting the same model into the same cache at the same time: each
+    writes its own temporary file and renames it over the target, so both end with a whole,
+    loadable file and no temporary is left."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"import e3fuse; print(e3fuse.Calculator({str(models['mace'])!r}).model_path)"
+    env = {**os.environ, "E3FUSE_CACHE": str(cache_dir)}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate() for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err.decode() for _, err in outputs]
+    paths = {out.decode().strip() for out, _ in outputs}
+    assert len(paths) == 1
+    assert _cache_files(cache_dir) == [Path(paths.pop()).name]
+    assert np.isfinite(_energy_forces(e3fuse.Calculator(models["mace"]), _atoms())[0])

@@ -289,3 +289,24 @@ def test_loading_an_e3f_never_imports_torch(sevennet0_path: Path, tmp_path: Path
     assert "pip install torch e3nn sevenn" in lines[2] and "'7net-0'" in lines[2]
     assert lines[3].startswith("wrong file:") and "is a JSON file" in lines[3]
     assert lines[4] == "loaded: []"
+
+
+def test_cli_convert_names_wrong_sources(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.json"
+    _write_json(path)
+    output = tmp_path / "out.e3f"
+    assert cli.main(["convert", "mace", str(path), "-o", str(output)]) == 1
+    assert "is a JSON file" in capsys.readouterr().err
+    sevenn_like = tmp_path / "checkpoint.pth"  # a torch.save zip of a sevenn checkpoint dict
+    with zipfile.ZipFile(sevenn_like, "w") as archive:
+        archive.writestr(
+            "c/data.pkl",
+            b"\x80\x02}q\x00(X\x06\x00\x00\x00configq\x01}q\x02"
+            b"X\x10\x00\x00\x00model_state_dictq\x03}q\x04u.",
+        )
+    assert filekind.identify(sevenn_like).family == "sevennet"
+    assert cli.main(["convert", "mace", str(sevenn_like), "-o", str(output)]) == 1
+    assert "is a sevenn checkpoint, not a mace model" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pth", "config.json"]

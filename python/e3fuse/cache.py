@@ -97,6 +97,17 @@ def converted_model(
             log.info("using %s converted before: %s", description, found)
             return found
     conversion.require_packages(family, description)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path.parent, os.W_OK)
+    except OSError:
+        writable = False
+    if not writable:
+        raise PermissionError(
+            f"cannot write e3fuse's cache {str(path.parent)!r} (for {description}): set "
+            "E3FUSE_CACHE to a writable directory, or convert with `e3fuse convert` and pass "
+            "the .e3f file"
+        )
     progress(
         f"converting {description} to an .e3f model file (first use; later calls reuse it): {path}"
     )

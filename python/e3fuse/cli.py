@@ -47,10 +47,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .modelfile import read_architecture
 
     output = Path(args.output)
-    if args.family == "sevennet" and args.head is not None:
-        raise ValueError("--head is for mace multi-head models (sevennet: --modal)")
-    if args.family == "mace" and args.modal is not None:
-        raise ValueError("--modal is for sevennet multi-fidelity models (mace: --head)")
     convert_to_file(
         args.family,
         args.source,

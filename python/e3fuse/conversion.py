@@ -140,6 +140,8 @@ def convert_to_file(
             f"modal={modal!r} is for SevenNet multi-fidelity models; mace-torch multi-head "
             "models take head= (--head)"
         )
+    if isinstance(source, (str, os.PathLike)) and os.path.isfile(source):
+        _check_source_file(family, source)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
@@ -160,3 +162,19 @@ def convert_to_file(
         if os.path.exists(tmp):
             os.unlink(tmp)
     return diff
+
+
+def _check_source_file(family: str, source: str | os.PathLike[str]) -> None:
+    """A wrong source file is named before torch reads it (e3fuse.filekind)."""
+    from .filekind import identify
+
+    kind = identify(source)
+    if kind.kind == "e3f":
+        raise ValueError(f"{os.fspath(source)!r} is already an .e3f model file")
+    if kind.problem:
+        raise ValueError(kind.problem)
+    if kind.family != family:
+        raise ValueError(
+            f"{os.fspath(source)!r} is a {kind.kind.replace('-', ' ')}, not a {family} model: "
+            f"convert it as {kind.family} (e3fuse convert {kind.family} ...)"
+        )

@@ -63,6 +63,9 @@ def identify(path: str | Path) -> FileKind:
         )
     with open(path, "rb") as f:
         head = f.read(64)
+        # first: a header length can begin with any byte ('{' for 123 + 256 k)
+        if size >= 8 and _looks_like_safetensors(head, size):
+            return _identify_safetensors(f, size, where)
         if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
             return _identify_zip(path, where)
         if head.startswith(LEGACY_TORCH_PREFIX):
@@ -74,8 +77,6 @@ def identify(path: str | Path) -> FileKind:
         text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
         if text[:1] in (b"{", b"["):
             return _identify_json(path, where)
-        if size >= 8 and _looks_like_safetensors(head, size):
-            return _identify_safetensors(f, size, where)
     if size < 8:
         return FileKind(
             "too-short",

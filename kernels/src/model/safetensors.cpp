@@ -111,7 +111,8 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& ori
               " bytes, need at least 8)");
   }
   uint64_t header_len = load_le<uint64_t>(reinterpret_cast<const unsigned char*>(b.data()));
-  const std::string other = other_file_kind(b);
+  // an implausible header length and known first bytes: another kind of file, not a cut one
+  const std::string other = header_len > kMaxHeaderSize ? other_file_kind(b) : "";
   if (header_len > size - 8 && !other.empty()) {
     file.fail("not an e3fuse model file but " + other +
               "; convert the source model with `e3fuse convert` (e3fuse.Calculator converts it "
