@@ -104,10 +104,12 @@ def identify(path: str | Path) -> FileKind:
 
 
 def _looks_like_safetensors(head: bytes, size: int) -> bool:
-    """An 8-byte little-endian header length of a plausible size, then a JSON object
-    (or the end of a file cut right after the length)."""
+    """An 8-byte little-endian header length of a plausible size: within the file, or
+    followed by a JSON object (or by the end of a file cut right after the length)."""
     (length,) = struct.unpack("<Q", head[:8])
-    return 0 < length <= MAX_HEADER_BYTES and (len(head) == 8 or head[8:9] == b"{")
+    if not 0 < length <= MAX_HEADER_BYTES:
+        return False
+    return length <= size - 8 or len(head) == 8 or head[8:9] == b"{"
 
 
 def _identify_safetensors(f: IO[bytes], size: int, where: str) -> FileKind:
