@@ -147,15 +147,19 @@ def convert_to_file(
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     os.close(fd)
     try:
+        reference_source = source
         if family == "sevennet":
             from .convert import sevennet
 
-            sevennet.convert(source, tmp, modal=modal)
+            # the reference is the same float64 build of the checkpoint that verify would make
+            _, reference_source = sevennet.convert_keeping_model(source, tmp, modal=modal)
         else:
             from .convert import mace
 
             mace.convert(source, tmp, head=head)
-        diff = verify(family, source, tmp, quiet=quiet, head=head, modal=modal) if check else None
+        diff = None
+        if check:
+            diff = verify(family, reference_source, tmp, quiet=quiet, head=head, modal=modal)
         os.chmod(tmp, 0o644)  # mkstemp's file is private (0600); a model file is not
         os.replace(tmp, output)
     finally:
