@@ -56,16 +56,16 @@ def cache_key(source_sha256: str, family: str, selector: str | None) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def _file_name_part(text: str) -> str:
+def safe_file_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "_", text).strip("._") or "model"
 
 
 def cache_path(source_sha256: str, family: str, selector: str | None, label: str) -> Path:
     """The cache file of a conversion; `label` (the source's name) only makes it readable."""
     key = cache_key(source_sha256, family, selector)
-    readable = _file_name_part(label)
+    readable = safe_file_name(label)
     if selector is not None:
-        readable += "-" + _file_name_part(selector)
+        readable += "-" + safe_file_name(selector)
     return cache_dir() / f"{readable}-{key[:16]}.e3f"
 
 

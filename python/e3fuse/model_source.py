@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from . import cache, filekind
 from .modelfile import read_architecture, sha256_of_file
@@ -34,8 +33,10 @@ def _error(message: str) -> Exception:
     return E3fuseError(message)
 
 
-def resolve(model: str | os.PathLike[str], modal: str | None = None, head: str | None = None):
-    """The .e3f file for `model` (see the module docstring); -> ResolvedModel."""
+def resolve(
+    model: str | os.PathLike[str], modal: str | None = None, head: str | None = None
+) -> ResolvedModel:
+    """The .e3f file for `model` (see the module docstring)."""
     text = os.fspath(model)
     path = Path(text).expanduser()
     if path.is_dir():
@@ -141,7 +142,7 @@ def _check_selection(path: Path, modal: str | None, head: str | None) -> None:
 
 
 def _names_file(name: str) -> Path:
-    return cache.cache_dir() / "pretrained" / f"{cache._file_name_part(name.lower())}.json"
+    return cache.cache_dir() / "pretrained" / f"{cache.safe_file_name(name.lower())}.json"
 
 
 def pretrained_checkpoint(name: str) -> tuple[Path, str]:
@@ -157,10 +158,9 @@ def pretrained_checkpoint(name: str) -> tuple[Path, str]:
             return Path(known["checkpoint"]), str(known["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    conversion_packages = f"the SevenNet pretrained model {name!r}"
     from . import conversion
 
-    conversion.require_packages("sevennet", conversion_packages)
+    conversion.require_packages("sevennet", f"the SevenNet pretrained model {name!r}")
     import sevenn
     import sevenn.util
 
@@ -168,7 +168,7 @@ def pretrained_checkpoint(name: str) -> tuple[Path, str]:
     try:
         checkpoint = Path(sevenn.util.pretrained_name_to_path(name))
     except ValueError as err:
-        known_names: Any = getattr(sevenn.util, "get_available_pretrained_models", lambda: [])()
+        known_names = getattr(sevenn.util, "get_available_pretrained_models", list)()
         raise FileNotFoundError(
             f"{name!r} is not a file, nor a pretrained model name sevenn {sevenn.__version__} "
             f"knows ({', '.join(known_names) or 'see its documentation'})"
