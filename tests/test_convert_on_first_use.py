@@ -294,10 +294,20 @@ def test_failed_verification_leaves_no_file(
     def wrong(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("conversion does NOT reproduce the source model (test)")
 
+    import os
+    import time
+
     monkeypatch.setattr(conversion, "verify", wrong)
+    # temporaries of killed conversions: removed once a day old, young ones are left alone
+    cache_dir.mkdir()
+    old, young = cache_dir / ".tiny-x.e3f.abc.tmp", cache_dir / ".tiny-x.e3f.def.tmp"
+    for temporary in (old, young):
+        temporary.write_bytes(b"partial")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
     with pytest.raises(RuntimeError, match="does NOT reproduce"):
         e3fuse.Calculator(models["mace"])
-    assert _cache_files(cache_dir) == []
+    assert _cache_files(cache_dir) == [young.name]
 
 
 @pytest.mark.slow

@@ -69,6 +69,21 @@ def cache_path(source_sha256: str, family: str, selector: str | None, label: str
     return cache_dir() / f"{readable}-{key[:16]}.e3f"
 
 
+STALE_AFTER_S = 24 * 3600
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Temporary files of conversions that ended without cleaning up (a killed process),
+    once they are a day old: a conversion still writing its file is far younger."""
+    now = time.time()
+    for stale in directory.glob(".*.tmp"):
+        try:
+            if now - stale.stat().st_mtime > STALE_AFTER_S:
+                stale.unlink()
+        except OSError:  # gone meanwhile, or not ours to remove
+            pass
+
+
 def progress(message: str) -> None:
     """One line on stderr: conversions take seconds to minutes and happen once."""
     print(f"e3fuse: {message}", file=sys.stderr, flush=True)
@@ -108,6 +123,7 @@ def converted_model(
             "E3FUSE_CACHE to a writable directory, or convert with `e3fuse convert` and pass "
             "the .e3f file"
         )
+    remove_stale_temporaries(path.parent)
     progress(
         f"converting {description} to an .e3f model file (first use; later calls reuse it): {path}"
     )
