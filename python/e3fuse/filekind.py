@@ -87,8 +87,8 @@ def identify(path: str | Path) -> FileKind:
         return FileKind(
             "text",
             problem=f"{where} is a text file (it starts with "
-            f"{head[:40].decode(errors='replace')!r}), not a model (a training configuration?): "
-            f"{ACCEPTED}",
+            f"{head[:40].decode(errors='replace')!r}), not a model (a configuration or "
+            f"structure file?): {ACCEPTED}",
         )
     return FileKind(
         "unknown",
