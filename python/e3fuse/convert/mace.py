@@ -601,7 +601,8 @@ def extract(
             default = [h for h in heads if h.lower() == "default"]
             if not default:
                 raise UnsupportedModel(
-                    f"the model has several heads ({', '.join(heads)}); choose one with --head"
+                    f"the model has several heads ({', '.join(heads)}); choose one with --head "
+                    "(e3fuse.Calculator: head=)"
                 )
             head = default[0]
         else:
