@@ -608,6 +608,10 @@ class MaceModel : public Model {
     embedding_dim_ = typed.embedding_dim;
     embedding_.upload(typed.embedding);
     for (const MaceLayer& l : plan.mace_layers) {
+      if (l.nonlinear_block)
+        throw Error(
+            "RealAgnosticResidualNonLinearInteractionBlock is not implemented on the CUDA backend "
+            "yet; use device 'cpu'");
       const cpu::MaceBlock<T> h = cpu::make_mace_block<T>(l, radial_tables ? &plan : nullptr);
       Layer q;
       q.residual = h.residual;
