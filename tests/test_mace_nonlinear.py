@@ -92,15 +92,11 @@ def _build(name: str, dtype: str = "float64", elements: tuple[int, ...] | None =
             last = inter.conv_tp_weights.net[-1]
             last.weight.mul_(RADIAL_SCALE)
             last.bias.mul_(RADIAL_SCALE)
-    if dtype == "float32":  # the same weights, built in float32 (constants rounded as mace's)
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float32)
-        try:
-            model32 = build_mace(**options)
-        finally:
-            torch.set_default_dtype(previous)
-        model32 = model32.float()
-        model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    if dtype == "float32":  # built in float32 (its constants so), the float64 model's weights
+        model32 = build_mace(**options, dtype=torch.float32)
+        params = {k: v.float() for k, v in model.named_parameters()}
+        missing = model32.load_state_dict(params, strict=False).missing_keys
+        assert not set(missing) & set(params)
         return model32.eval()
     return model
 
@@ -163,7 +159,7 @@ def test_nonlinear_block_float32(name: str, device: str, workdir: Path) -> None:
     f32 = evaluate(path32, atoms, device, "float32")
     assert np.abs(f32["forces"] - ref["forces"]).max() < FORCES_F32
     # float32 weights and float32 sums of ~400 eV per atom
-    assert abs(f32["energy"] - float(ref["energy"])) < 1e-6 * abs(float(ref["energy"]))
+    assert abs(f32["energy"] - float(ref["energy"])) < 2e-6 * abs(float(ref["energy"]))
 
 
 @pytest.mark.parametrize("device", DEVICES)
