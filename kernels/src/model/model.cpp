@@ -751,8 +751,15 @@ std::string Model::summary() const {
     s += "layer " + to_string(t) + ":       " + irreps_string(l.linear_up.in) + " -> conv " +
          irreps_string(l.conv.out) + " (" + to_string(l.conv.paths.size()) + " paths, radial MLP";
     for (int d : l.conv.mlp.dims) s += " " + to_string(d);
-    s += (l.density ? std::string(", 1/(1 + density)") : ", 1/" + num(l.conv.denominator)) +
-         ") -> " + irreps_string(l.linear.out) + " -> product (correlation";
+    if (l.nonlinear_block) {  // mace's non-linear block: RadialMLP, density MLP, gate
+      for (int d : l.conv.radial_mlp.dims) s += " " + to_string(d);
+      s += " (LayerNorm, species pair), 1/(" + num(l.alpha) + " + " + num(l.beta) +
+           " density)) -> " + irreps_string(l.linear.out) + " + linear_res -> gate -> " +
+           irreps_string(l.linear_2.out) + " -> product (correlation";
+    } else {
+      s += (l.density ? std::string(", 1/(1 + density)") : ", 1/" + num(l.conv.denominator)) +
+           ") -> " + irreps_string(l.linear.out) + " -> product (correlation";
+    }
     for (const auto& c : l.product.contractions)
       s += " " + to_string(c.terms.empty() ? 0 : c.terms.back().nu);
     s += ") -> " + irreps_string(l.product_linear.out) + (l.residual ? ", residual" : "") +
