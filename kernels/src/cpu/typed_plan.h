@@ -58,9 +58,12 @@ struct RadialTable {
 // step until the midpoint errors are below float32 rounding (cpu/radial_table.cpp).
 // With a MACE distance transform the table is that of one species pair, whose r_0 is `r0`;
 // min_intervals: start the refinement there (pair tables share one grid, see Conv).
+// With `rmlp` (mace's RadialMLP) the table is that network's for the ordered species pair
+// `pair` (s_receiver * S + s_sender), and `mlp` is ignored.
 template <class T>
 RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0 = 0.0,
-                                 int min_intervals = 0);
+                                 int min_intervals = 0, const RadialMlpPlan* rmlp = nullptr,
+                                 int pair = 0);
 
 template <class T>
 struct Conv {
@@ -91,6 +94,10 @@ struct Conv {
   std::vector<RadialTable<T>> pair_tables;
   MlpPlan mlp_plan;                     // to build pair tables (double weights)
   const ModelPlan* table_of = nullptr;  // the model (outlives the engine's typed plans)
+  // mace's non-linear block: the RadialMLP of ConvPlan::radial_mlp (in the model), whose
+  // tables are per ORDERED pair (s_receiver, s_sender): pair_table[a * S + b] then need not
+  // equal pair_table[b * S + a].
+  const RadialMlpPlan* radial_mlp = nullptr;
   bool tabulated() const { return !table.empty() || !pair_table.empty(); }
   const RadialTable<T>& table_for_pair(int pair) const {
     return pair_table.empty() ? table : pair_tables[static_cast<size_t>(pair_table[pair])];
@@ -109,16 +116,21 @@ bool ensure_pair_tables(Conv<T>& conv, int64_t n, const int32_t* species) {
   const ops::TransformParams tp{model.radial.transform, model.radial.agnesi_q,
                                 model.radial.agnesi_p, model.radial.agnesi_a,
                                 model.radial.soft_alpha};
+  const bool ordered = conv.radial_mlp != nullptr;
+  auto r0_of = [&](int a, int b) {
+    return model.radial.pair_dependent() ? ops::transform_r0(tp, model.radial.covalent_radii[a],
+                                                             model.radial.covalent_radii[b])
+                                         : 0.0;
+  };
   bool built = false;
   for (int a = 0; a < S; ++a)
-    for (int b = a; b < S; ++b) {
+    for (int b = ordered ? 0 : a; b < S; ++b) {
       if (!present[a] || !present[b] || conv.pair_table[a * S + b] >= 0) continue;
-      const double r0 =
-          ops::transform_r0(tp, model.radial.covalent_radii[a], model.radial.covalent_radii[b]);
       const int grid = conv.pair_tables.empty() ? 0 : conv.pair_tables.front().intervals;
-      conv.pair_tables.push_back(make_radial_table<T>(model, conv.mlp_plan, r0, grid));
-      conv.pair_table[a * S + b] = conv.pair_table[b * S + a] =
-          static_cast<int>(conv.pair_tables.size()) - 1;
+      conv.pair_tables.push_back(make_radial_table<T>(model, conv.mlp_plan, r0_of(a, b), grid,
+                                                      conv.radial_mlp, a * S + b));
+      conv.pair_table[a * S + b] = static_cast<int>(conv.pair_tables.size()) - 1;
+      if (!ordered) conv.pair_table[b * S + a] = conv.pair_table[a * S + b];
       built = true;
     }
   if (!built) return false;
@@ -126,12 +138,11 @@ bool ensure_pair_tables(Conv<T>& conv, int64_t n, const int32_t* species) {
   int finest = 0;
   for (const RadialTable<T>& t : conv.pair_tables) finest = std::max(finest, t.intervals);
   for (int a = 0; a < S; ++a)
-    for (int b = a; b < S; ++b) {
+    for (int b = ordered ? 0 : a; b < S; ++b) {
       const int slot = conv.pair_table[a * S + b];
       if (slot < 0 || conv.pair_tables[slot].intervals == finest) continue;
-      const double r0 =
-          ops::transform_r0(tp, model.radial.covalent_radii[a], model.radial.covalent_radii[b]);
-      conv.pair_tables[slot] = make_radial_table<T>(model, conv.mlp_plan, r0, finest);
+      conv.pair_tables[slot] = make_radial_table<T>(model, conv.mlp_plan, r0_of(a, b), finest,
+                                                    conv.radial_mlp, a * S + b);
     }
   return true;
 }
@@ -243,7 +254,17 @@ Conv<T> make_conv(const ConvPlan& p, const ModelPlan* table_of = nullptr) {
     c.paths.push_back(std::move(q));
   }
   c.mlp = make_mlp<T>(p.mlp);
-  if (table_of && table_of->radial.pair_dependent()) {
+  if (!p.radial_mlp.empty()) {
+    // mace's RadialMLP: only tabulated, per ordered species pair. Without table_of (the
+    // per-edge radial MLP) the engines refuse the model (see MaceRunner).
+    if (table_of) {
+      const size_t S = table_of->atomic_numbers.size();
+      c.pair_table.assign(S * S, -1);
+      c.mlp_plan = p.mlp;
+      c.table_of = table_of;
+      c.radial_mlp = &p.radial_mlp;
+    }
+  } else if (table_of && table_of->radial.pair_dependent()) {
     const size_t S = table_of->atomic_numbers.size();
     c.pair_table.assign(S * S, -1);
     c.mlp_plan = p.mlp;

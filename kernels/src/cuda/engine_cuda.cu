@@ -601,6 +601,18 @@ class MaceModel : public Model {
     T act_scale = T(1);
     bool density = false;  // divide the convolution by 1 + rho (cpu::MaceBlock)
     DeviceArray<double> density_weights;
+    // mace's non-linear block (cpu::MaceBlock): `linear` is its linear_1
+    bool nonlinear_block = false;
+    Linear<T> linear_res, linear_2;
+    Gate<T> gate;
+    double alpha = 1.0, beta = 0.0;
+    DeviceArray<double> density_params;
+    ops::RadialMlpView density_layout;
+    ops::RadialMlpView density_mlp() const {
+      ops::RadialMlpView v = density_layout;
+      v.params = density_params.data();
+      return v;
+    }
   };
 
   MaceModel(const ModelPlan& plan, const cpu::TypedPlan<T>& typed, bool radial_tables)
@@ -625,6 +637,19 @@ class MaceModel : public Model {
       q.act_scale = h.act_scale;
       q.density = h.density;
       if (q.density) q.density_weights.upload(h.density_weights);
+      if (h.nonlinear_block) {
+        if (h.density_layout.max_dim > kMaxDensityMlpDim)
+          throw Error("non-linear block: density MLP wider than " +
+                      std::to_string(kMaxDensityMlpDim) + " on the GPU");
+        q.nonlinear_block = true;
+        q.linear_res = make_linear<T>(h.linear_res);
+        q.linear_2 = make_linear<T>(h.linear_2);
+        q.gate = make_gate<T>(h.gate);
+        q.alpha = h.alpha;
+        q.beta = h.beta;
+        q.density_params.upload(h.density_params);
+        q.density_layout = h.density_layout;
+      }
       if (!h.conv.pair_table.empty()) host_convs_.push_back(h.conv);  // tables built in prepare
       layers_.push_back(std::move(q));
     }
@@ -650,6 +675,7 @@ class MaceModel : public Model {
     m_.resize(L);
     rho_.resize(L);
     mlin_.resize(L);
+    nlz_.resize(L);
     hidden_.resize(L);
     embed_species(g, n, embedding_dim_, embedding_, x_, st);
     inter_.resize(N);
@@ -687,7 +713,23 @@ class MaceModel : public Model {
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.density) mlin_[t].resize(N * l.linear.dim_out);
-      if (l.residual) {
+      if (l.nonlinear_block) {  // z = linear_1(y) / (alpha + beta rho) + linear_res(u)
+        s.profiler.mark("edge density", st);
+        rho_[t].resize(N);
+        edge_density_forward(geom_, l.density_mlp(), cpu::first_receivers(g, rows), rho_[t].data(),
+                             st);
+        s.profiler.mark("linear forward", st);
+        mlin_[t].resize(N * l.linear.dim_out);
+        linear_forward(l.linear, rows, y_.data(), mlin_[t].data(), st);
+        nlz_[t].resize(N * l.linear_res.dim_out);
+        linear_forward(l.linear_res, rows, up_[t].data(), nlz_[t].data(), st);
+        nonlinear_scale_forward(rows, static_cast<int>(l.linear.dim_out), l.alpha, l.beta,
+                                rho_[t].data(), mlin_[t].data(), nlz_[t].data(), st);
+        a_.resize(N * l.gate.dim_out);
+        gate_forward(l.gate, rows, nlz_[t].data(), a_.data(), st);
+        m_[t].resize(N * l.linear_2.dim_out);
+        linear_forward(l.linear_2, rows, a_.data(), m_[t].data(), st);
+      } else if (l.residual) {
         linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
         if (l.density) copy_values(m_[t].data(), mlin_[t].data(), rows * l.linear.dim_out, st);
       } else {
@@ -772,9 +814,22 @@ class MaceModel : public Model {
       }
       s.profiler.mark("linear backward", st);
       // dE/dy reuses y's buffer (dead after the forward's linear; the largest node tensor)
+      const T* g_linear_out = gm.data();
+      if (l.nonlinear_block) {  // dE/dz = gate^T linear_2^T dE/dm; dE/da = dE/dz / d; dE/drho
+        gh_.resize(N * l.linear_2.dim_in);
+        linear_backward(l.linear_2, rows, gm.data(), gh_.data(), false, st);
+        gz_.resize(N * l.gate.dim_in);
+        gate_backward(l.gate, rows, nlz_[t].data(), gh_.data(), gz_.data(), st);
+        grad_rho_.resize(N);
+        ga_.resize(N * l.linear.dim_out);
+        nonlinear_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), l.alpha, l.beta,
+                                 mlin_[t].data(), gz_.data(), rho_[t].data(), ga_.data(),
+                                 grad_rho_.data(), st);
+        g_linear_out = ga_.data();
+      }
       y_.resize(N * l.linear.dim_in);
       T* gy = y_.data();
-      linear_backward(l.linear, rows, gm.data(), gy, false, st);
+      linear_backward(l.linear, rows, g_linear_out, gy, false, st);
       zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
       if (l.density) {  // y = S / d: dE/dS = gy / d, dE/drho = -gy . y / d = -gm . linear(y) / d
         s.profiler.mark("edge density", st);
@@ -794,6 +849,13 @@ class MaceModel : public Model {
         s.profiler.mark("edge density", st);
         edge_density_backward(geom_, l.density_weights.data(), backward_graph, grad_rho_.data(),
                               s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, st);
+      }
+      if (l.nonlinear_block) {
+        s.profiler.mark("edge density", st);
+        edge_density_backward(geom_, l.density_mlp(), backward_graph, grad_rho_.data(),
+                              s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, st);
+        s.profiler.mark("linear backward", st);
+        linear_backward(l.linear_res, rows, gz_.data(), gup_.data(), true, st);
       }
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
@@ -832,6 +894,13 @@ class MaceModel : public Model {
         m += l.linear.dim_out;
         doubles += 1;
       }
+      if (l.nonlinear_block) {  // mlin_, nlz_, rho_; gate output in a_, gz_ and ga_
+        m += l.linear.dim_out + l.linear_res.dim_out;
+        a = std::max<size_t>(a, l.gate.dim_out);
+        gh = std::max<size_t>(gh, l.linear_2.dim_in);
+        gup += l.gate.dim_in + l.linear.dim_out;
+        doubles += 1;
+      }
     }
     if (doubles > 0 && want_grad) doubles += 1;                // + grad_rho_
     size_t floats = up + m + hidden + x + sc + y + p + 1 + a;  // + r_
@@ -852,6 +921,8 @@ class MaceModel : public Model {
   std::vector<DeviceArray<T>> mlin_;      // density layers: linear(y)
   std::vector<DeviceArray<double>> rho_;  // density layers: rho per node
   DeviceArray<double> grad_rho_;
+  std::vector<DeviceArray<T>> nlz_;  // non-linear blocks: the gate's input z
+  DeviceArray<T> gz_, ga_;           // non-linear blocks: dE/dz, dE/d linear_1(y)
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
 };
 
