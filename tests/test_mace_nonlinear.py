@@ -3,10 +3,10 @@ interaction): the radial MLP (Linear-LayerNorm-SiLU) of the Bessel embedding and
 target species embeddings, the density normalisation alpha + beta rho with its own RadialMLP,
 linear_res, the gated non-linearity and linear_2 (issue 20).
 
-e3fuse evaluates the block's RadialMLPs from per-species-pair radial tables only (radial=
-"table"; the per-edge radial MLP of the convolution does not implement it), and with one
-element (the convolution's backward does not yet take a different radial weight for each
-direction of an edge): both are refused by name otherwise, and tested here.
+e3fuse evaluates the block's RadialMLPs from per-ordered-species-pair radial tables only
+(radial="table"; the per-edge radial MLP of the convolution does not implement it): refused
+by name otherwise, and tested here. With several elements the two directions of an edge have
+different radial weights (source and target embeddings): the OMOL-like model has three.
 
 Small OMOL-like models (two non-linear interactions, correlation 3, edge irreps up to l = 2,
 a distance transform, apply_cutoff False) with random weights, built in float64 and in
@@ -32,10 +32,10 @@ from test_mace import build_mace, structure  # noqa: E402
 from e3fuse import reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
-from e3fuse.convert.e3nn_parts import UnsupportedModel  # noqa: E402
 
 BLOCK = "RealAgnosticResidualNonLinearInteractionBlock"
 ELEMENT = (6,)
+ELEMENTS = (1, 6, 8)
 ARCHS: dict[str, dict[str, Any]] = {
     # MACE-OMOL-0's layout scaled down: non-linear blocks first and after, edge irreps
     "omol-like": dict(
@@ -48,7 +48,7 @@ ARCHS: dict[str, dict[str, Any]] = {
         distance_transform="Agnesi",
         apply_cutoff=False,
         use_agnostic_product=True,
-        elements=ELEMENT,
+        elements=ELEMENTS,
     ),
     # the plain options: apply_cutoff True, no transform, no edge irreps, linear-only 3 layers
     "plain": dict(
@@ -136,7 +136,7 @@ def test_model_has_the_block() -> None:
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_nonlinear_block_matches_mace_torch(name: str, device: str, workdir: Path) -> None:
     model, path = converted(name, workdir)
-    atoms = structure(ELEMENT, seed=1)
+    atoms = structure(ARCHS[name]["elements"], seed=1)
     ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
     ours = evaluate(path, atoms, device)
     n = len(atoms)
@@ -154,7 +154,7 @@ def test_nonlinear_block_float32(name: str, device: str, workdir: Path) -> None:
     """e3fuse float32 of the float32-built model against mace-torch built in float64."""
     model64, _ = converted(name, workdir)
     _, path32 = converted(name, workdir, "float32")
-    atoms = structure(ELEMENT, seed=2)
+    atoms = structure(ARCHS[name]["elements"], seed=2)
     ref = reference.evaluate_mace(reference.mace_calculator(model64, "float64"), atoms)
     f32 = evaluate(path32, atoms, device, "float32")
     assert np.abs(f32["forces"] - ref["forces"]).max() < FORCES_F32
@@ -166,7 +166,7 @@ def test_nonlinear_block_float32(name: str, device: str, workdir: Path) -> None:
 def test_nonlinear_block_finite_differences(device: str, workdir: Path) -> None:
     """Forces and stress against central differences of e3fuse's own float64 energy."""
     _, path = converted("omol-like", workdir)
-    atoms = structure(ELEMENT, seed=3)
+    atoms = structure(ELEMENTS, seed=3)
     ours = evaluate(path, atoms, device)
     h = 1e-5
 
@@ -200,7 +200,7 @@ def test_nonlinear_block_rotation_invariance(device: str, workdir: Path) -> None
     from scipy.spatial.transform import Rotation
 
     _, path = converted("omol-like", workdir)
-    atoms = structure(ELEMENT, seed=4)
+    atoms = structure(ELEMENTS, seed=4)
     rot = Rotation.from_euler("zyx", [0.3, -1.1, 2.0]).as_matrix()
     rotated = atoms.copy()
     rotated.set_cell(atoms.cell.array @ rot.T, scale_atoms=True)
@@ -209,12 +209,21 @@ def test_nonlinear_block_rotation_invariance(device: str, workdir: Path) -> None
     assert np.abs(a["forces"] @ rot.T - b["forces"]).max() < 1e-9
 
 
-def test_refused_without_tables_and_with_several_elements(workdir: Path) -> None:
+def test_refused_without_tables(workdir: Path) -> None:
     _, path = converted("plain", workdir)
     atoms = structure(ELEMENT, seed=5)
     with pytest.raises(Exception, match=f"{BLOCK}.*radial='table'"):
         atoms.calc = Calculator(str(path), dtype="float64", radial="mlp")
         atoms.get_potential_energy()
-    model = _build("plain", elements=(1, 6))
-    with pytest.raises(UnsupportedModel, match=f"{BLOCK}.*several elements"):
-        mace_convert.convert(model, workdir / "two-elements.e3f")
+
+
+def test_radial_weights_differ_between_edge_directions() -> None:
+    """The premise of the ordered-pair backward: R(r, s_i, s_j) != R(r, s_j, s_i)."""
+    model = _build("omol-like")
+    inter = model.interactions[1]
+    attrs = torch.eye(len(ELEMENTS), dtype=torch.float64)
+    source, target = inter.source_embedding(attrs), inter.target_embedding(attrs)
+    basis = torch.full((1, model.radial_embedding.out_dim), 0.3, dtype=torch.float64)
+    forward = inter.conv_tp_weights(torch.cat([basis, source[:1], target[2:3]], dim=-1))
+    backward = inter.conv_tp_weights(torch.cat([basis, source[2:3], target[:1]], dim=-1))
+    assert (forward - backward).abs().max() > 1e-3 * forward.abs().max()

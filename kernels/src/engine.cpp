@@ -303,11 +303,6 @@ void check_nonlinear_blocks(const ModelPlan& plan, bool radial_tables) {
         "RealAgnosticResidualNonLinearInteractionBlock: its species-dependent RadialMLP "
         "(LayerNorm) is evaluated from radial tables only; use radial='table' (the per-edge "
         "radial MLP of the convolution does not implement it)");
-  if (plan.atomic_numbers.size() > 1)
-    throw Error(
-        "RealAgnosticResidualNonLinearInteractionBlock with several elements is not supported: "
-        "the convolution's backward does not yet take a different radial weight for each "
-        "direction of an edge (ordered species pairs)");
 }
 
 // MACE interaction t (mace-torch RealAgnostic[Residual]InteractionBlock + product):

@@ -92,7 +92,11 @@ struct Tile {
   std::vector<T> dYc, dr;     // backward: combined angular adjoint [n][sh_dim], dE/dr [n]
   std::vector<int> interval;  // radial table: each edge's interval and local coordinate
   std::vector<T> local_t;
-  std::vector<int> pair;          // s_receiver * num_species + s_sender
+  std::vector<int> pair;  // s_receiver * num_species + s_sender
+  // Ordered-pair radial weights (Conv::radial_mlp): the other direction's pair, s_j S + s_i,
+  // its weights and their adjoint (conv_backward's e2 = (j <- k)).
+  std::vector<int> pair_reverse;
+  std::vector<T> weights_reverse, grad_w_reverse;
   std::vector<T> cut, dcut, raw;  // apply_cutoff false: f(r), f'(r), MLP output before f
   std::vector<T> M, A1, A2, dY1, dY2;
 
@@ -108,6 +112,7 @@ struct Tile {
     emb.resize(c * num_basis);
     demb.resize(c * num_basis);
     pair.resize(c);
+    pair_reverse.resize(c);
     cut.resize(c);
     dcut.resize(c);
   }
@@ -140,6 +145,7 @@ bool gather_tile(const TypedPlan<T>& plan, const GraphView& g, int64_t i, bool w
     const double r = std::sqrt(r2);
     t.sender[n] = j;
     t.pair[n] = g.species[i] * plan.num_species + g.species[j];
+    t.pair_reverse[n] = g.species[j] * plan.num_species + g.species[i];
     for (int a = 0; a < 3; ++a) {
       t.vec[3 * n + a] = static_cast<T>(v[a]);
       t.u[3 * n + a] = static_cast<T>(v[a] / r);
@@ -246,18 +252,44 @@ void table_weights(const Conv<T>& conv, int64_t numel, Tile<T>& t) {
   }
 }
 
-// dE/dr per edge (into t.dr) from t.grad_w = dE/dR [n][numel], after table_weights.
+// The weights of the reverse pairs (t.pair_reverse) into t.weights_reverse, at the intervals
+// table_weights found (all pair tables share one grid).
+template <class T>
+void table_weights_reverse(const Conv<T>& conv, int64_t numel, Tile<T>& t) {
+  t.weights_reverse.resize(static_cast<size_t>(t.n) * numel);
+  for (int e = 0; e < t.n; ++e) {
+    const RadialTable<T>& table = conv.table_for_pair(t.pair_reverse[e]);
+    const T* c = table.coeffs.data() + static_cast<size_t>(t.interval[e]) * numel * 4;
+    T* w = t.weights_reverse.data() + static_cast<size_t>(e) * numel;
+    for (int64_t q = 0; q < numel; ++q) w[q] = ops::radial_table_value(c + 4 * q, t.local_t[e]);
+  }
+}
+
+// sum_q gw[q] dR_q/dr of one edge's table entry.
+template <class T>
+T table_slope_dot(const RadialTable<T>& table, int64_t numel, int interval, T local_t,
+                  const T* gw) {
+  const T inv_step = static_cast<T>(table.inv_step);
+  const T* c = table.coeffs.data() + static_cast<size_t>(interval) * numel * 4;
+  T s = T(0);
+  for (int64_t q = 0; q < numel; ++q)
+    s += gw[q] * ops::radial_table_grad(c + 4 * q, local_t, inv_step);
+  return s;
+}
+
+// dE/dr per edge (into t.dr) from t.grad_w = dE/dR [n][numel], after table_weights (and
+// with ordered pairs t.grad_w_reverse through the reverse pair's table).
 template <class T>
 void table_backward_to_r(const Conv<T>& conv, int64_t numel, Tile<T>& t) {
   t.dr.resize(t.n);
+  const bool ordered = conv.radial_mlp != nullptr;
   for (int e = 0; e < t.n; ++e) {
-    const RadialTable<T>& table = conv.table_for_pair(t.pair[e]);
-    const T inv_step = static_cast<T>(table.inv_step);
-    const T* c = table.coeffs.data() + static_cast<size_t>(t.interval[e]) * numel * 4;
-    const T* gw = t.grad_w.data() + static_cast<size_t>(e) * numel;
-    T s = T(0);
-    for (int64_t q = 0; q < numel; ++q)
-      s += gw[q] * ops::radial_table_grad(c + 4 * q, t.local_t[e], inv_step);
+    const size_t at = static_cast<size_t>(e) * numel;
+    T s = table_slope_dot(conv.table_for_pair(t.pair[e]), numel, t.interval[e], t.local_t[e],
+                          t.grad_w.data() + at);
+    if (ordered)
+      s += table_slope_dot(conv.table_for_pair(t.pair_reverse[e]), numel, t.interval[e],
+                           t.local_t[e], t.grad_w_reverse.data() + at);
     t.dr[e] = s;
   }
 }
@@ -343,12 +375,12 @@ template <class T>
 struct PathBackward {
   const typename Conv<T>::Path& p;
   T s;
-  const T *Y, *xj, *xk, *gk, *gj, *w;
-  T *gw, *gxk, *dY1, *dY2;
+  const T *Y, *xj, *xk, *gk, *gj, *w, *w2;  // w2: e2's weights (== w unless ordered pairs)
+  T *gw, *gw2, *gxk, *dY1, *dY2;            // gw2 null: gw takes both edges' adjoints
   template <int L1, int L2, int L3>
   void run() {
-    ops::tp_path_backward<T, 2 * L1 + 1, 2 * L2 + 1, 2 * L3 + 1>(p.mul, s, p.cg.data(), Y, xj, xk,
-                                                                 gk, gj, w, gw, gxk, dY1, dY2);
+    ops::tp_path_backward<T, 2 * L1 + 1, 2 * L2 + 1, 2 * L3 + 1>(
+        p.mul, s, p.cg.data(), Y, xj, xk, gk, gj, w, w2, gw, gw2, gxk, dY1, dY2);
   }
   void generic(std::vector<T>& M, std::vector<T>& A1, std::vector<T>& A2) {
     const int d1 = p.d1, d2 = p.d2, d3 = p.d3;
@@ -369,13 +401,18 @@ struct PathBackward {
         }
         dw1 += xj[a * mul + u] * mg1;
         dw2 += xk[a * mul + u] * mg2;
-        gxk[a * mul + u] += w[u] * s * mg2;
+        gxk[a * mul + u] += w2[u] * s * mg2;
         for (int q = 0; q < d3; ++q) {
           A1[a * d3 + q] += w[u] * xj[a * mul + u] * gk[q * mul + u];
-          A2[a * d3 + q] += w[u] * xk[a * mul + u] * gj[q * mul + u];
+          A2[a * d3 + q] += w2[u] * xk[a * mul + u] * gj[q * mul + u];
         }
       }
-      gw[u] = dw1 + s * dw2;
+      if (gw2) {
+        gw[u] = dw1;
+        gw2[u] = s * dw2;
+      } else {
+        gw[u] = dw1 + s * dw2;
+      }
     }
     for (int b = 0; b < d2; ++b)
       for (int a = 0; a < d1; ++a)
@@ -446,6 +483,12 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
       if (t.n == 0) continue;
       radial_weights(plan, conv, t);
       t.grad_w.assign(static_cast<size_t>(t.n) * conv.weight_numel, T(0));
+      // Ordered-pair weights (mace's non-linear block, tables only: Engine refuses the MLP)
+      const bool ordered = conv.radial_mlp != nullptr && conv.tabulated();
+      if (ordered) {
+        table_weights_reverse(conv, conv.weight_numel, t);
+        t.grad_w_reverse.assign(t.grad_w.size(), T(0));
+      }
       std::vector<T>& dYc = t.dYc;
       dYc.resize(static_cast<size_t>(t.n) * sh_dim);
       const T* xk = x + k * conv.dim_in;
@@ -454,8 +497,11 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
         const int64_t j = t.sender[e];
         const T* xj = x + j * conv.dim_in;
         const T* gj = grad_y + j * conv.dim_out;
-        const T* w = t.weights.data() + static_cast<size_t>(e) * conv.weight_numel;
-        T* gw = t.grad_w.data() + static_cast<size_t>(e) * conv.weight_numel;
+        const size_t at = static_cast<size_t>(e) * conv.weight_numel;
+        const T* w = t.weights.data() + at;
+        const T* w2 = ordered ? t.weights_reverse.data() + at : w;
+        T* gw = t.grad_w.data() + at;
+        T* gw2 = ordered ? t.grad_w_reverse.data() + at : nullptr;
         const T* Y = t.Y.data() + static_cast<size_t>(e) * sh_dim;
         std::fill(dY1.begin(), dY1.end(), T(0));
         std::fill(dY2.begin(), dY2.end(), T(0));
@@ -468,13 +514,17 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
                             gk + p.out_offset,
                             gj + p.out_offset,
                             w + p.weight_offset,
+                            w2 + p.weight_offset,
                             gw + p.weight_offset,
+                            gw2 ? gw2 + p.weight_offset : nullptr,
                             gxk + p.in_offset,
                             dY1.data() + p.sh_offset,
                             dY2.data() + p.sh_offset};
           if (!ops::dispatch_l123(p.d1 / 2, p.l2, p.d3 / 2, f)) f.generic(M, A1, A2);
         }
         for (int64_t q = 0; q < conv.weight_numel; ++q) gw[q] *= conv.inv_denominator;
+        if (gw2)
+          for (int64_t q = 0; q < conv.weight_numel; ++q) gw2[q] *= conv.inv_denominator;
         // Combined angular adjoint (see header): dY1 + (-1)^l dY2.
         T* dyc = dYc.data() + static_cast<size_t>(e) * sh_dim;
         for (int m = 0; m < sh_dim; ++m)

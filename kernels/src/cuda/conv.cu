@@ -199,13 +199,14 @@ __device__ void edge_sh(const typename Geometry<T>::View& geo, const T v[3], con
 // Geometry of the chunk's edges: thread t < n handles edge t. Rows past n of the
 // MLP input are zeroed so the chunk GEMM reads defined values.
 // With a radial table (c.table), emb is null and each edge's table interval and local
-// coordinate go to s_interval and s_t instead.
+// coordinate go to s_interval and s_t instead; receiver_is_i: node i receives the chunk's
+// messages (forward), else it sends them (backward), which orders the species pair.
 template <class T>
 __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
                                const typename Conv<T>::View& c, const GraphView& g, int64_t i,
                                int n, int ec, const int64_t* s_edge, int* s_sender, T* Y, T* emb,
                                int emb_stride, T* J, T* demb, T* vec, T* u_out, int* s_interval,
-                               T* s_t) {
+                               T* s_t, bool receiver_is_i) {
   const int t = threadIdx.x;
   if (t < n) {
     const int64_t e = s_edge[t];
@@ -229,9 +230,11 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
       int iv = 0;
       double x = 0.0;
       ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals, iv, x);
-      if (c.pair_slot)  // the species pair's table
-        iv +=
-            c.pair_slot[g.species[i] * c.num_species + g.species[s_sender[t]]] * c.table_intervals;
+      if (c.pair_slot) {  // the table of the message's (receiver, sender) species pair
+        const int si = g.species[i], sj = g.species[s_sender[t]];
+        const int pair = receiver_is_i ? si * c.num_species + sj : sj * c.num_species + si;
+        iv += c.pair_slot[pair] * c.table_intervals;
+      }
       s_interval[t] = iv;
       s_t[t] = static_cast<T>(x);
       return;
@@ -890,7 +893,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if (n == 0) break;
     // h0 holds the embedding with row stride num_basis = dims[0].
     chunk_geometry<T>(geo, c, g, i, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : h0, c.dims[0],
-                      nullptr, nullptr, nullptr, nullptr, s_interval, s_t);
+                      nullptr, nullptr, nullptr, nullptr, s_interval, s_t, true);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     if constexpr (!SPARSE) chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M);
@@ -1005,8 +1008,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
     take_chunk<EC>(g, k, cutoff2, receiver_rows, end, &s_pos, &s_count, s_edge, error_node);
     const int n = s_count;
     if (n == 0) break;
+    // node k sends these messages: their receiver is the neighbor (ordered-pair tables)
     chunk_geometry<T>(geo, c, g, k, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : emb,
-                      geo.num_basis, J, demb, vec, u, s_interval, s_t);
+                      geo.num_basis, J, demb, vec, u, s_interval, s_t, false);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, MK);

@@ -40,20 +40,22 @@ E3F_HD void tp_path_forward(int mul, const T* cg, const T* Y, const T* x, const 
 
 // Adjoint for the pair (k <- j) = e1 and (j <- k) = e2 handled at node k (see
 // cpu/conv.cpp): given x_j, x_k, g_k = dE/dy_k, g_j = dE/dy_j and the parity sign
-// s = (-1)^l2 (Y(-v) = s Y(v)), produce
-//   grad_w[u] = dE/dw_e1[u] + dE/dw_e2[u]        (overwritten)
+// s = (-1)^l2 (Y(-v) = s Y(v)), the radial weights w1 of e1 and w2 of e2 (the same array
+// unless the weights depend on the ordered species pair, mace's non-linear block), produce
+//   grad_w1[u] = dE/dw_e1[u] + dE/dw_e2[u]        (overwritten; grad_w2 null: w1 == w2)
+//   or grad_w1[u] = dE/dw_e1[u], grad_w2[u] = dE/dw_e2[u]
 //   grad_xk[a, u] += dE/dx_k via e2
 //   dY1[j] += dE/dY(v) via e1, dY2[j] += dE/dY(-v) via e2.
 template <class T, int D1, int D2, int D3>
 E3F_HD void tp_path_backward(int mul, T s, const T* cg, const T* Y, const T* xj, const T* xk,
-                             const T* gk, const T* gj, const T* w, T* grad_w, T* grad_xk, T* dY1,
-                             T* dY2) {
+                             const T* gk, const T* gj, const T* w1, const T* w2, T* grad_w1,
+                             T* grad_w2, T* grad_xk, T* dY1, T* dY2) {
   T M[D1 * D3];
   tp_contract_sh<T, D1, D2, D3>(cg, Y, M);
 #pragma omp simd
   for (int u = 0; u < mul; ++u) {
     T dw1 = T(0), dw2 = T(0);
-    const T ws = w[u] * s;
+    const T ws = w2[u] * s;
     for (int a = 0; a < D1; ++a) {
       T mg1 = T(0), mg2 = T(0);
       for (int q = 0; q < D3; ++q) {
@@ -64,7 +66,12 @@ E3F_HD void tp_path_backward(int mul, T s, const T* cg, const T* Y, const T* xj,
       dw2 += xk[a * mul + u] * mg2;
       grad_xk[a * mul + u] += ws * mg2;
     }
-    grad_w[u] = dw1 + s * dw2;
+    if (grad_w2) {
+      grad_w1[u] = dw1;
+      grad_w2[u] = s * dw2;
+    } else {
+      grad_w1[u] = dw1 + s * dw2;
+    }
   }
   T A1[D1 * D3], A2[D1 * D3];
   if constexpr (D1 * D3 < 9) {  // few (a, q): one reduction loop each
@@ -77,8 +84,8 @@ E3F_HD void tp_path_backward(int mul, T s, const T* cg, const T* Y, const T* xj,
         const T* gjq = gj + q * mul;
 #pragma omp simd reduction(+ : s1, s2)
         for (int u = 0; u < mul; ++u) {
-          s1 += w[u] * xja[u] * gkq[u];
-          s2 += w[u] * xka[u] * gjq[u];
+          s1 += w1[u] * xja[u] * gkq[u];
+          s2 += w2[u] * xka[u] * gjq[u];
         }
         A1[a * D3 + q] = s1;
         A2[a * D3 + q] = s2;
@@ -96,8 +103,8 @@ E3F_HD void tp_path_backward(int mul, T s, const T* cg, const T* Y, const T* xj,
       T wx1[D1][V], wx2[D1][V];
       for (int a = 0; a < D1; ++a)
         for (int l = 0; l < V; ++l) {
-          wx1[a][l] = w[u0 + l] * xj[a * mul + u0 + l];
-          wx2[a][l] = w[u0 + l] * xk[a * mul + u0 + l];
+          wx1[a][l] = w1[u0 + l] * xj[a * mul + u0 + l];
+          wx2[a][l] = w2[u0 + l] * xk[a * mul + u0 + l];
         }
       for (int q = 0; q < D3; ++q) {
         T gkq[V], gjq[V];
@@ -120,8 +127,8 @@ E3F_HD void tp_path_backward(int mul, T s, const T* cg, const T* Y, const T* xj,
           s2 += acc2[a * D3 + q][l];
         }
         for (int u = u0; u < mul; ++u) {  // tail
-          s1 += w[u] * xj[a * mul + u] * gk[q * mul + u];
-          s2 += w[u] * xk[a * mul + u] * gj[q * mul + u];
+          s1 += w1[u] * xj[a * mul + u] * gk[q * mul + u];
+          s2 += w2[u] * xk[a * mul + u] * gj[q * mul + u];
         }
         A1[a * D3 + q] = s1;
         A2[a * D3 + q] = s2;
@@ -157,7 +164,8 @@ bool dispatch_l123(int l1, int l2, int l3, F&& f) {
     E3F_L2(A, 0) E3F_L2(A, 1) E3F_L2(A, 2) E3F_L2(A, 3) return false; \
   }
   E3F_L1(0)
-  E3F_L1(1) E3F_L1(2) E3F_L1(3)
+  E3F_L1(1)
+  E3F_L1(2) E3F_L1(3)
 #undef E3F_L1
 #undef E3F_L2
 #undef E3F_L3

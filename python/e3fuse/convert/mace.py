@@ -808,12 +808,6 @@ def extract(
         name = f"layers.{t}"
         ikind = type(inter).__name__
         if ikind == NONLINEAR_INTERACTION:
-            if num_elements > 1:  # see check_nonlinear_blocks in kernels/src/engine.cpp
-                raise UnsupportedModel(
-                    f"interactions.{t}: {ikind} with several elements is not supported yet (its "
-                    "radial weights differ between the two directions of an edge, which the "
-                    "convolution's backward does not handle)"
-                )
             if type(prod).__name__ != "EquivariantProductBasisBlock":
                 raise UnsupportedModel(f"products.{t}: {type(prod).__name__} is not supported")
             layers.append(
