@@ -172,6 +172,16 @@ void zero_rows_from(std::vector<T>& a, int64_t first_row, int width) {
   std::fill(a.begin() + first_row * width, a.end(), T(0));
 }
 
+// a[i] *= 1 / (1 + rho[i]) for the first `rows` rows of `width` values (mace's density blocks;
+// the CUDA backend's density_scale_forward).
+template <class T>
+void scale_rows(std::vector<T>& a, int64_t rows, int64_t width, const std::vector<double>& rho) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T inv_d = static_cast<T>(1.0 / (1.0 + rho[i]));
+    for (int64_t q = 0; q < width; ++q) a[i * width + q] *= inv_d;
+  }
+}
+
 template <class T>
 class CpuRunner {
  public:
@@ -346,25 +356,20 @@ class MaceRunner {
       y.resize(N * L.conv.dim_out);
       cpu::ensure_pair_tables(layers_[t].conv, n, g.species);
       cpu::conv_forward(geom_, L.conv, cpu::first_receivers(g, rows), up_[t].data(), y.data());
-      if (L.density) {  // y_i /= 1 + rho_i; y and rho kept for the backward pass
-        rho_[t].resize(N);
-        cpu::edge_density_forward(geom_, L.density_weights, cpu::first_receivers(g, rows),
-                                  rho_[t].data());
-        const auto dim = static_cast<size_t>(L.conv.dim_out);
-        for (size_t i = 0; i < static_cast<size_t>(rows); ++i)
-          for (size_t q = 0; q < dim; ++q)
-            y[i * dim + q] =
-                static_cast<T>(static_cast<double>(y[i * dim + q]) / (1.0 + rho_[t][i]));
-        y_[t].assign(y.begin(), y.begin() + static_cast<int64_t>(rows * dim));
-      }
       m_[t].resize(N * L.linear.dim_out);
-      if (L.residual) {
-        cpu::linear_forward(L.linear, rows, y.data(), m_[t].data());
-      } else {
-        mlin.resize(N * L.linear.dim_out);
-        cpu::linear_forward(L.linear, rows, y.data(), mlin.data());
-        cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
+      mlin.resize(N * L.linear.dim_out);
+      cpu::linear_forward(L.linear, rows, y.data(), L.residual ? m_[t].data() : mlin.data());
+      if (L.density) {  // as mace: linear(y) / (1 + rho), kept for the backward pass
+        cpu::ensure_density_tables(layers_[t].edge_density, n, g.species);
+        rho_[t].resize(N);
+        cpu::edge_density_forward(geom_, L.edge_density, cpu::first_receivers(g, rows),
+                                  rho_[t].data());
+        std::vector<T>& z = L.residual ? m_[t] : mlin;
+        scale_rows(z, rows, L.linear.dim_out, rho_[t]);
+        y_[t].assign(z.begin(), z.begin() + static_cast<int64_t>(rows * L.linear.dim_out));
       }
+      if (!L.residual)
+        cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
       p.resize(N * L.product.dim_out);
       cpu::symmetric_contraction_forward(L.product, rows, g.species, m_[t].data(), p.data());
       x.resize(N * L.product_linear.dim_out);
@@ -429,29 +434,29 @@ class MaceRunner {
         cpu::element_linear_backward(L.skip, rows, g.species, gm.data(), gmlin.data(), false);
         gm.swap(gmlin);
       }
+      if (L.density) {  // z = Z / d, d = 1 + rho, Z = linear(y): dE/dZ = gz / d and
+        // dE/drho = -gz . z / d (gz = dE/dz, after skip's adjoint without residual)
+        grad_rho.assign(N, 0.0);
+        const auto dim = static_cast<size_t>(L.linear.dim_out);
+        for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
+          const double inv_d = 1.0 / (1.0 + rho_[t][i]);
+          double s = 0.0;
+          for (size_t q = 0; q < dim; ++q)
+            s += static_cast<double>(gm[i * dim + q]) * static_cast<double>(y_[t][i * dim + q]);
+          grad_rho[i] = -s * inv_d;
+        }
+        scale_rows(gm, rows, L.linear.dim_out, rho_[t]);
+      }
       gy.resize(N * L.linear.dim_in);
       cpu::linear_backward(L.linear, rows, gm.data(), gy.data(), false);
       zero_rows_from(gy, rows, L.linear.dim_in);  // ghosts' energies are not ours
-      if (L.density) {  // y = S / d, d = 1 + rho: dE/dS = gy / d, dE/drho = -gy . y / d
-        grad_rho.assign(N, 0.0);
-        const auto dim = static_cast<size_t>(L.conv.dim_out);
-        for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
-          const double d = 1.0 + rho_[t][i];
-          double s = 0.0;
-          for (size_t q = 0; q < dim; ++q) {
-            s += static_cast<double>(gy[i * dim + q]) * static_cast<double>(y_[t][i * dim + q]);
-            gy[i * dim + q] = static_cast<T>(static_cast<double>(gy[i * dim + q]) / d);
-          }
-          grad_rho[i] = -s / d;
-        }
-      }
       gup.resize(N * L.conv.dim_in);
       const GraphView backward_graph =
           cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t));
       cpu::conv_backward(geom_, L.conv, backward_graph, up_[t].data(), gy.data(), gup.data(),
                          forces.data(), want_virial ? atom_virials.data() : nullptr);
       if (L.density)
-        cpu::edge_density_backward(geom_, L.density_weights, backward_graph, grad_rho.data(),
+        cpu::edge_density_backward(geom_, L.edge_density, backward_graph, grad_rho.data(),
                                    forces.data(), want_virial ? atom_virials.data() : nullptr);
       if (t == 0) break;
       if (halo) halo_.reverse(*halo, g, L.conv.dim_in, gup.data());
@@ -472,8 +477,9 @@ class MaceRunner {
   double scale_ = 1.0, shift_ = 0.0;
   std::vector<double> pair_table_;  // ZBL pair repulsion (pair_.pair null: none)
   ops::PairRepulsionView pair_;
-  std::vector<std::vector<T>> up_, m_, hidden_, y_;
-  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides the convolution
+  std::vector<std::vector<T>> up_, m_, hidden_;
+  std::vector<std::vector<T>> y_;         // density blocks: linear(conv) / (1 + rho)
+  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides linear(conv)
   std::vector<double> grad_rho;
   HaloRows halo_;
 };

@@ -1,8 +1,10 @@
 // cpu/edge_density.cpp: the neighbor density of mace's density interaction blocks
 // (RealAgnosticDensity[Residual]InteractionBlock), rho_i = sum_{j in N(i)} tanh((w . emb_ij)^2)
 // (times the envelope when apply_cutoff is false; ops::edge_density), and its force/virial
-// adjoint. Evaluated in double whatever the engine's precision (8-16 basis functions per edge,
-// cheap next to the convolution). Nothing is stored per edge.
+// adjoint. Per edge the density and its r-derivative are read from their table in r
+// (EdgeDensity, ops/radial_table.h; where the engine tabulates the radial MLP, the default in
+// float32), or evaluated exactly in double (the basis, envelope and transform per edge).
+// Nothing is stored per edge.
 //
 // Backward as in conv.cpp: node k visits each neighbor j once and takes both directed edges of
 // the pair, which share r: dE/dr = (dE/drho_k + dE/drho_j) d(edge density)/dr; all writes go
@@ -13,15 +15,24 @@
 #include "cpu/ops.h"
 #include "ops/edge_vector.h"
 #include "ops/radial.h"
+#include "ops/radial_table.h"
 
 namespace e3fuse::cpu {
 
-namespace {
-
-// Edge density of receiver i and its neighbor at position offset v (r < cutoff): value, d/dr.
 template <class T>
-void density_of_edge(const TypedPlan<T>& plan, const double* weights, int pair, double r,
+void edge_density_at(const TypedPlan<T>& plan, const EdgeDensity<T>& density, int pair, double r,
                      double& value, double& grad) {
+  if (density.tabulated()) {
+    const RadialTable<T>& table = density.table_for_pair(pair);
+    int interval = 0;
+    double t = 0.0;
+    ops::radial_table_locate(r, table.origin, table.inv_step, table.intervals, interval, t);
+    const T* c = table.coeffs.data() + 4 * static_cast<size_t>(interval);
+    value = static_cast<double>(ops::radial_table_value(c, static_cast<T>(t)));
+    grad = static_cast<double>(
+        ops::radial_table_grad(c, static_cast<T>(t), static_cast<T>(table.inv_step)));
+    return;
+  }
   const int nb = plan.num_basis;
   double emb[64], demb[64], f = 1.0, df = 0.0;
   if (plan.mace_embedding) {
@@ -33,13 +44,11 @@ void density_of_edge(const TypedPlan<T>& plan, const double* weights, int pair, 
     ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope,
                         r, emb, demb);
   }
-  ops::edge_density(nb, weights, emb, demb, plan.apply_cutoff, f, df, value, grad);
+  ops::edge_density(nb, density.weights.data(), emb, demb, plan.apply_cutoff, f, df, value, grad);
 }
 
-}  // namespace
-
 template <class T>
-void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+void edge_density_forward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
                           const GraphView& g, double* rho) {
   const double cutoff2 = plan.cutoff * plan.cutoff;
 #pragma omp parallel for schedule(dynamic, 16)
@@ -52,7 +61,7 @@ void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& w
       if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
       const int pair = g.species[i] * plan.num_species + g.species[g.neighbors[e]];
       double value, grad;
-      density_of_edge(plan, weights.data(), pair, std::sqrt(r2), value, grad);
+      edge_density_at(plan, density, pair, std::sqrt(r2), value, grad);
       sum += value;
     }
     rho[i] = sum;
@@ -60,7 +69,7 @@ void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& w
 }
 
 template <class T>
-void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+void edge_density_backward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
                            const GraphView& g, const double* grad_rho, double* forces,
                            double* atom_virials) {
   const double cutoff2 = plan.cutoff * plan.cutoff;
@@ -77,11 +86,11 @@ void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& 
       if (r2 >= cutoff2 || r2 == 0.0) continue;
       const double r = std::sqrt(r2);
       double value, grad;
-      density_of_edge(plan, weights.data(), g.species[k] * plan.num_species + g.species[j], r,
-                      value, grad);
-      const double dr = gsum * grad;
+      edge_density_at(plan, density, g.species[k] * plan.num_species + g.species[j], r, value,
+                      grad);
+      const double dr_over_r = gsum * grad / r;
       for (int a = 0; a < 3; ++a) {
-        const double f = dr * v[a] / r;
+        const double f = dr_over_r * v[a];
         fk[a] += f;
         if (atom_virials)
           for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
@@ -93,13 +102,17 @@ void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& 
   }
 }
 
-template void edge_density_forward<float>(const TypedPlan<float>&, const std::vector<double>&,
+template void edge_density_at<float>(const TypedPlan<float>&, const EdgeDensity<float>&, int,
+                                     double, double&, double&);
+template void edge_density_at<double>(const TypedPlan<double>&, const EdgeDensity<double>&, int,
+                                      double, double&, double&);
+template void edge_density_forward<float>(const TypedPlan<float>&, const EdgeDensity<float>&,
                                           const GraphView&, double*);
-template void edge_density_forward<double>(const TypedPlan<double>&, const std::vector<double>&,
+template void edge_density_forward<double>(const TypedPlan<double>&, const EdgeDensity<double>&,
                                            const GraphView&, double*);
-template void edge_density_backward<float>(const TypedPlan<float>&, const std::vector<double>&,
+template void edge_density_backward<float>(const TypedPlan<float>&, const EdgeDensity<float>&,
                                            const GraphView&, const double*, double*, double*);
-template void edge_density_backward<double>(const TypedPlan<double>&, const std::vector<double>&,
+template void edge_density_backward<double>(const TypedPlan<double>&, const EdgeDensity<double>&,
                                             const GraphView&, const double*, double*, double*);
 
 }  // namespace e3fuse::cpu

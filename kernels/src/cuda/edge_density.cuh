@@ -1,0 +1,62 @@
+// cuda/edge_density.cuh: mace's density blocks on the GPU (RealAgnosticDensity[Residual]-
+// InteractionBlock; cuda/edge_density.cu): the neighbor density rho_i, the division of the
+// block's linear(convolution) by 1 + rho_i, and their adjoints (cpu/edge_density.cpp and
+// MaceRunner in engine.cpp are the reference).
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/typed_plan.h"
+#include "cuda/common.cuh"
+#include "cuda/conv.cuh"
+#include "e3fuse/system.h"
+
+namespace e3fuse::cuda {
+
+// The edge density's data on the device (cpu::EdgeDensity): density_fn's weights for the exact
+// evaluation, or its table in r: one table, or the species pairs' tables one after the other
+// on one grid, pair (a, b) at slot pair_slot[a * num_species + b] x intervals.
+template <class T>
+struct EdgeDensity {
+  struct View {
+    const double* weights = nullptr;  // [num_basis]
+    const T* table = nullptr;         // [slots][intervals][4]; null: exact evaluation
+    const int* pair_slot = nullptr;   // null: one table
+    int num_species = 0, intervals = 0;
+    double origin = 0.0, inv_step = 0.0;
+  };
+  View view;
+  DeviceArray<double> weights;
+  DeviceArray<T> table;
+  DeviceArray<int> pair_slot;
+};
+
+// The weights and, when `host` is tabulated, its table (for pair tables: those built so far).
+template <class T>
+EdgeDensity<T> make_edge_density(const cpu::EdgeDensity<T>& host);
+// (Re)uploads the pair tables of `host` (after cpu::ensure_density_tables built some).
+template <class T>
+void upload_density_tables(EdgeDensity<T>& d, const cpu::EdgeDensity<T>& host);
+
+// rho[i] for the graph's nodes; the forces / per-atom virials of grad_rho (both ends of each
+// pair at each node, written to that node only: deterministic).
+template <class T>
+void edge_density_forward(const Geometry<T>& geom, const EdgeDensity<T>& density,
+                          const GraphView& g, double* rho, cudaStream_t stream);
+template <class T>
+void edge_density_backward(const Geometry<T>& geom, const EdgeDensity<T>& density,
+                           const GraphView& g, const double* grad_rho, double* forces,
+                           double* atom_virials, cudaStream_t stream);
+// z[i] *= 1 / (1 + rho[i]) for i < rows (dim values per row): mace's linear(message) / (density
+// + 1); the scaled rows also to `copy` when given.
+template <class T>
+void density_scale_forward(int64_t rows, int dim, const double* rho, T* z, T* copy,
+                           cudaStream_t stream);
+// Its adjoint, with z the scaled rows (as density_scale_forward left them) and gz = dE/dz:
+// grad_rho[i] = -gz_i . z_i / (1 + rho_i) for i < rows, 0 for rows <= i < n, and
+// gz_out[i] = gz[i] / (1 + rho_i) (dE/d linear(message)) for i < rows; gz_out may be gz.
+template <class T>
+void density_scale_backward(int64_t rows, int64_t n, int dim, const T* z, const double* rho,
+                            const T* gz, T* gz_out, double* grad_rho, cudaStream_t stream);
+
+}  // namespace e3fuse::cuda
