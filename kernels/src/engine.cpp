@@ -173,7 +173,7 @@ void zero_rows_from(std::vector<T>& a, int64_t first_row, int width) {
 }
 
 // a[i] *= 1 / (1 + rho[i]) for the first `rows` rows of `width` values (mace's density blocks;
-// the CUDA backend's density_scale_forward).
+// the CUDA backend's density_scale_forward and _backward).
 template <class T>
 void scale_rows(std::vector<T>& a, int64_t rows, int64_t width, const std::vector<double>& rho) {
   for (int64_t i = 0; i < rows; ++i) {
@@ -356,20 +356,25 @@ class MaceRunner {
       y.resize(N * L.conv.dim_out);
       cpu::ensure_pair_tables(layers_[t].conv, n, g.species);
       cpu::conv_forward(geom_, L.conv, cpu::first_receivers(g, rows), up_[t].data(), y.data());
-      m_[t].resize(N * L.linear.dim_out);
-      mlin.resize(N * L.linear.dim_out);
-      cpu::linear_forward(L.linear, rows, y.data(), L.residual ? m_[t].data() : mlin.data());
-      if (L.density) {  // as mace: linear(y) / (1 + rho), kept for the backward pass
+      // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
+      // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d). Z and rho are kept.
+      const auto dim = static_cast<int64_t>(L.linear.dim_out);
+      m_[t].resize(N * dim);
+      mlin.resize(N * dim);
+      const bool via_mlin = L.density || !L.residual;
+      cpu::linear_forward(L.linear, rows, y.data(), via_mlin ? mlin.data() : m_[t].data());
+      if (L.density) {
         cpu::ensure_density_tables(layers_[t].edge_density, n, g.species);
         rho_[t].resize(N);
         cpu::edge_density_forward(geom_, L.edge_density, cpu::first_receivers(g, rows),
                                   rho_[t].data());
-        std::vector<T>& z = L.residual ? m_[t] : mlin;
-        scale_rows(z, rows, L.linear.dim_out, rho_[t]);
-        y_[t].assign(z.begin(), z.begin() + static_cast<int64_t>(rows * L.linear.dim_out));
+        y_[t].assign(mlin.begin(), mlin.begin() + rows * dim);
       }
       if (!L.residual)
         cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
+      else if (L.density)
+        std::copy(mlin.begin(), mlin.begin() + rows * dim, m_[t].begin());
+      if (L.density) scale_rows(m_[t], rows, L.residual ? dim : L.skip.dim_out, rho_[t]);
       p.resize(N * L.product.dim_out);
       cpu::symmetric_contraction_forward(L.product, rows, g.species, m_[t].data(), p.data());
       x.resize(N * L.product_linear.dim_out);
@@ -434,8 +439,8 @@ class MaceRunner {
         cpu::element_linear_backward(L.skip, rows, g.species, gm.data(), gmlin.data(), false);
         gm.swap(gmlin);
       }
-      if (L.density) {  // z = Z / d, d = 1 + rho, Z = linear(y): dE/dZ = gz / d and
-        // dE/drho = -gz . z / d (gz = dE/dz, after skip's adjoint without residual)
+      if (L.density) {  // m = P(Z) / d, d = 1 + rho, P = skip or 1; gz = P^T dE/dm (gm now):
+        // dE/dZ = gz / d and dE/drho = -dE/dm . P(Z) / d^2 = -gz . Z / d^2
         grad_rho.assign(N, 0.0);
         const auto dim = static_cast<size_t>(L.linear.dim_out);
         for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
@@ -443,7 +448,7 @@ class MaceRunner {
           double s = 0.0;
           for (size_t q = 0; q < dim; ++q)
             s += static_cast<double>(gm[i * dim + q]) * static_cast<double>(y_[t][i * dim + q]);
-          grad_rho[i] = -s * inv_d;
+          grad_rho[i] = -s * inv_d * inv_d;
         }
         scale_rows(gm, rows, L.linear.dim_out, rho_[t]);
       }
@@ -478,8 +483,8 @@ class MaceRunner {
   std::vector<double> pair_table_;  // ZBL pair repulsion (pair_.pair null: none)
   ops::PairRepulsionView pair_;
   std::vector<std::vector<T>> up_, m_, hidden_;
-  std::vector<std::vector<T>> y_;         // density blocks: linear(conv) / (1 + rho)
-  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides linear(conv)
+  std::vector<std::vector<T>> y_;         // density blocks: Z = linear(conv)
+  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides (skip of) Z
   std::vector<double> grad_rho;
   HaloRows halo_;
 };

@@ -135,21 +135,17 @@ __global__ void edge_density_backward_kernel(typename Geometry<T>::View geo,
     for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
 }
 
-// One block per row (node): its dim values scaled by 1 / (1 + rho), coalesced, and copied.
+// One block per row (node): its dim values scaled by 1 / (1 + rho), coalesced.
 template <class T>
-__global__ void density_scale_forward_kernel(int dim, const double* rho, T* z, T* copy) {
+__global__ void density_scale_forward_kernel(int dim, const double* rho, const T* z, T* out) {
   const int64_t i = blockIdx.x;
   const T inv_d = static_cast<T>(1.0 / (1.0 + rho[i]));
-  T* row = z + i * dim;
-  T* copy_row = copy ? copy + i * dim : nullptr;
-  for (int q = threadIdx.x; q < dim; q += blockDim.x) {
-    const T value = row[q] * inv_d;
-    row[q] = value;
-    if (copy_row) copy_row[q] = value;
-  }
+  const T* row = z + i * dim;
+  T* out_row = out + i * dim;
+  for (int q = threadIdx.x; q < dim; q += blockDim.x) out_row[q] = row[q] * inv_d;
 }
 
-// One warp per node: grad_rho = -gz . z / d and gz_out = gz / d, in one pass over the row
+// One warp per node: grad_rho = -gz . Z / d^2 and gz_out = gz / d, in one pass over the row
 // (gz_out may be gz).
 template <class T>
 __global__ void density_scale_backward_kernel(int64_t rows, int64_t n, int dim, const T* z,
@@ -174,7 +170,7 @@ __global__ void density_scale_backward_kernel(int64_t rows, int64_t n, int dim, 
     oi[q] = gq * inv_d_t;
   }
   s = warp_sum(s);
-  if (lane == 0) grad_rho[i] = -s * inv_d;
+  if (lane == 0) grad_rho[i] = -s * inv_d * inv_d;
 }
 
 template <class T>
@@ -254,12 +250,12 @@ void edge_density_backward(const Geometry<T>& geom, const EdgeDensity<T>& densit
 }
 
 template <class T>
-void density_scale_forward(int64_t rows, int dim, const double* rho, T* z, T* copy,
+void density_scale_forward(int64_t rows, int dim, const double* rho, const T* z, T* out,
                            cudaStream_t stream) {
   if (rows == 0 || dim == 0) return;
   const int threads = dim >= 256 ? 256 : 128;
   density_scale_forward_kernel<T>
-      <<<static_cast<unsigned>(rows), threads, 0, stream>>>(dim, rho, z, copy);
+      <<<static_cast<unsigned>(rows), threads, 0, stream>>>(dim, rho, z, out);
   check_launch("density_scale_forward_kernel");
 }
 
@@ -273,16 +269,16 @@ void density_scale_backward(int64_t rows, int64_t n, int dim, const T* z, const 
   check_launch("density_scale_backward_kernel");
 }
 
-#define E3FUSE_INSTANTIATE(T)                                                                \
-  template EdgeDensity<T> make_edge_density<T>(const cpu::EdgeDensity<T>&);                  \
-  template void upload_density_tables<T>(EdgeDensity<T>&, const cpu::EdgeDensity<T>&);       \
-  template void edge_density_forward<T>(const Geometry<T>&, const EdgeDensity<T>&,           \
-                                        const GraphView&, double*, cudaStream_t);            \
-  template void edge_density_backward<T>(const Geometry<T>&, const EdgeDensity<T>&,          \
-                                         const GraphView&, const double*, double*, double*,  \
-                                         cudaStream_t);                                      \
-  template void density_scale_forward<T>(int64_t, int, const double*, T*, T*, cudaStream_t); \
-  template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const double*,    \
+#define E3FUSE_INSTANTIATE(T)                                                                      \
+  template EdgeDensity<T> make_edge_density<T>(const cpu::EdgeDensity<T>&);                        \
+  template void upload_density_tables<T>(EdgeDensity<T>&, const cpu::EdgeDensity<T>&);             \
+  template void edge_density_forward<T>(const Geometry<T>&, const EdgeDensity<T>&,                 \
+                                        const GraphView&, double*, cudaStream_t);                  \
+  template void edge_density_backward<T>(const Geometry<T>&, const EdgeDensity<T>&,                \
+                                         const GraphView&, const double*, double*, double*,        \
+                                         cudaStream_t);                                            \
+  template void density_scale_forward<T>(int64_t, int, const double*, const T*, T*, cudaStream_t); \
+  template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const double*,          \
                                           const T*, T*, double*, cudaStream_t);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)

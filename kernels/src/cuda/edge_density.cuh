@@ -47,16 +47,17 @@ template <class T>
 void edge_density_backward(const Geometry<T>& geom, const EdgeDensity<T>& density,
                            const GraphView& g, const double* grad_rho, double* forces,
                            double* atom_virials, cudaStream_t stream);
-// z[i] *= 1 / (1 + rho[i]) for i < rows (dim values per row): mace's linear(message) / (density
-// + 1); the scaled rows also to `copy` when given.
+// out[i] = z[i] / (1 + rho[i]) for i < rows (dim values per row; out may be z): mace's
+// linear(message) / (density + 1).
 template <class T>
-void density_scale_forward(int64_t rows, int dim, const double* rho, T* z, T* copy,
+void density_scale_forward(int64_t rows, int dim, const double* rho, const T* z, T* out,
                            cudaStream_t stream);
-// Its adjoint, with z the scaled rows (as density_scale_forward left them) and gz = dE/dz:
-// grad_rho[i] = -gz_i . z_i / (1 + rho_i) for i < rows, 0 for rows <= i < n, and
-// gz_out[i] = gz[i] / (1 + rho_i) (dE/d linear(message)) for i < rows; gz_out may be gz.
+// Its adjoint with respect to rho and to Z, for m = P(Z) / (1 + rho) with P linear per node
+// (skip, or the identity) and gz = P^T dE/dm: grad_rho[i] = -gz_i . Z_i / (1 + rho_i)^2 for
+// i < rows, 0 for rows <= i < n, and gz_out[i] = gz[i] / (1 + rho_i) (dE/dZ) for i < rows;
+// gz_out may be gz.
 template <class T>
-void density_scale_backward(int64_t rows, int64_t n, int dim, const T* z, const double* rho,
+void density_scale_backward(int64_t rows, int64_t n, int dim, const T* Z, const double* rho,
                             const T* gz, T* gz_out, double* grad_rho, cudaStream_t stream);
 
 }  // namespace e3fuse::cuda

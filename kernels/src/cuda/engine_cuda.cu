@@ -684,16 +684,15 @@ class MaceModel : public Model {
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.density) mlin_[t].resize(N * l.linear.dim_out);
-      // z = linear(y): to m, or with density and skip to mlin (skip's input, kept)
-      T* z = l.density && !l.residual ? mlin_[t].data() : m_[t].data();
+      // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
+      // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d), Z (mlin_) kept for the backward
+      T* z = l.density ? mlin_[t].data() : m_[t].data();
       linear_forward(l.linear, rows, y_.data(), z, st);
-      if (l.density) {  // as mace: z = linear(y) / (1 + rho), kept in mlin_ for the backward
+      if (l.density) {
         s.profiler.mark("edge density", st);
         rho_[t].resize(N);
         edge_density_forward(geom_, l.edge_density, cpu::first_receivers(g, rows), rho_[t].data(),
                              st);
-        density_scale_forward(rows, static_cast<int>(l.linear.dim_out), rho_[t].data(), z,
-                              l.residual ? mlin_[t].data() : nullptr, st);
         s.profiler.mark("linear forward", st);
       }
       if (!l.residual && l.density) {
@@ -703,6 +702,12 @@ class MaceModel : public Model {
         y_.resize(std::max(y_.size(), N * l.skip.dim_out));
         element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
         copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
+      }
+      if (l.density) {  // m = (skip of) Z / (1 + rho)
+        s.profiler.mark("edge density", st);
+        const T* unscaled = l.residual ? z : m_[t].data();
+        const auto dim = static_cast<int>(l.residual ? l.linear.dim_out : l.skip.dim_out);
+        density_scale_forward(rows, dim, rho_[t].data(), unscaled, m_[t].data(), st);
       }
       p_.resize(N * l.product.dim_out);
       s.profiler.mark("symmetric contraction", st);
@@ -776,8 +781,9 @@ class MaceModel : public Model {
         element_linear_backward(l.skip, rows, g.species, gm.data(), y_.data(), false, st);
         if (!l.density) copy_values(y_.data(), gm.data(), rows * l.skip.dim_in, st);
       }
-      if (l.density) {  // z = linear(y) / d: dE/d linear(y) = gz / d, dE/drho = -gz . z / d
-        // (without residual, gz is skip's adjoint in y's buffer: this pass replaces its copy)
+      if (l.density) {  // m = P(Z) / d (P: skip or 1), gz = P^T dE/dm: dE/dZ = gz / d and
+        // dE/drho = -gz . Z / d^2 (without residual gz is skip's adjoint in y's buffer: this
+        // pass replaces its copy)
         s.profiler.mark("edge density", st);
         grad_rho_.resize(N);
         density_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), mlin_[t].data(),
@@ -858,7 +864,7 @@ class MaceModel : public Model {
   // per layer, with the density's pair tables (cpu::EdgeDensity)
   std::vector<cpu::EdgeDensity<T>> host_densities_;
   std::vector<DeviceArray<T>> up_, m_, hidden_;
-  std::vector<DeviceArray<T>> mlin_;      // density layers: linear(y) / (1 + rho)
+  std::vector<DeviceArray<T>> mlin_;      // density layers: Z = linear(y)
   std::vector<DeviceArray<double>> rho_;  // density layers: rho per node
   DeviceArray<double> grad_rho_;
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
