@@ -332,7 +332,7 @@ class MaceRunner {
     const auto N = static_cast<size_t>(n);
     up_.resize(num_layers);
     m_.resize(num_layers);
-    y_.resize(num_layers);
+    z_.resize(num_layers);
     rho_.resize(num_layers);
     hidden_.resize(num_layers);
     std::vector<T> x;
@@ -368,7 +368,7 @@ class MaceRunner {
         rho_[t].resize(N);
         cpu::edge_density_forward(geom_, L.edge_density, cpu::first_receivers(g, rows),
                                   rho_[t].data());
-        y_[t].assign(mlin.begin(), mlin.begin() + rows * dim);
+        z_[t].assign(mlin.begin(), mlin.begin() + rows * dim);
       }
       if (!L.residual)
         cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
@@ -447,7 +447,7 @@ class MaceRunner {
           const double inv_d = 1.0 / (1.0 + rho_[t][i]);
           double s = 0.0;
           for (size_t q = 0; q < dim; ++q)
-            s += static_cast<double>(gm[i * dim + q]) * static_cast<double>(y_[t][i * dim + q]);
+            s += static_cast<double>(gm[i * dim + q]) * static_cast<double>(z_[t][i * dim + q]);
           grad_rho[i] = -s * inv_d * inv_d;
         }
         scale_rows(gm, rows, L.linear.dim_out, rho_[t]);
@@ -483,7 +483,7 @@ class MaceRunner {
   std::vector<double> pair_table_;  // ZBL pair repulsion (pair_.pair null: none)
   ops::PairRepulsionView pair_;
   std::vector<std::vector<T>> up_, m_, hidden_;
-  std::vector<std::vector<T>> y_;         // density blocks: Z = linear(conv)
+  std::vector<std::vector<T>> z_;         // density blocks: Z = linear(conv)
   std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides (skip of) Z
   std::vector<double> grad_rho;
   HaloRows halo_;
