@@ -21,7 +21,8 @@
 # Environment: OUT (default benchmarks/results/gpu_micro), TOTAL_S (wall-time target, default
 # 420 s from the start), MICRO_SIZES / CALL_SIZES (default "864 32000"), MICRO_MODELS (default
 # "7net-0 7net-l3i5 mp0-medium"), REPEATS (micro, default 10), CALL_REPEATS (default 5),
-# E3NN (1: also sevenn / mace-torch without cuEquivariance at 864 atoms), E3FUSE_BUILD
+# E3NN (1: also sevenn / mace-torch without cuEquivariance at 864 atoms), CALLS (0: the
+# microbenchmark only), MICRO_ENGINES (default "e3fuse cueq"), E3FUSE_BUILD
 # (default build/gpu), CUDA_ARCH (default 90).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +64,7 @@ micro_deadline=$(($(left) - 150))
 [[ $micro_deadline -lt 120 ]] && micro_deadline=120
 # shellcheck disable=SC2086
 $PY benchmarks/micro/conv_micro.py --exe "$BUILD/e3fuse_conv_micro" --models $models \
+  --engines ${MICRO_ENGINES:-e3fuse cueq} \
   --sizes ${MICRO_SIZES:-864 32000} --repeats "${REPEATS:-10}" \
   --deadline-s "$micro_deadline" --json "$WORK/micro.json" --markdown "$WORK/micro.md" \
   2>&1 | tee -a "$LOG"
@@ -71,6 +73,7 @@ SUMMARY+=("$(printf '%-28s rc=%-3s %5ss' conv_micro "$rc" "$((SECONDS - START))"
 [[ $rc -ne 0 ]] && FAILED=1
 
 remaining=$(echo $models | wc -w)
+[[ ${CALLS:-1} == 0 ]] && models=""
 for model in $models; do
   case $model in
   mp0-medium) fam=mace upstream=mace ;;

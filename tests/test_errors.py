@@ -253,8 +253,8 @@ def test_missing_model_file(tmp_path: Path) -> None:
     missing = tmp_path / "missing.e3f"
     with pytest.raises(FileNotFoundError, match="missing.e3f"):
         e3fuse.Calculator(missing)
-    with pytest.raises(FileNotFoundError):
-        e3fuse.Calculator(tmp_path)  # a directory
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        e3fuse.Calculator(tmp_path)
     with pytest.raises(E3fuseError, match="cannot open model file"):
         _core.Model.load(str(missing))
 

@@ -526,6 +526,20 @@ def test_error_missing_model(tmp_path: Path) -> None:
     assert str(missing) in message
 
 
+def test_error_pytorch_file_named(tmp_path: Path) -> None:
+    """A PyTorch file (a zip, as torch.save writes) given to pair_coeff: the core names it
+    and says to convert it, instead of reporting an absurd safetensors header length."""
+    import zipfile
+
+    atoms = lammps_frame(make_structure("two_atom"))
+    model_file = tmp_path / "my_mace.model"
+    with zipfile.ZipFile(model_file, "w") as archive:
+        archive.writestr("my_mace/data.pkl", b"\x80\x02}q\x00.")
+    message = lammps_error(structure_commands(atoms) + pair_commands(model_file, ["Ni", "O"]))
+    assert "not an e3fuse model file but a zip archive" in message, message
+    assert "e3fuse convert" in message
+
+
 def test_error_not_an_element(model: Path) -> None:
     atoms = lammps_frame(make_structure("two_atom"))
     message = lammps_error(structure_commands(atoms) + pair_commands(model, ["Ni", "Xx"]))

@@ -81,15 +81,17 @@ def build_mace(
     heads: list[str] | None = None,
     interaction: str = "RealAgnosticResidualInteractionBlock",
     interaction_first: str | None = None,
+    dtype: Any = None,
     **extra: Any,
 ) -> Any:
-    """A mace-torch model in float64 with random (non-trivial) weights."""
+    """A mace-torch model in float64 (or `dtype`, the default dtype while it is built) with
+    random (non-trivial) weights."""
     from e3nn import o3
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
+    torch.set_default_dtype(dtype or torch.float64)
     n = len(elements)
     first = interaction_first or (
         "RealAgnosticResidualInteractionBlock" if first_residual else "RealAgnosticInteractionBlock"

@@ -327,6 +327,7 @@ int run(const Options& opt) {
     }
     layers << (t ? ",\n  " : "") << "{\"layer\": " << t << ", \"dim_in\": " << dim_in
            << ", \"dim_out\": " << dim_out << ", \"weight_numel\": " << conv.view.weight_numel
+           << ", \"sparse_cg\": " << (conv.view.sparse_cg ? "true" : "false")
            << ", \"m_per_edge\": " << conv.view.m_per_edge
            << ", \"irreps_in\": " << json_irreps(cp.in) << ", \"irreps_sh\": " << json_irreps(cp.sh)
            << ", \"irreps_out\": " << json_irreps(cp.out) << ", \"paths_mul_l1_l2_l3\": ["

@@ -300,6 +300,26 @@ class CpuRunner {
   HaloRows halo_;
 };
 
+// mace's non-linear interaction block runs only with its RadialMLP tabulated per ordered
+// species pair, and with one species: the convolution's backward (both backends) takes the
+// radial weights of the two directed edges of a pair as equal, which they are not when the
+// MLP reads the (receiver, sender) species. Shared by the CPU and CUDA engines.
+void check_nonlinear_blocks(const ModelPlan& plan, bool radial_tables) {
+  bool any = false;
+  for (const MaceLayer& l : plan.mace_layers) any = any || l.nonlinear_block;
+  if (!any) return;
+  if (!radial_tables)
+    throw Error(
+        "RealAgnosticResidualNonLinearInteractionBlock: its species-dependent RadialMLP "
+        "(LayerNorm) is evaluated from radial tables only; use radial='table' (the per-edge "
+        "radial MLP of the convolution does not implement it)");
+  if (plan.atomic_numbers.size() > 1)
+    throw Error(
+        "RealAgnosticResidualNonLinearInteractionBlock with several elements is not supported: "
+        "the convolution's backward does not yet take a different radial weight for each "
+        "direction of an edge (ordered species pairs)");
+}
+
 // MACE interaction t (mace-torch RealAgnostic[Residual]InteractionBlock + product):
 //   sc = Skip_s(x) (residual); u = LinearUp(x); y = Conv(u) (1/avg_num_neighbors);
 //   m = Linear(y); m = Skip_s(m) (non-residual); x = ProductLinear(SC_s(m)) (+ sc);
@@ -334,6 +354,8 @@ class MaceRunner {
     m_.resize(num_layers);
     z_.resize(num_layers);
     rho_.resize(num_layers);
+    nl_a_.resize(num_layers);
+    nl_z_.resize(num_layers);
     hidden_.resize(num_layers);
     std::vector<T> x;
     embed_species(geom_, g, x);
@@ -356,25 +378,47 @@ class MaceRunner {
       y.resize(N * L.conv.dim_out);
       cpu::ensure_pair_tables(layers_[t].conv, n, g.species);
       cpu::conv_forward(geom_, L.conv, cpu::first_receivers(g, rows), up_[t].data(), y.data());
-      // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
-      // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d). Z and rho are kept.
-      const auto dim = static_cast<int64_t>(L.linear.dim_out);
-      m_[t].resize(N * dim);
-      mlin.resize(N * dim);
-      const bool via_mlin = L.density || !L.residual;
-      cpu::linear_forward(L.linear, rows, y.data(), via_mlin ? mlin.data() : m_[t].data());
-      if (L.density) {
-        cpu::ensure_density_tables(layers_[t].edge_density, n, g.species);
+      if (L.nonlinear_block) {  // z = linear_1(y) / (alpha + beta rho) + linear_res(u)
         rho_[t].resize(N);
-        cpu::edge_density_forward(geom_, L.edge_density, cpu::first_receivers(g, rows),
+        cpu::edge_density_forward(geom_, L.density_mlp(), cpu::first_receivers(g, rows),
                                   rho_[t].data());
-        z_[t].assign(mlin.begin(), mlin.begin() + rows * dim);
+        std::vector<T>& a = nl_a_[t];
+        std::vector<T>& z = nl_z_[t];
+        a.resize(N * L.linear.dim_out);
+        z.resize(N * L.linear_res.dim_out);
+        cpu::linear_forward(L.linear, rows, y.data(), a.data());
+        cpu::linear_forward(L.linear_res, rows, up_[t].data(), z.data());
+        const auto dim = static_cast<size_t>(L.linear.dim_out);
+        for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
+          const double d = L.alpha + L.beta * rho_[t][i];
+          for (size_t q = 0; q < dim; ++q)
+            z[i * dim + q] += static_cast<T>(static_cast<double>(a[i * dim + q]) / d);
+        }
+        std::vector<T> gated(N * L.gate.plan.dim_out);
+        cpu::gate_forward(L.gate, rows, z.data(), gated.data());
+        m_[t].resize(N * L.linear_2.dim_out);
+        cpu::linear_forward(L.linear_2, rows, gated.data(), m_[t].data());
+      } else {
+        // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
+        // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d). Z and rho are kept.
+        const auto dim = static_cast<int64_t>(L.linear.dim_out);
+        m_[t].resize(N * dim);
+        mlin.resize(N * dim);
+        const bool via_mlin = L.density || !L.residual;
+        cpu::linear_forward(L.linear, rows, y.data(), via_mlin ? mlin.data() : m_[t].data());
+        if (L.density) {
+          cpu::ensure_density_tables(layers_[t].edge_density, n, g.species);
+          rho_[t].resize(N);
+          cpu::edge_density_forward(geom_, L.edge_density, cpu::first_receivers(g, rows),
+                                    rho_[t].data());
+          z_[t].assign(mlin.begin(), mlin.begin() + rows * dim);
+        }
+        if (!L.residual)
+          cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
+        else if (L.density)
+          std::copy(mlin.begin(), mlin.begin() + rows * dim, m_[t].begin());
+        if (L.density) scale_rows(m_[t], rows, L.residual ? dim : L.skip.dim_out, rho_[t]);
       }
-      if (!L.residual)
-        cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
-      else if (L.density)
-        std::copy(mlin.begin(), mlin.begin() + rows * dim, m_[t].begin());
-      if (L.density) scale_rows(m_[t], rows, L.residual ? dim : L.skip.dim_out, rho_[t]);
       p.resize(N * L.product.dim_out);
       cpu::symmetric_contraction_forward(L.product, rows, g.species, m_[t].data(), p.data());
       x.resize(N * L.product_linear.dim_out);
@@ -452,6 +496,27 @@ class MaceRunner {
         }
         scale_rows(gm, rows, L.linear.dim_out, rho_[t]);
       }
+      if (L.nonlinear_block) {
+        // m = linear_2(gate(z)), z = a / d + linear_res(u), a = linear_1(y), d = alpha + beta rho:
+        // dE/dz = gate^T linear_2^T dE/dm, dE/da = dE/dz / d, dE/drho = -beta dE/dz . a / d^2
+        std::vector<T> ggated(N * L.linear_2.dim_in);
+        cpu::linear_backward(L.linear_2, rows, gm.data(), ggated.data(), false);
+        gz.resize(N * L.gate.plan.dim_in);
+        cpu::gate_backward(L.gate, rows, nl_z_[t].data(), ggated.data(), gz.data());
+        grad_rho.assign(N, 0.0);
+        const auto dim = static_cast<size_t>(L.linear.dim_out);
+        gm.resize(N * dim);
+        for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
+          const double d = L.alpha + L.beta * rho_[t][i];
+          double s = 0.0;
+          for (size_t q = 0; q < dim; ++q) {
+            const double gzq = static_cast<double>(gz[i * dim + q]);
+            s += gzq * static_cast<double>(nl_a_[t][i * dim + q]);
+            gm[i * dim + q] = static_cast<T>(gzq / d);
+          }
+          grad_rho[i] = -L.beta * s / (d * d);
+        }
+      }
       gy.resize(N * L.linear.dim_in);
       cpu::linear_backward(L.linear, rows, gm.data(), gy.data(), false);
       zero_rows_from(gy, rows, L.linear.dim_in);  // ghosts' energies are not ours
@@ -463,6 +528,11 @@ class MaceRunner {
       if (L.density)
         cpu::edge_density_backward(geom_, L.edge_density, backward_graph, grad_rho.data(),
                                    forces.data(), want_virial ? atom_virials.data() : nullptr);
+      if (L.nonlinear_block) {
+        cpu::edge_density_backward(geom_, L.density_mlp(), backward_graph, grad_rho.data(),
+                                   forces.data(), want_virial ? atom_virials.data() : nullptr);
+        cpu::linear_backward(L.linear_res, rows, gz.data(), gup.data(), true);
+      }
       if (t == 0) break;
       if (halo) halo_.reverse(*halo, g, L.conv.dim_in, gup.data());
       std::vector<T> gprev(N * L.linear_up.dim_in, T(0));
@@ -486,6 +556,8 @@ class MaceRunner {
   std::vector<std::vector<T>> z_;         // density blocks: Z = linear(conv)
   std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides (skip of) Z
   std::vector<double> grad_rho;
+  std::vector<std::vector<T>> nl_a_, nl_z_;  // non-linear blocks: linear_1(y), the gate's input
+  std::vector<T> gz;
   HaloRows halo_;
 };
 
@@ -530,6 +602,7 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
   }
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   const bool tables = radial_ == Radial::table;
+  if (family == "mace") check_nonlinear_blocks(model_->plan(), tables);
   if (device == Device::cuda) {
 #ifdef E3FUSE_WITH_CUDA
     impl_->gpu = cuda::make_backend(model_->plan(), precision, gpu, tables);

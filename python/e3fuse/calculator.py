@@ -13,8 +13,8 @@ import numpy as np
 from ase.calculators.calculator import Calculator as AseCalculator
 from ase.calculators.calculator import PropertyNotImplementedError, all_changes
 
-from . import _core
-from ._core import E3fuseError
+# The compiled core is imported where it is used, not here: converting a model on first use
+# imports torch, which must come before the core (README, Known issue).
 
 VOIGT = [(0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1)]
 
@@ -43,7 +43,14 @@ class Calculator(AseCalculator):
 
     Parameters
     ----------
-    model: path of an .e3f file (see ``e3fuse convert``).
+    model: an .e3f file (see ``e3fuse convert``), or a model to convert on first use: a
+        SevenNet pretrained name ("7net-0", "7net-l3i5", "7net-mf-0", ... as sevenn
+        resolves them) or checkpoint file, or a mace-torch model file (saved with
+        torch.save(model)). The conversion (torch and sevenn / mace-torch needed, verified
+        against them as ``e3fuse convert`` does) is cached (``e3fuse.cache``: $E3FUSE_CACHE,
+        else the user cache directory) and reused while the source file is unchanged.
+    modal: the modality of a SevenNet multi-fidelity model (sevenn's name, e.g. "PBE").
+    head: the head of a mace-torch multi-head model.
     device: "cpu" or "cuda".
     dtype: "float64" or "float32".
     skin: neighbor-list skin in Angstrom; the list is rebuilt only when an atom
@@ -76,13 +83,28 @@ class Calculator(AseCalculator):
         min_distance: float = 0.1,
         radial: str = "auto",
         region_atoms: int = 0,
+        modal: str | None = None,
+        head: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.model_path = str(model)
-        if not Path(self.model_path).is_file():
-            raise FileNotFoundError(f"model file {self.model_path!r} does not exist")
-        self.file_model = _core.Model.load(self.model_path)
+        from .model_source import resolve
+
+        resolved = resolve(model, modal=modal, head=head)
+        self.source = resolved.source  # what was passed; model_path: the .e3f loaded
+        self.converted = resolved.converted
+        self.model_path = str(resolved.path)
+        from . import _core
+
+        try:
+            self.file_model = _core.Model.load(self.model_path)
+        except _core.E3fuseError as err:
+            if not resolved.converted:
+                raise
+            raise _core.E3fuseError(
+                f"{err} (a conversion of {resolved.source!r} in e3fuse's cache: delete the file "
+                "to convert again)"
+            ) from err
         self._engine_args = (device, dtype, num_threads, radial)
         self._engine_settings = (float(skin), float(min_distance), int(region_atoms))
         # per-system inputs (MACE embedding_specs: total charge, spin) from atoms.info, with
@@ -99,6 +121,8 @@ class Calculator(AseCalculator):
         else:
             self.model = self.file_model
         self._input_values = input_values
+        from . import _core
+
         self.engine = _core.Engine(self.model, *self._engine_args)
         skin, min_distance, region_atoms = self._engine_settings
         self.engine.set_neighbor_skin(skin)
@@ -107,6 +131,8 @@ class Calculator(AseCalculator):
         self.neighbors = NeighborInfo(self.engine)
 
     def _system_input_values(self, atoms: Any) -> list[float]:
+        from ._core import E3fuseError
+
         values = []
         for name, key, default in self.system_inputs:
             value = atoms.info.get(key, default)
@@ -129,9 +155,12 @@ class Calculator(AseCalculator):
         return changes
 
     def __repr__(self) -> str:
-        return f"e3fuse.Calculator({self.model_path!r}: {self.engine.describe()})"
+        converted = f" converted from {self.source!r}" if self.converted else ""
+        return f"e3fuse.Calculator({self.model_path!r}{converted}: {self.engine.describe()})"
 
     def _species_of(self, numbers: np.ndarray) -> np.ndarray:
+        from ._core import E3fuseError
+
         key = numbers.tobytes()
         if key != self._species_key:
             elements, inverse = np.unique(numbers, return_inverse=True)
@@ -158,6 +187,8 @@ class Calculator(AseCalculator):
         properties: list[str] | None = None,
         system_changes: list[str] = all_changes,
     ) -> None:
+        from ._core import E3fuseError
+
         properties = properties or ["energy"]
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms

@@ -3,112 +3,80 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
+from .conversion import verification_structure, verify  # noqa: F401 - e3fuse.cli.verify
 
 
-def verification_structure(atomic_numbers: list[int], seed: int = 0):  # -> ase.Atoms
-    """A random, rattled, triclinic periodic structure of up to three of the
-    model's elements (Cu, Ni, O where available), the converter's check."""
-    from ase.build import bulk
+def usage_lines(model_path: str | Path, atomic_numbers: list[int]) -> list[str]:
+    """The LAMMPS and Python lines that use the model file `model_path`."""
+    from ase.data import chemical_symbols
 
-    preferred = [z for z in (29, 28, 8) if z in atomic_numbers] or atomic_numbers[:3]
-    rng = np.random.default_rng(seed)
-    atoms = bulk("Cu", "fcc", a=3.6).repeat((2, 2, 2))
-    atoms.set_atomic_numbers(rng.choice(preferred, size=len(atoms)))
-    atoms.set_cell(
-        atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))), scale_atoms=True
+    symbols = [chemical_symbols[z] for z in atomic_numbers]
+    shown = str(model_path)
+    lines = ["", "Use it in LAMMPS (units metal):"]
+    lines.append(
+        "  pair_style e3fuse device cpu precision float64   # GPU: device cuda precision float32"
     )
-    atoms.positions += 0.1 * rng.standard_normal(atoms.positions.shape)
-    return atoms
-
-
-def verify(
-    family: str,
-    source,
-    model_path: str,
-    quiet: bool = False,
-    head: str | None = None,
-    modal: str | None = None,
-) -> dict[str, float]:
-    """Evaluate a random structure with the source package and with e3fuse in
-    float64; raise if they differ beyond rounding."""
-    from . import reference
-    from ._core import Model
-    from .calculator import Calculator
-
-    atoms = verification_structure(Model.load(model_path).atomic_numbers)
-    if family == "sevennet":
-        if modal is None:
-            from .modelfile import read_architecture
-
-            modal = read_architecture(model_path).get("source", {}).get("modal")
-        ref = reference.evaluate(reference.sevenn_calculator(source, "float64", modal), atoms)
-    elif family == "mace":
-        if head is None:
-            from .modelfile import read_architecture
-
-            head = read_architecture(model_path).get("source", {}).get("head")
-        ref = reference.evaluate_mace(reference.mace_calculator(source, "float64", head), atoms)
+    if len(symbols) <= 8:
+        lines.append(f"  pair_coeff * * {shown} {' '.join(symbols)}")
+        lines.append(
+            "  # one element per atom type, in type order (NULL for a type the model lacks)"
+        )
     else:
-        raise ValueError(f"no reference for family {family!r}")
-    calc = Calculator(model_path, device="cpu", dtype="float64")
-    ours = atoms.copy()
-    ours.calc = calc
-    diff = {
-        "energy_per_atom": abs(ours.get_potential_energy() - float(ref["energy"])) / len(atoms),
-        "forces": float(np.abs(ours.get_forces() - ref["forces"]).max()),
-        "stress": float(np.abs(ours.get_stress() - ref["stress"]).max()),
-    }
-    limits = {"energy_per_atom": 1e-9, "forces": 1e-8, "stress": 1e-9}
-    bad = [k for k in diff if not diff[k] <= limits[k]]
-    if not quiet:
-        print(
-            f"verification on {len(atoms)} atoms ({atoms.get_chemical_formula()}), float64: "
-            + ", ".join(f"max |d {k}| = {v:.2e}" for k, v in diff.items())
+        example = [s for s in ("Cu", "Ni", "O") if s in symbols] or symbols[:2]
+        lines.append(f"  pair_coeff * * {shown} {' '.join(example)}")
+        lines.append(
+            "  # one element per atom type, in type order (NULL for a type the model lacks); "
+            f"the model's {len(symbols)} elements:"
         )
-    if bad:
-        raise RuntimeError(
-            "conversion does NOT reproduce the source model: "
-            + ", ".join(f"{k} differs by {diff[k]:.3e} (limit {limits[k]:.0e})" for k in bad)
-        )
-    return diff
+        for start in range(0, len(symbols), 20):
+            lines.append("  #   " + " ".join(symbols[start : start + 20]))
+    lines += [
+        "or in Python (ASE):",
+        "  from e3fuse import Calculator",
+        f'  atoms.calc = Calculator({shown!r}, device="cpu", dtype="float64")'
+        '  # GPU: device="cuda", dtype="float32"',
+    ]
+    return lines
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    from .conversion import convert_to_file
+    from .modelfile import read_architecture
+
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".e3f", dir=output.parent)
-    os.close(fd)
-    try:
-        if args.family == "sevennet":
-            from .convert import sevennet
-
-            sevennet.convert(args.source, tmp, modal=args.modal)
-        elif args.family == "mace":
-            from .convert import mace
-
-            if args.modal is not None:
-                raise ValueError("--modal is for sevennet multi-fidelity models (mace: --head)")
-            mace.convert(args.source, tmp, head=args.head)
-        else:
-            raise SystemExit(f"unknown model family {args.family!r}")
-        if not args.no_verify:
-            verify(args.family, args.source, tmp, head=args.head, modal=args.modal)
-        os.replace(tmp, output)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    convert_to_file(
+        args.family,
+        args.source,
+        output,
+        modal=args.modal,
+        head=args.head,
+        check=not args.no_verify,
+    )
     print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")
+    print("\n".join(usage_lines(output, read_architecture(output)["atomic_numbers"])))
     return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ._core import Model
+    from ._core import E3fuseError, Model
+    from .filekind import identify
+
+    if Path(args.file).is_dir():
+        from .model_source import directory_message
+
+        raise IsADirectoryError(directory_message(args.file, Path(args.file)))
+    if Path(args.file).is_file():  # a wrong file: say what it is, before the core reads it
+        kind = identify(args.file)
+        if kind.problem:
+            raise E3fuseError(kind.problem)
+        if kind.family:
+            raise E3fuseError(
+                f"{args.file!r} is a {kind.kind.replace('-', ' ')}, not an .e3f file: convert it "
+                f"with `e3fuse convert {kind.family} {args.file} -o model.e3f`"
+            )
 
     print(Model.load(args.file).summary(), end="")
     return 0
@@ -220,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - report cleanly, non-zero exit
         from ._core import E3fuseError
 
-        if isinstance(err, (E3fuseError, FileNotFoundError, RuntimeError, ValueError)):
+        if isinstance(err, (E3fuseError, OSError, ImportError, RuntimeError, ValueError)):
             print(f"e3fuse: error: {err}", file=sys.stderr)
             return 1
         raise

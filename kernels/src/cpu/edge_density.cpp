@@ -9,12 +9,18 @@
 // Backward as in conv.cpp: node k visits each neighbor j once and takes both directed edges of
 // the pair, which share r: dE/dr = (dE/drho_k + dE/drho_j) d(edge density)/dr; all writes go
 // to node k.
+//
+// The non-linear block's density (ops::RadialMlpView overloads): rho_i = sum_j
+// tanh(MLP(emb_ij, s_i, s_j)^2) (times the envelope when apply_cutoff is false), the MLP of
+// the ordered species pair (receiver, sender): the two directed edges of a pair differ when
+// their species do, dE/dr = dE/drho_k d_kj/dr + dE/drho_j d_jk/dr.
 #include <cmath>
 #include <vector>
 
 #include "cpu/ops.h"
 #include "ops/edge_vector.h"
 #include "ops/radial.h"
+#include "ops/radial_mlp.h"
 #include "ops/radial_table.h"
 
 namespace e3fuse::cpu {
@@ -45,6 +51,92 @@ void edge_density_at(const TypedPlan<T>& plan, const EdgeDensity<T>& density, in
                         r, emb, demb);
   }
   ops::edge_density(nb, density.weights.data(), emb, demb, plan.apply_cutoff, f, df, value, grad);
+}
+
+namespace {
+
+// The non-linear block's RadialMLP density of the ordered species pair `pair` at r: value,
+// d/dr (work: 4 * max_dim doubles); always exact, in double.
+template <class T>
+void edge_density_at(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp, int pair, double r,
+                     double* work, double& value, double& grad) {
+  const int nb = plan.num_basis;
+  double emb[64], demb[64], f = 1.0, df = 0.0;
+  const double r0 = plan.pair_dependent ? plan.pair_r0[static_cast<size_t>(pair)] : 1.0;
+  ops::mace_edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64,
+                           plan.envelope, plan.transform, plan.apply_cutoff, r, r0, emb, demb, f,
+                           df);
+  double s, ds;
+  ops::radial_mlp_forward(mlp, pair, emb, demb, &s, &ds, work);
+  const double one = 1.0;  // ops::edge_density of the one "basis function" s
+  ops::edge_density(1, &one, &s, &ds, plan.apply_cutoff, f, df, value, grad);
+}
+
+}  // namespace
+
+template <class T>
+void edge_density_forward(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp,
+                          const GraphView& g, double* rho) {
+  const double cutoff2 = plan.cutoff * plan.cutoff;
+#pragma omp parallel
+  {
+    std::vector<double> work(4 * static_cast<size_t>(mlp.max_dim));
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t i = 0; i < g.num_nodes; ++i) {
+      double sum = 0.0;
+      for (int64_t e = g.row_offsets[i]; e < g.row_offsets[i + 1]; ++e) {
+        double v[3];
+        ops::edge_vector(g, i, e, v);
+        const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+        if (r2 >= cutoff2 || r2 == 0.0) continue;
+        const int pair = g.species[i] * plan.num_species + g.species[g.neighbors[e]];
+        double value, grad;
+        edge_density_at(plan, mlp, pair, std::sqrt(r2), work.data(), value, grad);
+        sum += value;
+      }
+      rho[i] = sum;
+    }
+  }
+}
+
+template <class T>
+void edge_density_backward(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp,
+                           const GraphView& g, const double* grad_rho, double* forces,
+                           double* atom_virials) {
+  const double cutoff2 = plan.cutoff * plan.cutoff;
+  const int S = plan.num_species;
+#pragma omp parallel
+  {
+    std::vector<double> work(4 * static_cast<size_t>(mlp.max_dim));
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t k = 0; k < g.num_nodes; ++k) {
+      double fk[3] = {0, 0, 0}, wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t e = g.row_offsets[k]; e < g.row_offsets[k + 1]; ++e) {
+        const int32_t j = g.neighbors[e];
+        if (grad_rho[k] == 0.0 && grad_rho[j] == 0.0) continue;
+        double v[3];
+        ops::edge_vector(g, k, e, v);
+        const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+        if (r2 >= cutoff2 || r2 == 0.0) continue;
+        const double r = std::sqrt(r2);
+        const int kj = g.species[k] * S + g.species[j], jk = g.species[j] * S + g.species[k];
+        double value, grad_kj, grad_jk;
+        edge_density_at(plan, mlp, kj, r, work.data(), value, grad_kj);
+        grad_jk = grad_kj;
+        if (jk != kj) edge_density_at(plan, mlp, jk, r, work.data(), value, grad_jk);
+        const double dr = grad_rho[k] * grad_kj + grad_rho[j] * grad_jk;
+        for (int a = 0; a < 3; ++a) {
+          const double f = dr * v[a] / r;
+          fk[a] += f;
+          if (atom_virials)
+            for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
+        }
+      }
+      for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
+      if (atom_virials)
+        for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
+    }
+  }
 }
 
 template <class T>
@@ -113,6 +205,14 @@ template void edge_density_forward<double>(const TypedPlan<double>&, const EdgeD
 template void edge_density_backward<float>(const TypedPlan<float>&, const EdgeDensity<float>&,
                                            const GraphView&, const double*, double*, double*);
 template void edge_density_backward<double>(const TypedPlan<double>&, const EdgeDensity<double>&,
+                                            const GraphView&, const double*, double*, double*);
+template void edge_density_forward<float>(const TypedPlan<float>&, const ops::RadialMlpView&,
+                                          const GraphView&, double*);
+template void edge_density_forward<double>(const TypedPlan<double>&, const ops::RadialMlpView&,
+                                           const GraphView&, double*);
+template void edge_density_backward<float>(const TypedPlan<float>&, const ops::RadialMlpView&,
+                                           const GraphView&, const double*, double*, double*);
+template void edge_density_backward<double>(const TypedPlan<double>&, const ops::RadialMlpView&,
                                             const GraphView&, const double*, double*, double*);
 
 }  // namespace e3fuse::cpu

@@ -8,6 +8,7 @@
 
 #include "cpu/typed_plan.h"
 #include "model/plan.h"
+#include "ops/radial_mlp.h"
 
 namespace e3fuse::cpu {
 
@@ -89,8 +90,20 @@ struct MaceBlock {
   SymmetricContraction<T> product;
   Activation act = Activation::identity;
   T act_scale = T(1);
-  bool density = false;         // divide the convolution by 1 + rho (MaceLayer)
+  bool density = false;         // divide linear(message) by 1 + rho (MaceLayer)
   EdgeDensity<T> edge_density;  // rho's weights (and table)
+  // mace's non-linear block (MaceLayer::nonlinear_block): `linear` is its linear_1.
+  bool nonlinear_block = false;
+  Linear<T> linear_res, linear_2;  // linear_res reads linear_up's (ir_mul) output
+  Gate<T> gate;
+  double alpha = 1.0, beta = 0.0;
+  std::vector<double> density_params;  // the density RadialMLP (ops::radial_mlp_layout)
+  ops::RadialMlpView density_layout;   // offsets into density_params
+  ops::RadialMlpView density_mlp() const {
+    ops::RadialMlpView v = density_layout;
+    v.params = density_params.data();
+    return v;
+  }
 };
 
 // With `table_of` (the model), the convolution's radial MLP and the edge density are also
@@ -114,6 +127,19 @@ MaceBlock<T> make_mace_block(const MaceLayer& l, const ModelPlan* table_of = nul
   q.density = l.density;
   if (q.density) q.edge_density = make_edge_density<T>(l.density_weights, table_of);
   wire_conv_layout(q.linear_up, q.conv, q.linear);
+  if (l.nonlinear_block) {
+    q.nonlinear_block = true;
+    q.linear_res = make_linear<T>(l.linear_res);
+    split_linear_side(q.linear_res, q.conv.in_blocks, true);
+    q.linear_res.in_ir_mul = true;
+    q.linear_2 = make_linear<T>(l.linear_2);
+    q.gate.plan = l.gate;
+    q.gate.gated_factor = static_cast<T>(l.gate.gated_factor);
+    q.alpha = l.alpha;
+    q.beta = l.beta;
+    q.density_layout = ops::radial_mlp_layout(l.density_mlp, q.density_params);
+    if (q.density_layout.layers == 0) throw Error("density MLP with too many layers");
+  }
   return q;
 }
 

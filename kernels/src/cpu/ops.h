@@ -7,6 +7,7 @@
 
 #include "cpu/typed_plan.h"
 #include "e3fuse/system.h"
+#include "ops/radial_mlp.h"
 
 namespace e3fuse::cpu {
 
@@ -88,6 +89,16 @@ void edge_density_forward(const TypedPlan<T>& plan, const EdgeDensity<T>& densit
 // when given, atom_virials (as conv_backward; needs the symmetric graph).
 template <class T>
 void edge_density_backward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
+                           const GraphView& graph, const double* grad_rho, double* forces,
+                           double* atom_virials);
+
+// The non-linear block's density: tanh(MLP(emb_ij, s_i, s_j)^2) per edge (cpu/edge_density.cpp);
+// `mlp` reads host memory.
+template <class T>
+void edge_density_forward(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp,
+                          const GraphView& graph, double* rho);
+template <class T>
+void edge_density_backward(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp,
                            const GraphView& graph, const double* grad_rho, double* forces,
                            double* atom_virials);
 

@@ -18,6 +18,7 @@
 #include "e3fuse/error.h"
 #include "ops/activation.h"
 #include "ops/radial.h"
+#include "ops/radial_mlp.h"
 
 namespace e3fuse::cpu {
 
@@ -34,12 +35,15 @@ struct Samples {
 };
 
 // r0: the species pair's r_0 under a MACE distance transform (ignored without one).
+// With `rmlp` (mace's RadialMLP, non-linear block) that network of the ordered species pair
+// `pair` replaces `mlp`.
 Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<double>& rs,
-                 double r0) {
+                 double r0, const RadialMlpPlan* rmlp = nullptr, int pair = 0) {
   const int n = static_cast<int>(rs.size());
   const int layers = static_cast<int>(mlp.weights.size());
   const int nb = model.radial.num_basis;
-  if (mlp.dims.empty() || mlp.dims[0] != nb)
+  const std::vector<int>& dims = rmlp ? rmlp->dims : mlp.dims;
+  if (dims.empty() || dims[0] != nb)
     throw Error("internal: radial MLP input does not match the radial basis");
   const ops::EnvelopeParams env{model.radial.envelope, model.radial.r_cut, model.radial.r_on,
                                 model.radial.p};
@@ -58,7 +62,26 @@ Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<d
                                   &h[static_cast<size_t>(p) * nb],
                                   &dh[static_cast<size_t>(p) * nb]);
   }
-  for (int l = 0; l < layers; ++l) {
+  if (rmlp) {  // per point through ops::radial_mlp_forward (tangent mode)
+    std::vector<double> params;
+    ops::RadialMlpView view = ops::radial_mlp_layout(*rmlp, params);
+    if (view.layers == 0) throw Error("radial MLP with too many layers");
+    view.params = params.data();
+    const int W = dims.back();
+    std::vector<double> out(static_cast<size_t>(n) * W), dout(out.size());
+#pragma omp parallel
+    {
+      std::vector<double> work(4 * static_cast<size_t>(view.max_dim));
+#pragma omp for schedule(static)
+      for (int p = 0; p < n; ++p)
+        ops::radial_mlp_forward(view, pair, &h[static_cast<size_t>(p) * nb],
+                                &dh[static_cast<size_t>(p) * nb], &out[static_cast<size_t>(p) * W],
+                                &dout[static_cast<size_t>(p) * W], work.data());
+    }
+    h.swap(out);
+    dh.swap(dout);
+  }
+  for (int l = 0; l < (rmlp ? 0 : layers); ++l) {
     const int K = mlp.dims[l], N = mlp.dims[l + 1];
     const double* W = mlp.weights[l].data();
     std::vector<double> z(static_cast<size_t>(n) * N, 0.0), dz(z.size(), 0.0);
@@ -85,7 +108,7 @@ Samples evaluate(const ModelPlan& model, const MlpPlan& mlp, const std::vector<d
     dh.swap(dz);
   }
   if (!rp.apply_cutoff) {  // R = MLP(emb) f(r)
-    const int W = mlp.dims.back();
+    const int W = dims.back();
     for (int p = 0; p < n; ++p)
       for (int c = 0; c < W; ++c) {
         const size_t q = static_cast<size_t>(p) * W + c;
@@ -201,9 +224,10 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
 
 template <class T>
 RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0,
-                                 int min_intervals) {
-  return tabulate<T>(model, mlp.dims.back(), min_intervals, false,
-                     [&](const std::vector<double>& rs) { return evaluate(model, mlp, rs, r0); });
+                                 int min_intervals, const RadialMlpPlan* rmlp, int pair) {
+  return tabulate<T>(
+      model, rmlp ? rmlp->dims.back() : mlp.dims.back(), min_intervals, false,
+      [&](const std::vector<double>& rs) { return evaluate(model, mlp, rs, r0, rmlp, pair); });
 }
 
 // mace's edge density tanh((w . emb)^2) (x f(r) without apply_cutoff), evaluated as the
@@ -240,9 +264,10 @@ RadialTable<T> make_density_table(const ModelPlan& model, const std::vector<doub
   return tabulate<T>(model, 1, min_intervals, true, density);
 }
 
-template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&, double, int);
+template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&, double, int,
+                                                     const RadialMlpPlan*, int);
 template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&, double,
-                                                       int);
+                                                       int, const RadialMlpPlan*, int);
 template RadialTable<float> make_density_table<float>(const ModelPlan&, const std::vector<double>&,
                                                       double, int);
 template RadialTable<double> make_density_table<double>(const ModelPlan&,

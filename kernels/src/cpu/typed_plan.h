@@ -58,9 +58,12 @@ struct RadialTable {
 // step until the midpoint errors are below float32 rounding (cpu/radial_table.cpp).
 // With a MACE distance transform the table is that of one species pair, whose r_0 is `r0`;
 // min_intervals: start the refinement there (pair tables share one grid, see Conv).
+// With `rmlp` (mace's RadialMLP) the table is that network's for the ordered species pair
+// `pair` (s_receiver * S + s_sender), and `mlp` is ignored.
 template <class T>
 RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0 = 0.0,
-                                 int min_intervals = 0);
+                                 int min_intervals = 0, const RadialMlpPlan* rmlp = nullptr,
+                                 int pair = 0);
 
 // mace's edge density tanh((w . emb)^2) (times the envelope without apply_cutoff;
 // ops::edge_density) as a one-output table in r, to the same tolerances; the slope is also
@@ -69,14 +72,16 @@ template <class T>
 RadialTable<T> make_density_table(const ModelPlan& model, const std::vector<double>& weights,
                                   double r0 = 0.0, int min_intervals = 0);
 
-// The tables of the species pairs present in species[0..n) that `slot` (S x S, symmetric)
-// lacks (-1), built by build(r_0 of the pair, min_intervals) and appended to `tables`; then
-// the coarser tables are rebuilt on the finest grid (one grid for all). True when it built
-// any. Shared by the radial MLP (Conv) and the edge density (EdgeDensity).
+// The tables of the species pairs present in species[0..n) that `slot` (S x S) lacks (-1),
+// built by build(r_0 of the pair, min_intervals, pair = a * S + b) and appended to `tables`;
+// then the coarser tables are rebuilt on the finest grid (one grid for all). `ordered`: one
+// table per ordered pair (a, b) (mace's RadialMLP, whose weights depend on the order), else
+// `slot` is symmetric. True when it built any. Shared by the radial MLP (Conv) and the edge
+// density (EdgeDensity).
 template <class T, class Build>
 bool ensure_tables_of_pairs(const ModelPlan& model, std::vector<int>& slot,
                             std::vector<RadialTable<T>>& tables, int64_t n, const int32_t* species,
-                            Build&& build) {
+                            bool ordered, Build&& build) {
   const int S = static_cast<int>(model.atomic_numbers.size());
   std::vector<char> present(static_cast<size_t>(S), 0);
   for (int64_t i = 0; i < n; ++i) present[static_cast<size_t>(species[i])] = 1;
@@ -84,24 +89,28 @@ bool ensure_tables_of_pairs(const ModelPlan& model, std::vector<int>& slot,
                                 model.radial.agnesi_p, model.radial.agnesi_a,
                                 model.radial.soft_alpha};
   auto r0_of = [&](int a, int b) {
-    return ops::transform_r0(tp, model.radial.covalent_radii[a], model.radial.covalent_radii[b]);
+    return model.radial.pair_dependent() ? ops::transform_r0(tp, model.radial.covalent_radii[a],
+                                                             model.radial.covalent_radii[b])
+                                         : 0.0;
   };
   bool built = false;
   for (int a = 0; a < S; ++a)
-    for (int b = a; b < S; ++b) {
+    for (int b = ordered ? 0 : a; b < S; ++b) {
       if (!present[a] || !present[b] || slot[a * S + b] >= 0) continue;
       const int grid = tables.empty() ? 0 : tables.front().intervals;
-      tables.push_back(build(r0_of(a, b), grid));
-      slot[a * S + b] = slot[b * S + a] = static_cast<int>(tables.size()) - 1;
+      tables.push_back(build(r0_of(a, b), grid, a * S + b));
+      slot[a * S + b] = static_cast<int>(tables.size()) - 1;
+      if (!ordered) slot[b * S + a] = slot[a * S + b];
       built = true;
     }
   if (!built) return false;
   int finest = 0;
   for (const RadialTable<T>& t : tables) finest = std::max(finest, t.intervals);
   for (int a = 0; a < S; ++a)
-    for (int b = a; b < S; ++b) {
+    for (int b = ordered ? 0 : a; b < S; ++b) {
       const int k = slot[a * S + b];
-      if (k >= 0 && tables[k].intervals != finest) tables[k] = build(r0_of(a, b), finest);
+      if (k >= 0 && tables[k].intervals != finest)
+        tables[k] = build(r0_of(a, b), finest, a * S + b);
     }
   return true;
 }
@@ -135,6 +144,10 @@ struct Conv {
   std::vector<RadialTable<T>> pair_tables;
   MlpPlan mlp_plan;                     // to build pair tables (double weights)
   const ModelPlan* table_of = nullptr;  // the model (outlives the engine's typed plans)
+  // mace's non-linear block: the RadialMLP of ConvPlan::radial_mlp (in the model), whose
+  // tables are per ORDERED pair (s_receiver, s_sender): pair_table[a * S + b] then need not
+  // equal pair_table[b * S + a].
+  const RadialMlpPlan* radial_mlp = nullptr;
   bool tabulated() const { return !table.empty() || !pair_table.empty(); }
   const RadialTable<T>& table_for_pair(int pair) const {
     return pair_table.empty() ? table : pair_tables[static_cast<size_t>(pair_table[pair])];
@@ -147,9 +160,11 @@ template <class T>
 bool ensure_pair_tables(Conv<T>& conv, int64_t n, const int32_t* species) {
   if (conv.pair_table.empty()) return false;
   const ModelPlan& model = *conv.table_of;
-  return ensure_tables_of_pairs(
-      model, conv.pair_table, conv.pair_tables, n, species,
-      [&](double r0, int grid) { return make_radial_table<T>(model, conv.mlp_plan, r0, grid); });
+  return ensure_tables_of_pairs(model, conv.pair_table, conv.pair_tables, n, species,
+                                conv.radial_mlp != nullptr, [&](double r0, int grid, int pair) {
+                                  return make_radial_table<T>(model, conv.mlp_plan, r0, grid,
+                                                              conv.radial_mlp, pair);
+                                });
 }
 
 // mace's edge density (RealAgnosticDensity[Residual]InteractionBlock, cpu/edge_density.cpp):
@@ -192,9 +207,10 @@ template <class T>
 bool ensure_density_tables(EdgeDensity<T>& density, int64_t n, const int32_t* species) {
   if (density.pair_table.empty()) return false;
   const ModelPlan& model = *density.table_of;
-  return ensure_tables_of_pairs(
-      model, density.pair_table, density.pair_tables, n, species,
-      [&](double r0, int grid) { return make_density_table<T>(model, density.weights, r0, grid); });
+  return ensure_tables_of_pairs(model, density.pair_table, density.pair_tables, n, species, false,
+                                [&](double r0, int grid, int) {
+                                  return make_density_table<T>(model, density.weights, r0, grid);
+                                });
 }
 
 template <class T>
@@ -304,7 +320,17 @@ Conv<T> make_conv(const ConvPlan& p, const ModelPlan* table_of = nullptr) {
     c.paths.push_back(std::move(q));
   }
   c.mlp = make_mlp<T>(p.mlp);
-  if (table_of && table_of->radial.pair_dependent()) {
+  if (!p.radial_mlp.empty()) {
+    // mace's RadialMLP: only tabulated, per ordered species pair. Without table_of (the
+    // per-edge radial MLP) the engines refuse the model (see MaceRunner).
+    if (table_of) {
+      const size_t S = table_of->atomic_numbers.size();
+      c.pair_table.assign(S * S, -1);
+      c.mlp_plan = p.mlp;
+      c.table_of = table_of;
+      c.radial_mlp = &p.radial_mlp;
+    }
+  } else if (table_of && table_of->radial.pair_dependent()) {
     const size_t S = table_of->atomic_numbers.size();
     c.pair_table.assign(S * S, -1);
     c.mlp_plan = p.mlp;

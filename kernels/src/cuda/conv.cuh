@@ -68,8 +68,10 @@ struct Conv {
     int in_offset, mul, d1, path_begin, path_end;
   };
   // gx_offset: the path's slot [d1][mul] of dE/dx partial sums in the backward pass.
+  // alpha: the path's Clebsch-Gordan block is alpha x w3j(l1, l2, l3) (ops/wigner3j_table.h).
   struct Path {
     int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset, gx_offset;
+    T alpha;
   };
   // The tensor product is dealt to the warps as tasks: path `path` for the 32 x C channels
   // u0 .. u0 + 32 C - 1 of its input block, C = lane_channels adjacent channels per lane:
@@ -98,6 +100,9 @@ struct Conv {
     int m_per_edge = 0;
     const MEntry* m_entries = nullptr;
     const T* cg = nullptr;
+    // Every path is alpha x w3j(l1, l2, l3) (Path::alpha): the forward tensor product may
+    // run from the compile-time Wigner 3j entries (conv.cu, sparse_forward).
+    bool sparse_cg = false;
     int mlp_layers = 0;
     int dims[kMaxMlpLayers + 1] = {};
     const T* w[kMaxMlpLayers] = {};   // [dims[l]][dims[l+1]]

@@ -1,7 +1,8 @@
 // cuda/edge_density.cuh: mace's density blocks on the GPU (RealAgnosticDensity[Residual]-
 // InteractionBlock; cuda/edge_density.cu): the neighbor density rho_i, the division of the
-// block's linear(convolution) by 1 + rho_i, and their adjoints (cpu/edge_density.cpp and
-// MaceRunner in engine.cpp are the reference).
+// block's linear(convolution) by 1 + rho_i, and their adjoints; also the non-linear block's
+// (RealAgnosticResidualNonLinearInteractionBlock) RadialMLP density and its division by
+// alpha + beta rho_i (cpu/edge_density.cpp and MaceRunner in engine.cpp are the reference).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "cuda/common.cuh"
 #include "cuda/conv.cuh"
 #include "e3fuse/system.h"
+#include "ops/radial_mlp.h"
 
 namespace e3fuse::cuda {
 
@@ -59,5 +61,27 @@ void density_scale_forward(int64_t rows, int dim, const double* rho, const T* z,
 template <class T>
 void density_scale_backward(int64_t rows, int64_t n, int dim, const T* Z, const double* rho,
                             const T* gz, T* gz_out, double* grad_rho, cudaStream_t stream);
+
+// mace's non-linear block: the same with the edge density tanh(MLP(emb_ij, s_i, s_j)^2) of its
+// RadialMLP (cpu/edge_density.cpp's RadialMlpView overloads), always evaluated exactly in
+// double; mlp.params in device memory, mlp.max_dim <= kMaxDensityMlpDim.
+constexpr int kMaxDensityMlpDim = 128;
+template <class T>
+void edge_density_forward(const Geometry<T>& geom, const ops::RadialMlpView& mlp,
+                          const GraphView& g, double* rho, cudaStream_t stream);
+template <class T>
+void edge_density_backward(const Geometry<T>& geom, const ops::RadialMlpView& mlp,
+                           const GraphView& g, const double* grad_rho, double* forces,
+                           double* atom_virials, cudaStream_t stream);
+// The non-linear block's normalisation: z[i] += a[i] / (alpha + beta rho[i]) for i < rows (dim
+// values per row), and its adjoint given gz = dE/dz: ga[i] = gz[i] / d_i and
+// grad_rho[i] = -beta gz_i . a_i / d_i^2 for i < rows, grad_rho[i] = 0 for rows <= i < n.
+template <class T>
+void nonlinear_scale_forward(int64_t rows, int dim, double alpha, double beta, const double* rho,
+                             const T* a, T* z, cudaStream_t stream);
+template <class T>
+void nonlinear_scale_backward(int64_t rows, int64_t n, int dim, double alpha, double beta,
+                              const T* a, const T* gz, const double* rho, T* ga, double* grad_rho,
+                              cudaStream_t stream);
 
 }  // namespace e3fuse::cuda

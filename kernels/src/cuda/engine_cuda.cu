@@ -602,6 +602,18 @@ class MaceModel : public Model {
     T act_scale = T(1);
     bool density = false;  // divide linear(convolution) by 1 + rho (cpu::MaceBlock)
     EdgeDensity<T> edge_density;
+    // mace's non-linear block (cpu::MaceBlock): `linear` is its linear_1
+    bool nonlinear_block = false;
+    Linear<T> linear_res, linear_2;
+    Gate<T> gate;
+    double alpha = 1.0, beta = 0.0;
+    DeviceArray<double> density_params;
+    ops::RadialMlpView density_layout;
+    ops::RadialMlpView density_mlp() const {
+      ops::RadialMlpView v = density_layout;
+      v.params = density_params.data();
+      return v;
+    }
   };
 
   MaceModel(const ModelPlan& plan, const cpu::TypedPlan<T>& typed, bool radial_tables)
@@ -626,6 +638,19 @@ class MaceModel : public Model {
       q.act_scale = h.act_scale;
       q.density = h.density;
       if (q.density) q.edge_density = make_edge_density<T>(h.edge_density);
+      if (h.nonlinear_block) {
+        if (h.density_layout.max_dim > kMaxDensityMlpDim)
+          throw Error("non-linear block: density MLP wider than " +
+                      std::to_string(kMaxDensityMlpDim) + " on the GPU");
+        q.nonlinear_block = true;
+        q.linear_res = make_linear<T>(h.linear_res);
+        q.linear_2 = make_linear<T>(h.linear_2);
+        q.gate = make_gate<T>(h.gate);
+        q.alpha = h.alpha;
+        q.beta = h.beta;
+        q.density_params.upload(h.density_params);
+        q.density_layout = h.density_layout;
+      }
       if (!h.conv.pair_table.empty()) host_convs_.push_back(h.conv);  // tables built in prepare
       host_densities_.push_back(h.edge_density);  // pair tables built in prepare
       layers_.push_back(std::move(q));
@@ -655,6 +680,7 @@ class MaceModel : public Model {
     m_.resize(L);
     rho_.resize(L);
     mlin_.resize(L);
+    nlz_.resize(L);
     hidden_.resize(L);
     embed_species(g, n, embedding_dim_, embedding_, x_, st);
     inter_.resize(N);
@@ -684,30 +710,48 @@ class MaceModel : public Model {
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.density) mlin_[t].resize(N * l.linear.dim_out);
-      // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
-      // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d), Z (mlin_) kept for the backward
-      T* z = l.density ? mlin_[t].data() : m_[t].data();
-      linear_forward(l.linear, rows, y_.data(), z, st);
-      if (l.density) {
+      if (l.nonlinear_block) {  // z = linear_1(y) / (alpha + beta rho) + linear_res(u)
         s.profiler.mark("edge density", st);
         rho_[t].resize(N);
-        edge_density_forward(geom_, l.edge_density, cpu::first_receivers(g, rows), rho_[t].data(),
+        edge_density_forward(geom_, l.density_mlp(), cpu::first_receivers(g, rows), rho_[t].data(),
                              st);
         s.profiler.mark("linear forward", st);
-      }
-      if (!l.residual && l.density) {
-        element_linear_forward(l.skip, rows, g.species, z, m_[t].data(), st);
-      } else if (!l.residual) {
-        // m = skip(linear(y)): y's buffer, dead after the linear, takes skip's output
-        y_.resize(std::max(y_.size(), N * l.skip.dim_out));
-        element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
-        copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
-      }
-      if (l.density) {  // m = (skip of) Z / (1 + rho)
-        s.profiler.mark("edge density", st);
-        const T* unscaled = l.residual ? z : m_[t].data();
-        const auto dim = static_cast<int>(l.residual ? l.linear.dim_out : l.skip.dim_out);
-        density_scale_forward(rows, dim, rho_[t].data(), unscaled, m_[t].data(), st);
+        mlin_[t].resize(N * l.linear.dim_out);
+        linear_forward(l.linear, rows, y_.data(), mlin_[t].data(), st);
+        nlz_[t].resize(N * l.linear_res.dim_out);
+        linear_forward(l.linear_res, rows, up_[t].data(), nlz_[t].data(), st);
+        nonlinear_scale_forward(rows, static_cast<int>(l.linear.dim_out), l.alpha, l.beta,
+                                rho_[t].data(), mlin_[t].data(), nlz_[t].data(), st);
+        a_.resize(N * l.gate.dim_out);
+        gate_forward(l.gate, rows, nlz_[t].data(), a_.data(), st);
+        m_[t].resize(N * l.linear_2.dim_out);
+        linear_forward(l.linear_2, rows, a_.data(), m_[t].data(), st);
+      } else {
+        // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
+        // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d), Z (mlin_) kept for the backward
+        T* z = l.density ? mlin_[t].data() : m_[t].data();
+        linear_forward(l.linear, rows, y_.data(), z, st);
+        if (l.density) {
+          s.profiler.mark("edge density", st);
+          rho_[t].resize(N);
+          edge_density_forward(geom_, l.edge_density, cpu::first_receivers(g, rows), rho_[t].data(),
+                               st);
+          s.profiler.mark("linear forward", st);
+        }
+        if (!l.residual && l.density) {
+          element_linear_forward(l.skip, rows, g.species, z, m_[t].data(), st);
+        } else if (!l.residual) {
+          // m = skip(linear(y)): y's buffer, dead after the linear, takes skip's output
+          y_.resize(std::max(y_.size(), N * l.skip.dim_out));
+          element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
+          copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
+        }
+        if (l.density) {  // m = (skip of) Z / (1 + rho)
+          s.profiler.mark("edge density", st);
+          const T* unscaled = l.residual ? z : m_[t].data();
+          const auto dim = static_cast<int>(l.residual ? l.linear.dim_out : l.skip.dim_out);
+          density_scale_forward(rows, dim, rho_[t].data(), unscaled, m_[t].data(), st);
+        }
       }
       p_.resize(N * l.product.dim_out);
       s.profiler.mark("symmetric contraction", st);
@@ -792,9 +836,22 @@ class MaceModel : public Model {
       }
       s.profiler.mark("linear backward", st);
       // dE/dy reuses y's buffer (dead after the forward's linear; the largest node tensor)
+      const T* g_linear_out = gm.data();
+      if (l.nonlinear_block) {  // dE/dz = gate^T linear_2^T dE/dm; dE/da = dE/dz / d; dE/drho
+        gh_.resize(N * l.linear_2.dim_in);
+        linear_backward(l.linear_2, rows, gm.data(), gh_.data(), false, st);
+        gz_.resize(N * l.gate.dim_in);
+        gate_backward(l.gate, rows, nlz_[t].data(), gh_.data(), gz_.data(), st);
+        grad_rho_.resize(N);
+        ga_.resize(N * l.linear.dim_out);
+        nonlinear_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), l.alpha, l.beta,
+                                 mlin_[t].data(), gz_.data(), rho_[t].data(), ga_.data(),
+                                 grad_rho_.data(), st);
+        g_linear_out = ga_.data();
+      }
       y_.resize(N * l.linear.dim_in);
       T* gy = y_.data();
-      linear_backward(l.linear, rows, gm.data(), gy, false, st);
+      linear_backward(l.linear, rows, g_linear_out, gy, false, st);
       zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
       gup_.resize(N * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
@@ -807,6 +864,13 @@ class MaceModel : public Model {
         s.profiler.mark("edge density", st);
         edge_density_backward(geom_, l.edge_density, backward_graph, grad_rho_.data(),
                               s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, st);
+      }
+      if (l.nonlinear_block) {
+        s.profiler.mark("edge density", st);
+        edge_density_backward(geom_, l.density_mlp(), backward_graph, grad_rho_.data(),
+                              s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, st);
+        s.profiler.mark("linear backward", st);
+        linear_backward(l.linear_res, rows, gz_.data(), gup_.data(), true, st);
       }
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
@@ -845,10 +909,17 @@ class MaceModel : public Model {
         m += l.linear.dim_out;
         doubles += 1;
       }
+      if (l.nonlinear_block) {  // mlin_, nlz_, rho_; gate output in a_, gz_ and ga_
+        m += l.linear.dim_out + l.linear_res.dim_out;
+        a = std::max<size_t>(a, l.gate.dim_out);
+        gh = std::max<size_t>(gh, l.linear_2.dim_in);
+        gup += l.gate.dim_in + l.linear.dim_out;
+        doubles += 1;
+      }
     }
-    if (doubles > 0 && want_grad) doubles += 1;                // + grad_rho_
-    size_t floats = up + m + hidden + x + sc + y + p + 1 + a;  // + r_
-    if (want_grad) floats += 1 + gh + gup + gprev;             // + seed_
+    if (doubles > 0 && want_grad) doubles += 1;                  // + grad_rho_
+    size_t floats = up + m + hidden + x + sc + y + p + 1 + a;    // + r_
+    if (want_grad) floats += 1 + gh + gup + gprev;               // + seed_
     return floats * sizeof(T) + (1 + doubles) * sizeof(double);  // + inter_
   }
 
@@ -867,6 +938,8 @@ class MaceModel : public Model {
   std::vector<DeviceArray<T>> mlin_;      // density layers: Z = linear(y)
   std::vector<DeviceArray<double>> rho_;  // density layers: rho per node
   DeviceArray<double> grad_rho_;
+  std::vector<DeviceArray<T>> nlz_;  // non-linear blocks: the gate's input z
+  DeviceArray<T> gz_, ga_;           // non-linear blocks: dE/dz, dE/d linear_1(y)
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
 };
 

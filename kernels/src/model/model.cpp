@@ -91,7 +91,30 @@ class PlanBuilder {
     return plan;
   }
 
-  ConvPlan conv(const json::Value& v, const ShPlan& sh) {
+  // mace's RadialMLP (RadialMlpPlan); num_species for the per-pair first-layer bias.
+  RadialMlpPlan radial_mlp(const json::Value& v, int num_species) {
+    RadialMlpPlan plan;
+    for (int64_t d : v["dims"].as_int_vector()) plan.dims.push_back(static_cast<int>(d));
+    const size_t layers = plan.dims.size() - 1;
+    if (plan.dims.size() < 2 || v["weights"].size() != layers || v["biases"].size() != layers - 1 ||
+        v["gamma"].size() != layers - 1 || v["beta"].size() != layers - 1)
+      fail("radial MLP at " + v.path() + " has inconsistent layer lists");
+    for (size_t i = 0; i < layers; ++i) {
+      plan.weights.push_back(tensor(v["weights"][i], {plan.dims[i], plan.dims[i + 1]}));
+      plan.biases.push_back(i == 0 ? std::vector<double>{}
+                                   : tensor(v["biases"][i - 1], {plan.dims[i + 1]}));
+      if (i + 1 < layers) {
+        plan.gamma.push_back(tensor(v["gamma"][i], {plan.dims[i + 1]}));
+        plan.beta.push_back(tensor(v["beta"][i], {plan.dims[i + 1]}));
+      }
+    }
+    plan.pair_bias = tensor(v["pair_bias"], {num_species * num_species, plan.dims[1]});
+    plan.eps = v["eps"].as_double();
+    if (!(plan.eps > 0)) fail("radial MLP at " + v.path() + ": LayerNorm eps must be positive");
+    return plan;
+  }
+
+  ConvPlan conv(const json::Value& v, const ShPlan& sh, int num_species = 0) {
     ConvPlan plan;
     plan.in = irreps(v["irreps_in"]);
     plan.sh = irreps(v["irreps_sh"]);
@@ -121,10 +144,16 @@ class PlanBuilder {
       out_used[path.out_block] += 1;
       plan.paths.push_back(std::move(path));
     }
-    plan.mlp = mlp(v["mlp"]);
-    if (plan.mlp.dims.back() != plan.weight_numel)
-      fail("radial MLP output size mismatch at " + v.path());
-    if (plan.mlp.dims.front() == 0) fail("radial MLP without inputs at " + v.path());
+    if (v.contains("radial_mlp")) {
+      plan.radial_mlp = radial_mlp(v["radial_mlp"], num_species);
+      if (plan.radial_mlp.dims.back() != plan.weight_numel)
+        fail("radial MLP output size mismatch at " + v.path());
+    } else {
+      plan.mlp = mlp(v["mlp"]);
+      if (plan.mlp.dims.back() != plan.weight_numel)
+        fail("radial MLP output size mismatch at " + v.path());
+      if (plan.mlp.dims.front() == 0) fail("radial MLP without inputs at " + v.path());
+    }
     plan.denominator = v["denominator"].as_double();
     if (!(plan.denominator > 0)) fail("convolution denominator must be positive at " + v.path());
     return plan;
@@ -312,7 +341,7 @@ void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
         layer.self_connection.out.dim != layer.gate.dim_in) {
       b.fail("layer " + lv.path() + ": feature sizes do not chain");
     }
-    if (layer.conv.mlp.dims.front() != plan.radial.num_basis)
+    if (layer.conv.mlp.dims.empty() || layer.conv.mlp.dims.front() != plan.radial.num_basis)
       b.fail("radial MLP input != number of basis functions");
     dim = layer.gate.dim_out;
     plan.layers.push_back(std::move(layer));
@@ -493,9 +522,28 @@ void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
     layer.product_sc = lv["product_sc"].as_bool();
     layer.skip = element_linear(b, lv["skip"], num_species);
     layer.linear_up = b.linear(lv["linear_up"]);
-    layer.conv = b.conv(lv["conv"], plan.sh);
+    layer.conv = b.conv(lv["conv"], plan.sh, num_species);
     layer.linear = b.linear(lv["linear"]);
     layer.product = symmetric_contraction(b, lv["product"], num_species);
+    // the convolution's output, divided by alpha + beta rho, through linear (mace's linear_1)
+    // plus linear_res(u), the gate and linear_2 into the product (see MaceLayer)
+    if (const json::Value* nv = lv.find("nonlinear_block")) {
+      layer.nonlinear_block = true;
+      layer.linear_res = b.linear((*nv)["linear_res"]);
+      layer.linear_2 = b.linear((*nv)["linear_2"]);
+      layer.gate = b.gate((*nv)["gate"]);
+      layer.density_mlp = b.radial_mlp((*nv)["density_mlp"], num_species);
+      layer.alpha = (*nv)["alpha"].as_double();
+      layer.beta = (*nv)["beta"].as_double();
+      if (!layer.residual || layer.linear_res.in.dim != layer.linear_up.out.dim ||
+          layer.linear_res.out.dim != layer.linear.out.dim ||
+          layer.gate.dim_in != layer.linear.out.dim ||
+          layer.linear_2.in.dim != layer.gate.dim_out || layer.density_mlp.dims.back() != 1 ||
+          layer.conv.radial_mlp.empty())
+        b.fail("non-linear interaction block at " + nv->path() + ": sizes do not chain");
+    } else if (!layer.conv.radial_mlp.empty()) {
+      b.fail("species-dependent radial MLP outside a non-linear block at " + lv.path());
+    }
     layer.product_linear = b.linear(lv["product_linear"]);
     if (const json::Value* dv = lv.find("density")) {
       layer.density = true;
@@ -523,14 +571,19 @@ void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
     const int64_t skip_out = layer.skip.out.dim;
     const bool chain =
         layer.linear_up.in.dim == dim && layer.linear_up.out.dim == layer.conv.in.dim &&
-        layer.conv.out.dim == layer.linear.in.dim && layer.linear.out.dim == layer.product.in.dim &&
+        layer.conv.out.dim == layer.linear.in.dim &&
+        (layer.nonlinear_block ? layer.linear_2.out.dim : layer.linear.out.dim) ==
+            layer.product.in.dim &&
         layer.product.out.dim == layer.product_linear.in.dim &&
         layer.readout.linear_1.in.dim == layer.product_linear.out.dim &&
         (layer.residual
              ? (layer.skip.in.dim == dim && skip_out == layer.product_linear.out.dim)
              : (layer.skip.in.dim == layer.linear.out.dim && skip_out == layer.linear.out.dim));
     if (!chain) b.fail("layer " + lv.path() + ": feature sizes do not chain");
-    if (layer.conv.mlp.dims.front() != plan.radial.num_basis)
+    const std::vector<int>& mlp_dims =
+        layer.nonlinear_block ? layer.conv.radial_mlp.dims : layer.conv.mlp.dims;
+    if (mlp_dims.front() != plan.radial.num_basis ||
+        (layer.nonlinear_block && layer.density_mlp.dims.front() != plan.radial.num_basis))
       b.fail("radial MLP input != number of basis functions");
     dim = layer.product_linear.out.dim;
     plan.mace_layers.push_back(std::move(layer));
@@ -698,8 +751,15 @@ std::string Model::summary() const {
     s += "layer " + to_string(t) + ":       " + irreps_string(l.linear_up.in) + " -> conv " +
          irreps_string(l.conv.out) + " (" + to_string(l.conv.paths.size()) + " paths, radial MLP";
     for (int d : l.conv.mlp.dims) s += " " + to_string(d);
-    s += (l.density ? std::string(", 1/(1 + density)") : ", 1/" + num(l.conv.denominator)) +
-         ") -> " + irreps_string(l.linear.out) + " -> product (correlation";
+    if (l.nonlinear_block) {  // mace's non-linear block: RadialMLP, density MLP, gate
+      for (int d : l.conv.radial_mlp.dims) s += " " + to_string(d);
+      s += " (LayerNorm, species pair), 1/(" + num(l.alpha) + " + " + num(l.beta) +
+           " density)) -> " + irreps_string(l.linear.out) + " + linear_res -> gate -> " +
+           irreps_string(l.linear_2.out) + " -> product (correlation";
+    } else {
+      s += (l.density ? std::string(", 1/(1 + density)") : ", 1/" + num(l.conv.denominator)) +
+           ") -> " + irreps_string(l.linear.out) + " -> product (correlation";
+    }
     for (const auto& c : l.product.contractions)
       s += " " + to_string(c.terms.empty() ? 0 : c.terms.back().nu);
     s += ") -> " + irreps_string(l.product_linear.out) + (l.residual ? ", residual" : "") +

@@ -63,12 +63,31 @@ struct TensorProductPath {
   std::vector<double> cg;  // [2l1+1][2l2+1][2l3+1], path normalization folded in
 };
 
+// mace's RadialMLP (blocks.py; ESEN/FairChem style) on [emb(r) | a_src[s_j] | a_tgt[s_i]]:
+// h <- silu(LayerNorm(h W_l + b_l)) for hidden layers, out = h W_last + b_last. The species
+// embeddings enter the first layer only, as a bias per ordered species pair:
+// pair_bias[s_i * S + s_j] = b_0 + W_src^T a_src[s_j] + W_tgt^T a_tgt[s_i] (s_i the receiver),
+// so weights[0] holds only the rows of emb(r). LayerNorm: (z - mean) / sqrt(var + eps) * gamma
+// + beta, var the biased variance over the layer's outputs.
+struct RadialMlpPlan {
+  std::vector<int> dims;                         // num_basis, hidden..., outputs
+  std::vector<std::vector<double>> weights;      // [dims[l]][dims[l+1]]
+  std::vector<std::vector<double>> biases;       // [dims[l+1]], layers >= 1 (biases[0] unused)
+  std::vector<double> pair_bias;                 // [S * S][dims[1]]
+  std::vector<std::vector<double>> gamma, beta;  // hidden layers: [dims[l+1]]
+  double eps = 1e-5;
+  bool empty() const { return dims.empty(); }
+};
+
 // Message passing: y_i = (1/denominator) sum_{j in N(i)} TP(x_j, Y(v_ij), MLP(emb(r_ij))).
+// With radial_mlp (mace's non-linear block) the weights are radial_mlp(emb(r_ij), s_i, s_j)
+// instead of mlp(emb(r_ij)) (mlp then empty).
 struct ConvPlan {
   Irreps in, sh, out;
   int64_t weight_numel = 0;
   std::vector<TensorProductPath> paths;
   MlpPlan mlp;
+  RadialMlpPlan radial_mlp;
   double denominator = 1.0;
 };
 
@@ -185,11 +204,22 @@ struct MaceReadout {
 // mace's density blocks (RealAgnosticDensity[Residual]InteractionBlock): the convolution's sum
 // is divided by 1 + rho_i instead of avg_num_neighbors (conv.denominator is then 1), with
 // rho_i = sum_{j in N(i)} tanh((w . emb_ij)^2) (* envelope(r_ij) when apply_cutoff is false).
+//
+// mace's RealAgnosticResidualNonLinearInteractionBlock (`nonlinear_block`): sc = skip(x) with
+// skip a plain linear (stored per species, all equal); u = linear_up(x); y = conv(u) with the
+// conv's radial_mlp (species-pair dependent, divided by nothing: conv.denominator is 1);
+// z = linear(y) / (alpha + beta rho) + linear_res(u), rho_i = sum_j tanh(density_mlp_ij^2)
+// (* envelope when apply_cutoff is false); m = linear_2(gate(z)); then product as residual.
 struct MaceLayer {
   bool residual = false;
   bool product_sc = false;
   bool density = false;
   std::vector<double> density_weights;  // [num_basis], e3nn's 1/sqrt(fan_in) folded in
+  bool nonlinear_block = false;
+  RadialMlpPlan density_mlp;  // [num_basis, hidden, 1]
+  double alpha = 1.0, beta = 0.0;
+  LinearPlan linear_res, linear_2;
+  GatePlan gate;
   ElementLinearPlan skip;
   LinearPlan linear_up, linear, product_linear;
   ConvPlan conv;

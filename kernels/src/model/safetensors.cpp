@@ -55,6 +55,19 @@ double half_to_double(uint16_t h) {
   return sign * std::ldexp(mantissa + 1024, exponent - 25);
 }
 
+// What a file that is not safetensors is, told from its first bytes, for the error message:
+// "" when nothing is recognized.
+std::string other_file_kind(const std::string& b) {
+  if (b.compare(0, 2, "PK") == 0) {
+    return "a zip archive, e.g. a PyTorch model or checkpoint (torch.save) or TorchScript";
+  }
+  if (static_cast<unsigned char>(b[0]) == 0x80) {
+    return "a Python pickle, e.g. a PyTorch file in torch.save's legacy format";
+  }
+  if (b[0] == '{' || b[0] == '[') return "a JSON file";
+  return "";
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -98,6 +111,13 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& ori
               " bytes, need at least 8)");
   }
   uint64_t header_len = load_le<uint64_t>(reinterpret_cast<const unsigned char*>(b.data()));
+  // an implausible header length and known first bytes: another kind of file, not a cut one
+  const std::string other = header_len > kMaxHeaderSize ? other_file_kind(b) : "";
+  if (header_len > size - 8 && !other.empty()) {
+    file.fail("not an e3fuse model file but " + other +
+              "; convert the source model with `e3fuse convert` (e3fuse.Calculator converts it "
+              "on first use)");
+  }
   if (header_len > size - 8) {
     file.fail("safetensors header length " + std::to_string(header_len) +
               " exceeds the file size (" + std::to_string(size) + " bytes); truncated or not a " +

@@ -3,6 +3,8 @@ model object) into an .e3f file.
 
 Supported: MACE and ScaleShiftMACE with RealAgnosticInteractionBlock /
 RealAgnosticResidualInteractionBlock / RealAgnosticDensity[Residual]InteractionBlock,
+RealAgnosticResidualNonLinearInteractionBlock (one element only; evaluated from radial
+tables, radial="table"),
 Bessel radial basis with the polynomial cutoff, the Agnesi and Soft distance transforms,
 apply_cutoff True or False, e3nn spherical harmonics, linear and non-linear readouts,
 E0s, scale and shift, ZBL pair repulsion, several heads (one selected at conversion),
@@ -44,6 +46,7 @@ DENSITY_INTERACTIONS = (
     "RealAgnosticDensityInteractionBlock",
     "RealAgnosticDensityResidualInteractionBlock",
 )
+NONLINEAR_INTERACTION = "RealAgnosticResidualNonLinearInteractionBlock"
 
 # The constants of mace's distance transforms (mace/modules/radial.py AgnesiTransform,
 # SoftTransform defaults), taken as float64 literals when the module's buffers equal them to
@@ -302,6 +305,157 @@ def _density(inter: Any, name: str, store: TensorStore, num_basis: int) -> dict[
     w = layer.weight.detach().to(torch.float64).reshape(num_basis)
     w = w / (layer.h_in * layer.var_in / layer.var_out) ** 0.5
     return {"weights": store.add(f"{name}.density.weights", w.numpy())}
+
+
+def _radial_mlp(
+    mlp: Any,
+    inter: Any,
+    name: str,
+    store: TensorStore,
+    num_basis: int,
+    num_elements: int,
+) -> dict[str, Any]:
+    """mace's RadialMLP (Linear -> LayerNorm -> SiLU ... -> Linear) on [emb(r) | source
+    embedding of the sender | target embedding of the receiver] -> its layers, the species
+    embeddings folded into one first-layer bias per ordered species pair (RadialMlpPlan)."""
+    modules = list(mlp.net)
+    linears = [m for m in modules if isinstance(m, torch.nn.Linear)]
+    expected: list[type] = []
+    for i in range(len(linears)):
+        expected.append(torch.nn.Linear)
+        if i + 1 < len(linears):
+            expected += [torch.nn.LayerNorm, torch.nn.SiLU]
+    if [type(m) for m in modules] != expected:
+        raise UnsupportedModel(f"{name}: RadialMLP layout {[type(m).__name__ for m in modules]}")
+    eye = torch.eye(num_elements, dtype=torch.float64)
+    with torch.no_grad():
+        source = inter.source_embedding(eye)  # [species, C]
+        target = inter.target_embedding(eye)
+    c = source.shape[1]
+    first = linears[0]
+    w = first.weight.detach().to(torch.float64)  # [out, in]
+    if w.shape[1] != num_basis + 2 * c:
+        raise UnsupportedModel(f"{name}: RadialMLP input size {w.shape[1]}")
+    b0 = first.bias.detach().to(torch.float64)
+    from_source = source @ w[:, num_basis : num_basis + c].T  # [sender species, out]
+    from_target = target @ w[:, num_basis + c :].T  # [receiver species, out]
+    # pair (receiver a, sender b) at a * S + b
+    pair_bias = b0[None, None, :] + from_target[:, None, :] + from_source[None, :, :]
+    weights = [store.add(f"{name}.w0", w[:, :num_basis].T.contiguous().numpy())]
+    biases = [None]
+    for i, lin in enumerate(linears[1:], start=1):
+        weights.append(
+            store.add(f"{name}.w{i}", lin.weight.detach().to(torch.float64).T.contiguous().numpy())
+        )
+        biases.append(store.add(f"{name}.b{i}", lin.bias.detach().to(torch.float64).numpy()))
+    norms = [m for m in modules if isinstance(m, torch.nn.LayerNorm)]
+    eps = {float(m.eps) for m in norms}
+    if len(eps) > 1 or any(not m.elementwise_affine or m.bias is None for m in norms):
+        raise UnsupportedModel(f"{name}: LayerNorm settings")
+    return {
+        "dims": [num_basis] + [int(lin.out_features) for lin in linears],
+        "weights": weights,
+        "biases": biases[1:],
+        "pair_bias": store.add(
+            f"{name}.pair_bias", pair_bias.reshape(num_elements * num_elements, -1).numpy()
+        ),
+        "gamma": [
+            store.add(f"{name}.ln{i}.gamma", m.weight.detach().to(torch.float64).numpy())
+            for i, m in enumerate(norms)
+        ],
+        "beta": [
+            store.add(f"{name}.ln{i}.beta", m.bias.detach().to(torch.float64).numpy())
+            for i, m in enumerate(norms)
+        ],
+        "eps": eps.pop() if eps else 1e-5,
+    }
+
+
+def _gated_block(block: Any, name: str) -> dict[str, Any]:
+    """mace's GatedEquivariantBlock (mul_ir layout): input sorted [scalars | gates | gated] as
+    e3nn's Gate, silu on the scalars, sigmoid on the gates, each times its normalize2mom
+    constant (the module's float values)."""
+    if block._layout_is_ir_mul:
+        raise UnsupportedModel(f"{name}: ir_mul layout (cuequivariance)")
+    acts = (block._act_scalar, block._act_gate)
+    if acts[0] is not torch.nn.functional.silu or acts[1] is not torch.nn.functional.sigmoid:
+        raise UnsupportedModel(f"{name}: activations other than silu / sigmoid")
+    gated = []
+    for start, _length, ir_dim, mul, g_off in block._gated_info:
+        gated.append({"start": start, "mul": mul, "l": (ir_dim - 1) // 2, "gate": g_off})
+    if [g["gate"] for g in gated] != list(np.cumsum([0] + [g["mul"] for g in gated])[:-1]):
+        raise UnsupportedModel(f"{name}: gates not in the order of the gated irreps")
+    for g in gated:
+        del g["gate"]
+    return {
+        "irreps_in": parts.irreps_list(block.irreps_in),
+        "irreps_out": parts.irreps_list(block.irreps_out),
+        "scalars": [
+            {
+                "start": block._s_start,
+                "dim": block._s_len,
+                "act": "silu",
+                "scale": block._scalar_cst,
+            }
+        ],
+        "gates": [
+            {
+                "start": block._g_start,
+                "dim": block._g_len,
+                "act": "sigmoid",
+                "scale": block._gate_cst,
+            }
+        ]
+        if gated
+        else [],
+        "gated": gated,
+        "gated_factor": 1.0,
+    }
+
+
+def _shared_linear(lin: Any, name: str, store: TensorStore, num_elements: int) -> dict[str, Any]:
+    """A plain o3.Linear skip connection as the element-dependent one, the same for all."""
+    desc = parts.linear(lin, name, store)
+    return {
+        "irreps_in": desc["irreps_in"],
+        "irreps_out": desc["irreps_out"],
+        "elements": [desc] * num_elements,
+    }
+
+
+def _nonlinear_layer(
+    inter: Any, prod: Any, name: str, store: TensorStore, num_basis: int, num_elements: int
+) -> dict[str, Any]:
+    """RealAgnosticResidualNonLinearInteractionBlock (MaceLayer::nonlinear_block)."""
+    conv = parts.tensor_product_uvu(inter.conv_tp, f"{name}.conv", store)
+    _flip_edge_direction(conv, store)
+    conv["radial_mlp"] = _radial_mlp(
+        inter.conv_tp_weights, inter, f"{name}.conv.radial_mlp", store, num_basis, num_elements
+    )
+    conv["denominator"] = 1.0  # divided by alpha + beta rho instead
+    density = _radial_mlp(
+        inter.density_fn, inter, f"{name}.density_mlp", store, num_basis, num_elements
+    )
+    if density["dims"][-1] != 1:
+        raise UnsupportedModel(f"{name}.density_fn: {density['dims'][-1]} outputs")
+    return {
+        "residual": True,
+        "skip": _shared_linear(inter.skip_tp, f"{name}.skip", store, num_elements),
+        "linear_up": parts.linear(inter.linear_up, f"{name}.linear_up", store),
+        "conv": conv,
+        "linear": parts.linear(inter.linear_1, f"{name}.linear_1", store),
+        "nonlinear_block": {
+            "linear_res": parts.linear(inter.linear_res, f"{name}.linear_res", store),
+            "linear_2": parts.linear(inter.linear_2, f"{name}.linear_2", store),
+            "gate": _gated_block(inter.equivariant_nonlin, f"{name}.equivariant_nonlin"),
+            "density_mlp": density,
+            "alpha": float(inter.alpha.detach()),
+            "beta": float(inter.beta.detach()),
+        },
+        "product": _product(prod, f"{name}.product", store, num_elements),
+        "product_linear": parts.linear(prod.linear, f"{name}.product_linear", store),
+        "product_sc": bool(prod.use_sc),
+    }
 
 
 def _flip_edge_direction(conv: dict[str, Any], store: TensorStore) -> None:
@@ -601,7 +755,8 @@ def extract(
             default = [h for h in heads if h.lower() == "default"]
             if not default:
                 raise UnsupportedModel(
-                    f"the model has several heads ({', '.join(heads)}); choose one with --head"
+                    f"the model has several heads ({', '.join(heads)}); choose one with --head "
+                    "(e3fuse.Calculator: head=)"
                 )
             head = default[0]
         else:
@@ -652,6 +807,19 @@ def extract(
     for t, (inter, prod) in enumerate(zip(model.interactions, model.products)):
         name = f"layers.{t}"
         ikind = type(inter).__name__
+        if ikind == NONLINEAR_INTERACTION:
+            if num_elements > 1:  # see check_nonlinear_blocks in kernels/src/engine.cpp
+                raise UnsupportedModel(
+                    f"interactions.{t}: {ikind} with several elements is not supported yet (its "
+                    "radial weights differ between the two directions of an edge, which the "
+                    "convolution's backward does not handle)"
+                )
+            if type(prod).__name__ != "EquivariantProductBasisBlock":
+                raise UnsupportedModel(f"products.{t}: {type(prod).__name__} is not supported")
+            layers.append(
+                _nonlinear_layer(inter, prod, name, store, radial_desc["num_basis"], num_elements)
+            )
+            continue
         if ikind not in SUPPORTED_INTERACTIONS:
             raise UnsupportedModel(
                 f"interactions.{t}: {ikind} is not supported (supported: "

@@ -391,8 +391,19 @@ def extract(
 def convert(source: str, output: str | Path, modal: str | None = None) -> dict[str, Any]:
     """Write the .e3f file; returns the architecture dictionary. `modal`: the
     modality of a multi-fidelity model (required there, refused elsewhere)."""
-    import sevenn
+    return convert_keeping_model(source, output, modal)[0]
 
+
+def convert_keeping_model(
+    source: str, output: str | Path, modal: str | None = None
+) -> tuple[dict[str, Any], torch.nn.Module]:
+    """As convert; also returns the float64 sevenn model it read, so that the check
+    against sevenn (e3fuse.conversion.verify) needs no second build of it."""
+    import sevenn
+    import sevenn.util
+
+    # a missing or unknown modality fails before the model is built (seconds)
+    choose_modality(sevenn.util.load_checkpoint(str(resolve_checkpoint(source))).config, modal)
     model, config, path = load_sevenn_model(source)
     info = {
         "kind": "sevenn",
@@ -404,7 +415,7 @@ def convert(source: str, output: str | Path, modal: str | None = None) -> dict[s
     }
     architecture, store = extract(model, config, info, modal)
     write_model_file(output, architecture, store)
-    return architecture
+    return architecture, model
 
 
 def convert_model(

@@ -1,0 +1,220 @@
+"""mace-torch 0.3.16's RealAgnosticResidualNonLinearInteractionBlock (MACE-OMOL-0's
+interaction): the radial MLP (Linear-LayerNorm-SiLU) of the Bessel embedding and the source /
+target species embeddings, the density normalisation alpha + beta rho with its own RadialMLP,
+linear_res, the gated non-linearity and linear_2 (issue 20).
+
+e3fuse evaluates the block's RadialMLPs from per-species-pair radial tables only (radial=
+"table"; the per-edge radial MLP of the convolution does not implement it), and with one
+element (the convolution's backward does not yet take a different radial weight for each
+direction of an edge): both are refused by name otherwise, and tested here.
+
+Small OMOL-like models (two non-linear interactions, correlation 3, edge irreps up to l = 2,
+a distance transform, apply_cutoff False) with random weights, built in float64 and in
+float32 through tests/test_mace.py's build_mace; compared with mace-torch built in float64.
+The tables are accurate to float32 rounding (ops/radial_table.h), so float64 e3fuse agrees
+with upstream to about 1e-7 relative, and float32 within 3e-5 eV/A; the tables are C1 in r,
+so finite differences of e3fuse's own energy check its forces and stress to 1e-6."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("mace.modules")
+
+from conftest import DEVICES  # noqa: E402
+from test_mace import build_mace, structure  # noqa: E402
+
+from e3fuse import reference  # noqa: E402
+from e3fuse.calculator import Calculator  # noqa: E402
+from e3fuse.convert import mace as mace_convert  # noqa: E402
+from e3fuse.convert.e3nn_parts import UnsupportedModel  # noqa: E402
+
+BLOCK = "RealAgnosticResidualNonLinearInteractionBlock"
+ELEMENT = (6,)
+ARCHS: dict[str, dict[str, Any]] = {
+    # MACE-OMOL-0's layout scaled down: non-linear blocks first and after, edge irreps
+    "omol-like": dict(
+        hidden="8x0e+8x1o",
+        max_ell=2,
+        correlation=3,
+        interaction=BLOCK,
+        interaction_first=BLOCK,
+        edge_irreps="8x0e+8x1o+8x2e",
+        distance_transform="Agnesi",
+        apply_cutoff=False,
+        use_agnostic_product=True,
+        elements=ELEMENT,
+    ),
+    # the plain options: apply_cutoff True, no transform, no edge irreps, linear-only 3 layers
+    "plain": dict(
+        hidden="8x0e+8x1o",
+        max_ell=2,
+        correlation=2,
+        num_interactions=3,
+        interaction=BLOCK,
+        interaction_first=BLOCK,
+        elements=ELEMENT,
+    ),
+}
+# Radial tables: value error <= 1e-7, derivative <= 1e-6 of each weight's largest magnitude
+# (measured: forces 3e-7 / 7e-7 eV/A of 4 / 16 eV/A, energies 1e-9 eV/atom of ~400 eV/atom)
+FORCES_TABLE, ENERGY_PER_ATOM_TABLE, STRESS_TABLE = 3e-6, 1e-7, 1e-6
+FORCES_F32 = 3e-5
+RADIAL_SCALE = 0.05
+
+_CACHE: dict[tuple[str, str], tuple[Any, Path]] = {}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: Any) -> Path:
+    return tmp_path_factory.mktemp("mace_nonlinear")
+
+
+def _build(name: str, dtype: str = "float64", elements: tuple[int, ...] | None = None) -> Any:
+    from e3nn import o3
+
+    options = dict(ARCHS[name])
+    if elements is not None:
+        options["elements"] = elements
+    if "edge_irreps" in options:
+        options["edge_irreps"] = o3.Irreps(options["edge_irreps"])
+    model = build_mace(**options)
+    # build_mace's weight noise makes this block's messages large (they are divided by
+    # alpha + beta rho ~ 20, not by the number of neighbours): scale its radial weights down
+    # to O(1) features, forces of a few eV/A
+    with torch.no_grad():
+        for inter in model.interactions:
+            last = inter.conv_tp_weights.net[-1]
+            last.weight.mul_(RADIAL_SCALE)
+            last.bias.mul_(RADIAL_SCALE)
+    if dtype == "float32":  # built in float32 (its constants so), the float64 model's weights
+        model32 = build_mace(**options, dtype=torch.float32)
+        params = {k: v.float() for k, v in model.named_parameters()}
+        missing = model32.load_state_dict(params, strict=False).missing_keys
+        assert not set(missing) & set(params)
+        return model32.eval()
+    return model
+
+
+def converted(name: str, workdir: Path, dtype: str = "float64") -> tuple[Any, Path]:
+    key = (name, dtype)
+    if key not in _CACHE:
+        model = _build(name, dtype)
+        path = workdir / f"{name}-{dtype}.e3f"
+        mace_convert.convert(model, path)
+        _CACHE[key] = (model, path)
+    return _CACHE[key]
+
+
+def evaluate(path: Path, atoms: Any, device: str, dtype: str = "float64") -> dict[str, Any]:
+    a = atoms.copy()
+    a.calc = Calculator(str(path), device=device, dtype=dtype, radial="table")
+    return {
+        "energy": a.get_potential_energy(),
+        "energies": a.get_potential_energies(),
+        "forces": a.get_forces(),
+        "stress": a.get_stress(),
+        "stresses": a.get_stresses(),
+    }
+
+
+def test_model_has_the_block() -> None:
+    model = _build("omol-like")
+    assert all(type(i).__name__ == BLOCK for i in model.interactions)
+    inter = model.interactions[1]
+    assert type(inter.conv_tp_weights).__name__ == "RadialMLP"
+    assert any(isinstance(m, torch.nn.LayerNorm) for m in inter.conv_tp_weights.net)
+    assert not model.radial_embedding.apply_cutoff
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_nonlinear_block_matches_mace_torch(name: str, device: str, workdir: Path) -> None:
+    model, path = converted(name, workdir)
+    atoms = structure(ELEMENT, seed=1)
+    ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
+    ours = evaluate(path, atoms, device)
+    n = len(atoms)
+    assert np.abs(ref["forces"]).max() > 1.0  # the comparison is not trivial
+    assert abs(ours["energy"] - float(ref["energy"])) / n < ENERGY_PER_ATOM_TABLE
+    assert np.abs(ours["energies"] - ref["energies"]).max() < ENERGY_PER_ATOM_TABLE
+    assert np.abs(ours["forces"] - ref["forces"]).max() < FORCES_TABLE
+    assert np.abs(ours["stress"] - ref["stress"]).max() < STRESS_TABLE
+    assert np.abs(ours["stresses"].sum(axis=0) - ours["stress"]).max() < 1e-12
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_nonlinear_block_float32(name: str, device: str, workdir: Path) -> None:
+    """e3fuse float32 of the float32-built model against mace-torch built in float64."""
+    model64, _ = converted(name, workdir)
+    _, path32 = converted(name, workdir, "float32")
+    atoms = structure(ELEMENT, seed=2)
+    ref = reference.evaluate_mace(reference.mace_calculator(model64, "float64"), atoms)
+    f32 = evaluate(path32, atoms, device, "float32")
+    assert np.abs(f32["forces"] - ref["forces"]).max() < FORCES_F32
+    # float32 weights and float32 sums of ~400 eV per atom
+    assert abs(f32["energy"] - float(ref["energy"])) < 2e-6 * abs(float(ref["energy"]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nonlinear_block_finite_differences(device: str, workdir: Path) -> None:
+    """Forces and stress against central differences of e3fuse's own float64 energy."""
+    _, path = converted("omol-like", workdir)
+    atoms = structure(ELEMENT, seed=3)
+    ours = evaluate(path, atoms, device)
+    h = 1e-5
+
+    def energy(a: Any) -> float:
+        a = a.copy()
+        a.calc = Calculator(str(path), device=device, dtype="float64", radial="table")
+        return a.get_potential_energy()
+
+    for i, axis in [(0, 0), (3, 1), (7, 2)]:
+        plus, minus = atoms.copy(), atoms.copy()
+        plus.positions[i, axis] += h
+        minus.positions[i, axis] -= h
+        fd = -(energy(plus) - energy(minus)) / (2 * h)
+        assert abs(fd - ours["forces"][i, axis]) < 1e-6
+    volume = atoms.get_volume()
+    for voigt, (a, b) in [(0, (0, 0)), (5, (0, 1))]:
+        energies = []
+        for sign in (1, -1):
+            strain = np.eye(3)
+            strain[a, b] += sign * h / 2
+            strain[b, a] += sign * h / 2
+            s = atoms.copy()
+            s.set_cell(atoms.cell.array @ strain, scale_atoms=True)
+            energies.append(energy(s))
+        fd = (energies[0] - energies[1]) / (2 * h) / volume
+        assert abs(fd - ours["stress"][voigt]) < 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nonlinear_block_rotation_invariance(device: str, workdir: Path) -> None:
+    from scipy.spatial.transform import Rotation
+
+    _, path = converted("omol-like", workdir)
+    atoms = structure(ELEMENT, seed=4)
+    rot = Rotation.from_euler("zyx", [0.3, -1.1, 2.0]).as_matrix()
+    rotated = atoms.copy()
+    rotated.set_cell(atoms.cell.array @ rot.T, scale_atoms=True)
+    a, b = evaluate(path, atoms, device), evaluate(path, rotated, device)
+    assert abs(a["energy"] - b["energy"]) < 1e-9
+    assert np.abs(a["forces"] @ rot.T - b["forces"]).max() < 1e-9
+
+
+def test_refused_without_tables_and_with_several_elements(workdir: Path) -> None:
+    _, path = converted("plain", workdir)
+    atoms = structure(ELEMENT, seed=5)
+    with pytest.raises(Exception, match=f"{BLOCK}.*radial='table'"):
+        atoms.calc = Calculator(str(path), dtype="float64", radial="mlp")
+        atoms.get_potential_energy()
+    model = _build("plain", elements=(1, 6))
+    with pytest.raises(UnsupportedModel, match=f"{BLOCK}.*several elements"):
+        mace_convert.convert(model, workdir / "two-elements.e3f")
