@@ -133,10 +133,11 @@ def test_float32_close_to_float64(name: str, radial: str, workdir: Path) -> None
     assert np.abs(f32["stress"] - f64["stress"]).max() < 1e-6
 
 
-@pytest.mark.parametrize("name", ["agnesi", "soft", "no-cutoff"])
+@pytest.mark.parametrize("name", ["agnesi", "soft", "no-cutoff", "density", "omat"])
 def test_pair_tables_match_the_mlp(name: str, workdir: Path) -> None:
-    """float64 with the radial MLP read from tables (one per species pair with a transform)
-    against the per-edge MLP: only the tables' error is left."""
+    """float64 with the radial MLP (and the edge density) read from tables (one per species
+    pair with a transform) against the per-edge MLP and exact density: only the tables' error
+    is left."""
     _, path = converted(name, workdir)
     atoms = mixed_structure(seed=5)
     exact = evaluate(path, atoms, "float64", radial="mlp")
@@ -254,3 +255,92 @@ def test_pair_tables_built_on_first_use(device: str, workdir: Path) -> None:
         assert np.abs(forces - fresh["forces"]).max() < 1e-6
         exact = evaluate(path, atoms)
         assert np.abs(forces - exact["forces"]).max() < 3e-5
+
+
+# The density table's stated tolerances (cpu/radial_table.cpp): each interval's error at its
+# midpoint and at the slope's error peaks below 1e-7 of the largest |density| and 1e-6 of the
+# largest |d density / dr|. Dense sampling meets a slightly larger error than the three
+# points per interval the builder checks: 1.5x. float32 adds the coefficients' rounding
+# (2^-24 relative, a few of them per value): 3e-7 and 2e-6 there.
+DENSITY_TABLE_TOLERANCE = {"float64": (1.5e-7, 1.5e-6), "float32": (3e-7, 2e-6)}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", ["density", "omat", "soft-density-no-cutoff"])
+def test_density_table_within_its_tolerance(name: str, dtype: str, workdir: Path) -> None:
+    """The tabulated edge density tanh((w . emb)^2) (x f(r) without apply_cutoff) and its
+    r-derivative against the exact double evaluation, densely near r = 0, mid-range and
+    just below the cutoff, for every density layer and species pair (H-H, H-Cu, O-Cu, Cu-Cu:
+    different r_0 under the transforms)."""
+    from e3fuse import _core
+
+    _, path = converted(name, workdir)
+    probe = _core.OpsProbe(_core.Model.load(str(path)))
+    r_max = VARIANTS[name]["r_max"]
+    whole = np.linspace(1e-3, r_max - 1e-9, 20001)
+    regions = {
+        "near 0": np.linspace(1e-3, 0.6, 3001),
+        "mid-range": np.linspace(0.45 * r_max, 0.55 * r_max, 3001),
+        "near the cutoff": np.linspace(r_max - 0.4, r_max - 1e-9, 3001),
+    }
+    value_tol, grad_tol = DENSITY_TABLE_TOLERANCE[dtype]
+    # DENSITY makes every interaction a density block
+    for layer in range(VARIANTS[name].get("num_interactions", 2)):
+        for a, b in [(0, 0), (0, 2), (1, 2), (2, 2)]:
+            exact = probe.edge_density(layer, whole, a, b)
+            vmax, gmax = np.abs(exact["value"]).max(), np.abs(exact["grad"]).max()
+            assert vmax > 1e-3 and gmax > 1e-3  # the weights make a density that varies
+            info = probe.edge_density(layer, whole[:1], a, b, table=True, dtype=dtype)
+            assert info["value_error"] <= 1e-7 and info["grad_error"] <= 1e-6, info
+            for region, r in regions.items():
+                exact = probe.edge_density(layer, r, a, b)
+                table = probe.edge_density(layer, r, a, b, table=True, dtype=dtype)
+                label = f"{name} layer {layer} pair {a}-{b} {region} {dtype}"
+                verr = np.abs(table["value"] - exact["value"]).max() / vmax
+                gerr = np.abs(table["grad"] - exact["grad"]).max() / gmax
+                assert verr <= value_tol, (label, verr)
+                assert gerr <= grad_tol, (label, gerr)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_density_forces_finite_differences_float32(device: str, workdir: Path) -> None:
+    """A density model (OMAT-0's combination) in float32 with its tables (the default):
+    forces against differences of the float32 energy (4-point stencil, h = 0.02 A: its
+    truncation error ~1e-7, float32 rounding of the energy ~2e-4 eV/A measured on the CPU), on
+    an open H/O/Cu cluster whose pairs span short range to just inside the cutoff. And with
+    float64 tables, where rounding does not hide a table adjoint that is not the derivative of
+    the table's energy (the cubic is C1: differences converge to it at knots too)."""
+    _, path = converted("omat", workdir)
+    atoms = Atoms(
+        "HOCuCuOH",
+        positions=[
+            [0.0, 0.0, 0.0],
+            [0.95, 0.3, 0.1],
+            [2.1, -0.4, 0.6],
+            [3.9, 1.0, -0.5],
+            [1.4, 2.3, 1.9],
+            [-1.2, 1.6, 3.6],
+        ],
+        pbc=False,
+    )
+    limits = {"float32": (2e-2, 1e-3), "float64": (1e-3, 1e-8)}
+    for dtype, (h, limit) in limits.items():
+        calc = Calculator(str(path), device=device, dtype=dtype, radial="table")
+        a = atoms.copy()
+        a.calc = calc
+        forces = a.get_forces()
+        assert np.abs(forces).max() > 1e-2
+
+        def energy(i: int, axis: int, dx: float, calc: Calculator = calc) -> float:
+            moved = atoms.copy()
+            moved.positions[i, axis] += dx
+            moved.calc = calc
+            return moved.get_potential_energy()
+
+        for i, axis in [(0, 0), (1, 1), (2, 2), (3, 0), (4, 1), (5, 2)]:
+            fd = -(
+                8 * (energy(i, axis, h) - energy(i, axis, -h))
+                - (energy(i, axis, 2 * h) - energy(i, axis, -2 * h))
+            ) / (12 * h)
+            scale = max(1.0, abs(forces[i, axis]))
+            assert abs(fd - forces[i, axis]) < limit * scale, (dtype, i, axis, fd, forces[i, axis])

@@ -172,6 +172,16 @@ void zero_rows_from(std::vector<T>& a, int64_t first_row, int width) {
   std::fill(a.begin() + first_row * width, a.end(), T(0));
 }
 
+// a[i] *= 1 / (1 + rho[i]) for the first `rows` rows of `width` values (mace's density blocks;
+// the CUDA backend's density_scale_forward and _backward).
+template <class T>
+void scale_rows(std::vector<T>& a, int64_t rows, int64_t width, const std::vector<double>& rho) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T inv_d = static_cast<T>(1.0 / (1.0 + rho[i]));
+    for (int64_t q = 0; q < width; ++q) a[i * width + q] *= inv_d;
+  }
+}
+
 template <class T>
 class CpuRunner {
  public:
@@ -337,7 +347,7 @@ class MaceRunner {
     const auto N = static_cast<size_t>(n);
     up_.resize(num_layers);
     m_.resize(num_layers);
-    y_.resize(num_layers);
+    z_.resize(num_layers);
     rho_.resize(num_layers);
     nl_a_.resize(num_layers);
     nl_z_.resize(num_layers);
@@ -363,18 +373,6 @@ class MaceRunner {
       y.resize(N * L.conv.dim_out);
       cpu::ensure_pair_tables(layers_[t].conv, n, g.species);
       cpu::conv_forward(geom_, L.conv, cpu::first_receivers(g, rows), up_[t].data(), y.data());
-      if (L.density) {  // y_i /= 1 + rho_i; y and rho kept for the backward pass
-        rho_[t].resize(N);
-        cpu::edge_density_forward(geom_, L.density_weights, cpu::first_receivers(g, rows),
-                                  rho_[t].data());
-        const auto dim = static_cast<size_t>(L.conv.dim_out);
-        for (size_t i = 0; i < static_cast<size_t>(rows); ++i)
-          for (size_t q = 0; q < dim; ++q)
-            y[i * dim + q] =
-                static_cast<T>(static_cast<double>(y[i * dim + q]) / (1.0 + rho_[t][i]));
-        y_[t].assign(y.begin(), y.begin() + static_cast<int64_t>(rows * dim));
-      }
-      m_[t].resize(N * L.linear.dim_out);
       if (L.nonlinear_block) {  // z = linear_1(y) / (alpha + beta rho) + linear_res(u)
         rho_[t].resize(N);
         cpu::edge_density_forward(geom_, L.density_mlp(), cpu::first_receivers(g, rows),
@@ -395,12 +393,26 @@ class MaceRunner {
         cpu::gate_forward(L.gate, rows, z.data(), gated.data());
         m_[t].resize(N * L.linear_2.dim_out);
         cpu::linear_forward(L.linear_2, rows, gated.data(), m_[t].data());
-      } else if (L.residual) {
-        cpu::linear_forward(L.linear, rows, y.data(), m_[t].data());
       } else {
-        mlin.resize(N * L.linear.dim_out);
-        cpu::linear_forward(L.linear, rows, y.data(), mlin.data());
-        cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
+        // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
+        // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d). Z and rho are kept.
+        const auto dim = static_cast<int64_t>(L.linear.dim_out);
+        m_[t].resize(N * dim);
+        mlin.resize(N * dim);
+        const bool via_mlin = L.density || !L.residual;
+        cpu::linear_forward(L.linear, rows, y.data(), via_mlin ? mlin.data() : m_[t].data());
+        if (L.density) {
+          cpu::ensure_density_tables(layers_[t].edge_density, n, g.species);
+          rho_[t].resize(N);
+          cpu::edge_density_forward(geom_, L.edge_density, cpu::first_receivers(g, rows),
+                                    rho_[t].data());
+          z_[t].assign(mlin.begin(), mlin.begin() + rows * dim);
+        }
+        if (!L.residual)
+          cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
+        else if (L.density)
+          std::copy(mlin.begin(), mlin.begin() + rows * dim, m_[t].begin());
+        if (L.density) scale_rows(m_[t], rows, L.residual ? dim : L.skip.dim_out, rho_[t]);
       }
       p.resize(N * L.product.dim_out);
       cpu::symmetric_contraction_forward(L.product, rows, g.species, m_[t].data(), p.data());
@@ -466,6 +478,19 @@ class MaceRunner {
         cpu::element_linear_backward(L.skip, rows, g.species, gm.data(), gmlin.data(), false);
         gm.swap(gmlin);
       }
+      if (L.density) {  // m = P(Z) / d, d = 1 + rho, P = skip or 1; gz = P^T dE/dm (gm now):
+        // dE/dZ = gz / d and dE/drho = -dE/dm . P(Z) / d^2 = -gz . Z / d^2
+        grad_rho.assign(N, 0.0);
+        const auto dim = static_cast<size_t>(L.linear.dim_out);
+        for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
+          const double inv_d = 1.0 / (1.0 + rho_[t][i]);
+          double s = 0.0;
+          for (size_t q = 0; q < dim; ++q)
+            s += static_cast<double>(gm[i * dim + q]) * static_cast<double>(z_[t][i * dim + q]);
+          grad_rho[i] = -s * inv_d * inv_d;
+        }
+        scale_rows(gm, rows, L.linear.dim_out, rho_[t]);
+      }
       if (L.nonlinear_block) {
         // m = linear_2(gate(z)), z = a / d + linear_res(u), a = linear_1(y), d = alpha + beta rho:
         // dE/dz = gate^T linear_2^T dE/dm, dE/da = dE/dz / d, dE/drho = -beta dE/dz . a / d^2
@@ -490,26 +515,13 @@ class MaceRunner {
       gy.resize(N * L.linear.dim_in);
       cpu::linear_backward(L.linear, rows, gm.data(), gy.data(), false);
       zero_rows_from(gy, rows, L.linear.dim_in);  // ghosts' energies are not ours
-      if (L.density) {  // y = S / d, d = 1 + rho: dE/dS = gy / d, dE/drho = -gy . y / d
-        grad_rho.assign(N, 0.0);
-        const auto dim = static_cast<size_t>(L.conv.dim_out);
-        for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
-          const double d = 1.0 + rho_[t][i];
-          double s = 0.0;
-          for (size_t q = 0; q < dim; ++q) {
-            s += static_cast<double>(gy[i * dim + q]) * static_cast<double>(y_[t][i * dim + q]);
-            gy[i * dim + q] = static_cast<T>(static_cast<double>(gy[i * dim + q]) / d);
-          }
-          grad_rho[i] = -s / d;
-        }
-      }
       gup.resize(N * L.conv.dim_in);
       const GraphView backward_graph =
           cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t));
       cpu::conv_backward(geom_, L.conv, backward_graph, up_[t].data(), gy.data(), gup.data(),
                          forces.data(), want_virial ? atom_virials.data() : nullptr);
       if (L.density)
-        cpu::edge_density_backward(geom_, L.density_weights, backward_graph, grad_rho.data(),
+        cpu::edge_density_backward(geom_, L.edge_density, backward_graph, grad_rho.data(),
                                    forces.data(), want_virial ? atom_virials.data() : nullptr);
       if (L.nonlinear_block) {
         cpu::edge_density_backward(geom_, L.density_mlp(), backward_graph, grad_rho.data(),
@@ -535,8 +547,9 @@ class MaceRunner {
   double scale_ = 1.0, shift_ = 0.0;
   std::vector<double> pair_table_;  // ZBL pair repulsion (pair_.pair null: none)
   ops::PairRepulsionView pair_;
-  std::vector<std::vector<T>> up_, m_, hidden_, y_;
-  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides the convolution
+  std::vector<std::vector<T>> up_, m_, hidden_;
+  std::vector<std::vector<T>> z_;         // density blocks: Z = linear(conv)
+  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides (skip of) Z
   std::vector<double> grad_rho;
   std::vector<std::vector<T>> nl_a_, nl_z_;  // non-linear blocks: linear_1(y), the gate's input
   std::vector<T> gz;

@@ -517,6 +517,46 @@ PYBIND11_MODULE(_core, m) {
           py::arg("layer"), py::arg("x"), py::arg("species"), py::kw_only(),
           py::arg("transpose") = false, py::arg("device") = "cpu", py::arg("dtype") = "float64")
       .def(
+          "edge_density",
+          [](const OpsProbe& p, int layer, Array<double> r, int species_a, int species_b,
+             bool table, const std::string& dtype) -> py::dict {
+            const ModelPlan& mp = p.model->plan();
+            const MaceLayer& l = mp.mace_layers.at(layer);
+            if (!l.density) throw Error("MACE layer " + std::to_string(layer) + " has no density");
+            for (const int s : {species_a, species_b})
+              if (s < 0 || s >= p.plan.num_species)
+                throw Error("species index " + std::to_string(s) + " out of range [0, " +
+                            std::to_string(p.plan.num_species) + ")");
+            const int64_t n = r.shape(0);
+            auto run = [&](auto typed) -> py::dict {
+              using T = decltype(typed);
+              const cpu::TypedPlan<T> plan = cpu::make_typed_plan<T>(mp);
+              cpu::EdgeDensity<T> d =
+                  cpu::make_edge_density<T>(l.density_weights, table ? &mp : nullptr);
+              const int32_t pair_species[2] = {species_a, species_b};
+              cpu::ensure_density_tables(d, 2, pair_species);
+              const int pair = species_a * plan.num_species + species_b;
+              Array<double> value({n}), grad({n});
+              for (int64_t e = 0; e < n; ++e)
+                cpu::edge_density_at(plan, d, pair, r.at(e), value.mutable_at(e),
+                                     grad.mutable_at(e));
+              py::dict out;
+              out["value"] = value;
+              out["grad"] = grad;
+              if (d.tabulated()) {
+                const cpu::RadialTable<T>& t = d.table_for_pair(pair);
+                out["intervals"] = t.intervals;
+                out["step"] = t.step;
+                out["value_error"] = t.value_error;
+                out["grad_error"] = t.grad_error;
+              }
+              return out;
+            };
+            return probe_float32(dtype) ? run(0.0f) : run(0.0);
+          },
+          py::arg("layer"), py::arg("r"), py::arg("species_a") = 0, py::arg("species_b") = 0,
+          py::kw_only(), py::arg("table") = false, py::arg("dtype") = "float64")
+      .def(
           "symmetric_contraction",
           [](const OpsProbe& p, int layer, Array<double> x, Array<int32_t> species,
              const std::string& device) {

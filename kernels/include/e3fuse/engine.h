@@ -18,7 +18,8 @@ enum class Precision { float32, float64 };
 // How each convolution evaluates its radial MLP R(r): per edge with the model's own
 // layers ("mlp"), or from a cubic Hermite table in r built at load time whose error is
 // below float32 rounding ("table", see ops/radial_table.h). "auto" (the default):
-// table in float32, mlp in float64.
+// table in float32, mlp in float64. MACE's edge density (density blocks) follows the same
+// choice: exact per edge with "mlp", tabulated in r with "table".
 enum class Radial { automatic, mlp, table };
 
 // "cpu", "cuda" or "cuda:N" (GPU N of this process's visible devices).

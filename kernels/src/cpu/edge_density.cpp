@@ -1,8 +1,10 @@
 // cpu/edge_density.cpp: the neighbor density of mace's density interaction blocks
 // (RealAgnosticDensity[Residual]InteractionBlock), rho_i = sum_{j in N(i)} tanh((w . emb_ij)^2)
 // (times the envelope when apply_cutoff is false; ops::edge_density), and its force/virial
-// adjoint. Evaluated in double whatever the engine's precision (8-16 basis functions per edge,
-// cheap next to the convolution). Nothing is stored per edge.
+// adjoint. Per edge the density and its r-derivative are read from their table in r
+// (EdgeDensity, ops/radial_table.h; where the engine tabulates the radial MLP, the default in
+// float32), or evaluated exactly in double (the basis, envelope and transform per edge).
+// Nothing is stored per edge.
 //
 // Backward as in conv.cpp: node k visits each neighbor j once and takes both directed edges of
 // the pair, which share r: dE/dr = (dE/drho_k + dE/drho_j) d(edge density)/dr; all writes go
@@ -19,15 +21,24 @@
 #include "ops/edge_vector.h"
 #include "ops/radial.h"
 #include "ops/radial_mlp.h"
+#include "ops/radial_table.h"
 
 namespace e3fuse::cpu {
 
-namespace {
-
-// Edge density of receiver i and its neighbor at position offset v (r < cutoff): value, d/dr.
 template <class T>
-void density_of_edge(const TypedPlan<T>& plan, const double* weights, int pair, double r,
+void edge_density_at(const TypedPlan<T>& plan, const EdgeDensity<T>& density, int pair, double r,
                      double& value, double& grad) {
+  if (density.tabulated()) {
+    const RadialTable<T>& table = density.table_for_pair(pair);
+    int interval = 0;
+    double t = 0.0;
+    ops::radial_table_locate(r, table.origin, table.inv_step, table.intervals, interval, t);
+    const T* c = table.coeffs.data() + 4 * static_cast<size_t>(interval);
+    value = static_cast<double>(ops::radial_table_value(c, static_cast<T>(t)));
+    grad = static_cast<double>(
+        ops::radial_table_grad(c, static_cast<T>(t), static_cast<T>(table.inv_step)));
+    return;
+  }
   const int nb = plan.num_basis;
   double emb[64], demb[64], f = 1.0, df = 0.0;
   if (plan.mace_embedding) {
@@ -39,12 +50,15 @@ void density_of_edge(const TypedPlan<T>& plan, const double* weights, int pair, 
     ops::edge_embedding(nb, plan.radial_coeffs_f64.data(), plan.radial_prefactor_f64, plan.envelope,
                         r, emb, demb);
   }
-  ops::edge_density(nb, weights, emb, demb, plan.apply_cutoff, f, df, value, grad);
+  ops::edge_density(nb, density.weights.data(), emb, demb, plan.apply_cutoff, f, df, value, grad);
 }
 
-// The same for the non-linear block's RadialMLP density (work: 4 * max_dim doubles).
+namespace {
+
+// The non-linear block's RadialMLP density of the ordered species pair `pair` at r: value,
+// d/dr (work: 4 * max_dim doubles); always exact, in double.
 template <class T>
-void density_of_edge(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp, int pair, double r,
+void edge_density_at(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp, int pair, double r,
                      double* work, double& value, double& grad) {
   const int nb = plan.num_basis;
   double emb[64], demb[64], f = 1.0, df = 0.0;
@@ -77,7 +91,7 @@ void edge_density_forward(const TypedPlan<T>& plan, const ops::RadialMlpView& ml
         if (r2 >= cutoff2 || r2 == 0.0) continue;
         const int pair = g.species[i] * plan.num_species + g.species[g.neighbors[e]];
         double value, grad;
-        density_of_edge(plan, mlp, pair, std::sqrt(r2), work.data(), value, grad);
+        edge_density_at(plan, mlp, pair, std::sqrt(r2), work.data(), value, grad);
         sum += value;
       }
       rho[i] = sum;
@@ -107,9 +121,9 @@ void edge_density_backward(const TypedPlan<T>& plan, const ops::RadialMlpView& m
         const double r = std::sqrt(r2);
         const int kj = g.species[k] * S + g.species[j], jk = g.species[j] * S + g.species[k];
         double value, grad_kj, grad_jk;
-        density_of_edge(plan, mlp, kj, r, work.data(), value, grad_kj);
+        edge_density_at(plan, mlp, kj, r, work.data(), value, grad_kj);
         grad_jk = grad_kj;
-        if (jk != kj) density_of_edge(plan, mlp, jk, r, work.data(), value, grad_jk);
+        if (jk != kj) edge_density_at(plan, mlp, jk, r, work.data(), value, grad_jk);
         const double dr = grad_rho[k] * grad_kj + grad_rho[j] * grad_jk;
         for (int a = 0; a < 3; ++a) {
           const double f = dr * v[a] / r;
@@ -126,7 +140,7 @@ void edge_density_backward(const TypedPlan<T>& plan, const ops::RadialMlpView& m
 }
 
 template <class T>
-void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+void edge_density_forward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
                           const GraphView& g, double* rho) {
   const double cutoff2 = plan.cutoff * plan.cutoff;
 #pragma omp parallel for schedule(dynamic, 16)
@@ -139,7 +153,7 @@ void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& w
       if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
       const int pair = g.species[i] * plan.num_species + g.species[g.neighbors[e]];
       double value, grad;
-      density_of_edge(plan, weights.data(), pair, std::sqrt(r2), value, grad);
+      edge_density_at(plan, density, pair, std::sqrt(r2), value, grad);
       sum += value;
     }
     rho[i] = sum;
@@ -147,7 +161,7 @@ void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& w
 }
 
 template <class T>
-void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+void edge_density_backward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
                            const GraphView& g, const double* grad_rho, double* forces,
                            double* atom_virials) {
   const double cutoff2 = plan.cutoff * plan.cutoff;
@@ -164,11 +178,11 @@ void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& 
       if (r2 >= cutoff2 || r2 == 0.0) continue;
       const double r = std::sqrt(r2);
       double value, grad;
-      density_of_edge(plan, weights.data(), g.species[k] * plan.num_species + g.species[j], r,
-                      value, grad);
-      const double dr = gsum * grad;
+      edge_density_at(plan, density, g.species[k] * plan.num_species + g.species[j], r, value,
+                      grad);
+      const double dr_over_r = gsum * grad / r;
       for (int a = 0; a < 3; ++a) {
-        const double f = dr * v[a] / r;
+        const double f = dr_over_r * v[a];
         fk[a] += f;
         if (atom_virials)
           for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
@@ -180,13 +194,17 @@ void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& 
   }
 }
 
-template void edge_density_forward<float>(const TypedPlan<float>&, const std::vector<double>&,
+template void edge_density_at<float>(const TypedPlan<float>&, const EdgeDensity<float>&, int,
+                                     double, double&, double&);
+template void edge_density_at<double>(const TypedPlan<double>&, const EdgeDensity<double>&, int,
+                                      double, double&, double&);
+template void edge_density_forward<float>(const TypedPlan<float>&, const EdgeDensity<float>&,
                                           const GraphView&, double*);
-template void edge_density_forward<double>(const TypedPlan<double>&, const std::vector<double>&,
+template void edge_density_forward<double>(const TypedPlan<double>&, const EdgeDensity<double>&,
                                            const GraphView&, double*);
-template void edge_density_backward<float>(const TypedPlan<float>&, const std::vector<double>&,
+template void edge_density_backward<float>(const TypedPlan<float>&, const EdgeDensity<float>&,
                                            const GraphView&, const double*, double*, double*);
-template void edge_density_backward<double>(const TypedPlan<double>&, const std::vector<double>&,
+template void edge_density_backward<double>(const TypedPlan<double>&, const EdgeDensity<double>&,
                                             const GraphView&, const double*, double*, double*);
 template void edge_density_forward<float>(const TypedPlan<float>&, const ops::RadialMlpView&,
                                           const GraphView&, double*);

@@ -90,8 +90,8 @@ struct MaceBlock {
   SymmetricContraction<T> product;
   Activation act = Activation::identity;
   T act_scale = T(1);
-  bool density = false;                 // divide the convolution by 1 + rho (MaceLayer)
-  std::vector<double> density_weights;  // [num_basis], read in double
+  bool density = false;         // divide linear(message) by 1 + rho (MaceLayer)
+  EdgeDensity<T> edge_density;  // rho's weights (and table)
   // mace's non-linear block (MaceLayer::nonlinear_block): `linear` is its linear_1.
   bool nonlinear_block = false;
   Linear<T> linear_res, linear_2;  // linear_res reads linear_up's (ir_mul) output
@@ -106,7 +106,8 @@ struct MaceBlock {
   }
 };
 
-// With `table_of` (the model), the convolution's radial MLP is also tabulated.
+// With `table_of` (the model), the convolution's radial MLP and the edge density are also
+// tabulated.
 template <class T>
 MaceBlock<T> make_mace_block(const MaceLayer& l, const ModelPlan* table_of = nullptr) {
   MaceBlock<T> q;
@@ -124,7 +125,7 @@ MaceBlock<T> make_mace_block(const MaceLayer& l, const ModelPlan* table_of = nul
   q.act = l.readout.act;
   q.act_scale = static_cast<T>(l.readout.act_scale);
   q.density = l.density;
-  q.density_weights = l.density_weights;
+  if (q.density) q.edge_density = make_edge_density<T>(l.density_weights, table_of);
   wire_conv_layout(q.linear_up, q.conv, q.linear);
   if (l.nonlinear_block) {
     q.nonlinear_block = true;

@@ -72,15 +72,23 @@ template <class T>
 void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView& graph,
                    const T* x, const T* grad_y, T* grad_x, double* forces, double* atom_virials);
 
-// mace's density blocks: rho_i = sum_{j in N(i), r_ij < cutoff} tanh((w . emb_ij)^2) (times
-// the envelope when apply_cutoff is false) for every node of the graph (overwritten).
+// The edge density of species pair `pair` (s_i * num_species + s_j) at distance r < cutoff
+// and its r-derivative: from the density's table when it has one (the pair's table built),
+// else evaluated in double (ops::edge_density).
 template <class T>
-void edge_density_forward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+void edge_density_at(const TypedPlan<T>& plan, const EdgeDensity<T>& density, int pair, double r,
+                     double& value, double& grad);
+
+// mace's density blocks: rho_i = sum_{j in N(i), r_ij < cutoff} tanh((w . emb_ij)^2) (times
+// the envelope when apply_cutoff is false) for every node of the graph (overwritten); from
+// the density's table when it has one (EdgeDensity).
+template <class T>
+void edge_density_forward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
                           const GraphView& graph, double* rho);
 // Adds the edge-geometry part of grad_rho = dE/drho (every node of the graph) to forces and,
 // when given, atom_virials (as conv_backward; needs the symmetric graph).
 template <class T>
-void edge_density_backward(const TypedPlan<T>& plan, const std::vector<double>& weights,
+void edge_density_backward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
                            const GraphView& graph, const double* grad_rho, double* forces,
                            double* atom_virials);
 

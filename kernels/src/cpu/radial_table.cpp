@@ -1,9 +1,12 @@
-// cpu/radial_table.cpp: builds the cubic Hermite table of a radial MLP (ops/radial_table.h).
+// cpu/radial_table.cpp: builds the cubic Hermite tables in r (ops/radial_table.h) of a radial
+// MLP and of mace's edge density.
 //
 // Knot values and derivatives come from the MLP in double, differentiated in forward
-// mode (tangent dH/dr carried through each layer). The step is halved until the error at every
-// interval's midpoint (where the Hermite error peaks) is below kValueTolerance for R_w and
-// kGradTolerance for dR_w/dr, each relative to the largest magnitude of that output over the knots.
+// mode (tangent dH/dr carried through each layer), or from the density's exact formula. The
+// step is halved until the error at every interval's midpoint (where the Hermite value error
+// peaks; for the density also where its slope error peaks) is below kValueTolerance for each
+// output and kGradTolerance for its r-derivative, each relative to the largest magnitude of that
+// output (or derivative) over the knots.
 #include "ops/radial_table.h"
 
 #include <algorithm>
@@ -125,19 +128,29 @@ void hermite(double f0, double f1, double m0, double m1, double c[4]) {
   c[3] = 2.0 * (f0 - f1) + m0 + m1;
 }
 
-}  // namespace
-
-template <class T>
-RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0,
-                                 int min_intervals, const RadialMlpPlan* rmlp, int pair) {
+// The table of `outputs` functions of r over [0, cutoff] whose values and derivatives at
+// any set of points `evaluate` gives (Samples, [points][outputs]): the step is halved from
+// min_intervals (at least kFirstIntervals) until the Hermite cubic's error is below the
+// tolerances. Its leading error, f''''(r) h^4 t^2 (1 - t)^2 / 24 on an interval, peaks at
+// t = 1/2 for the value; for the slope (the t-derivative over h) it vanishes at t = 1/2
+// and peaks at t = 1/2 +- 1/(2 sqrt 3). slope_peaks also checks both there (else only at
+// t = 1/2, where the slope's error is of the next order).
+template <class T, class Evaluate>
+RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, bool slope_peaks,
+                        Evaluate&& evaluate) {
   const double cutoff = model.cutoff;
   if (!(cutoff > 0.0)) throw Error("internal: radial table needs a positive cutoff");
-  const int W = rmlp ? rmlp->dims.back() : mlp.dims.back();
+  const int W = outputs;
   // The XPLOR envelope's second derivative jumps at r_on: the grid keeps a knot there
   // (elsewhere R is smooth). The grid starts at or just below r = 0.
   const double anchor = model.radial.envelope == EnvelopeKind::xplor && model.radial.r_on > 0.0
                             ? model.radial.r_on
                             : 0.0;
+  std::vector<double> checks{0.5};
+  if (slope_peaks) {
+    const double d = 0.5 / std::sqrt(3.0);
+    checks = {0.5, 0.5 - d, 0.5 + d};
+  }
   int first = kFirstIntervals;
   while (first < min_intervals && first < kMaxIntervals) first *= 2;
   for (int level = first;; level *= 2) {
@@ -152,16 +165,13 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, dou
     // the value and slope just above).
     const bool even = !model.radial.pair_dependent();
     const double tiny = 1e-4 * step;
-    std::vector<double> rs(intervals + 1), mid(intervals), sign(intervals + 1);
+    std::vector<double> rs(intervals + 1), sign(intervals + 1);
     for (int i = 0; i <= intervals; ++i) {
       const double r = origin + i * step;
       sign[i] = std::abs(r) < tiny ? (even ? 0.0 : 1.0) : r < 0.0 ? -1.0 : 1.0;
       rs[i] = std::max(std::abs(r), tiny);
     }
-    for (int i = 0; i < intervals; ++i)
-      mid[i] = std::max(std::abs(origin + (i + 0.5) * step), tiny);
-    Samples knots = evaluate(model, mlp, rs, r0, rmlp, pair);
-    const Samples mids = evaluate(model, mlp, mid, r0, rmlp, pair);
+    Samples knots = evaluate(rs);
     for (int i = 0; i <= intervals; ++i)
       for (int w = 0; w < W; ++w) knots.grad[static_cast<size_t>(i) * W + w] *= sign[i];
     std::vector<double> vmax(W, 0.0), gmax(W, 0.0);
@@ -171,16 +181,22 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, dou
         gmax[w] = std::max(gmax[w], std::abs(knots.grad[static_cast<size_t>(i) * W + w]));
       }
     double verr = 0.0, gerr = 0.0;
-    for (int i = 0; i < intervals; ++i) {
-      const double mid_sign = origin + (i + 0.5) * step < 0.0 ? -1.0 : 1.0;
-      for (int w = 0; w < W; ++w) {
-        const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
-        double c[4];
-        hermite(knots.value[a], knots.value[b], knots.grad[a] * step, knots.grad[b] * step, c);
-        const double v = ops::radial_table_value(c, 0.5);
-        const double g = ops::radial_table_grad(c, 0.5, 1.0 / step);
-        if (vmax[w] > 0) verr = std::max(verr, std::abs(v - mids.value[a]) / vmax[w]);
-        if (gmax[w] > 0) gerr = std::max(gerr, std::abs(g - mid_sign * mids.grad[a]) / gmax[w]);
+    for (const double t : checks) {
+      std::vector<double> mid(intervals);
+      for (int i = 0; i < intervals; ++i)
+        mid[i] = std::max(std::abs(origin + (i + t) * step), tiny);
+      const Samples mids = evaluate(mid);
+      for (int i = 0; i < intervals; ++i) {
+        const double mid_sign = origin + (i + t) * step < 0.0 ? -1.0 : 1.0;
+        for (int w = 0; w < W; ++w) {
+          const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
+          double c[4];
+          hermite(knots.value[a], knots.value[b], knots.grad[a] * step, knots.grad[b] * step, c);
+          const double v = ops::radial_table_value(c, t);
+          const double g = ops::radial_table_grad(c, t, 1.0 / step);
+          if (vmax[w] > 0) verr = std::max(verr, std::abs(v - mids.value[a]) / vmax[w]);
+          if (gmax[w] > 0) gerr = std::max(gerr, std::abs(g - mid_sign * mids.grad[a]) / gmax[w]);
+        }
       }
     }
     if ((verr <= kValueTolerance && gerr <= kGradTolerance) || level >= kMaxIntervals) {
@@ -204,9 +220,57 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, dou
   }
 }
 
+}  // namespace
+
+template <class T>
+RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0,
+                                 int min_intervals, const RadialMlpPlan* rmlp, int pair) {
+  return tabulate<T>(
+      model, rmlp ? rmlp->dims.back() : mlp.dims.back(), min_intervals, false,
+      [&](const std::vector<double>& rs) { return evaluate(model, mlp, rs, r0, rmlp, pair); });
+}
+
+// mace's edge density tanh((w . emb)^2) (x f(r) without apply_cutoff), evaluated as the
+// exact density passes do (ops::edge_density on the embedding, in double).
+template <class T>
+RadialTable<T> make_density_table(const ModelPlan& model, const std::vector<double>& weights,
+                                  double r0, int min_intervals) {
+  const RadialPlan& rp = model.radial;
+  const int nb = rp.num_basis;
+  if (static_cast<int>(weights.size()) != nb)
+    throw Error("internal: density weights do not match the radial basis");
+  const ops::EnvelopeParams env{rp.envelope, rp.r_cut, rp.r_on, rp.p};
+  const ops::TransformParams tp{rp.transform, rp.agnesi_q, rp.agnesi_p, rp.agnesi_a, rp.soft_alpha};
+  const bool mace_embedding = rp.pair_dependent() || !rp.apply_cutoff;
+  auto density = [&](const std::vector<double>& rs) {
+    const int n = static_cast<int>(rs.size());
+    Samples s{std::vector<double>(n), std::vector<double>(n)};
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < n; ++p) {
+      std::vector<double> emb(nb), demb(nb);
+      double f = 1.0, df = 0.0;
+      if (mace_embedding)
+        ops::mace_edge_embedding<double>(nb, rp.coeffs.data(), rp.prefactor, env, tp,
+                                         rp.apply_cutoff, rs[p], r0, emb.data(), demb.data(), f,
+                                         df);
+      else
+        ops::edge_embedding<double>(nb, rp.coeffs.data(), rp.prefactor, env, rs[p], emb.data(),
+                                    demb.data());
+      ops::edge_density<double>(nb, weights.data(), emb.data(), demb.data(), rp.apply_cutoff, f, df,
+                                s.value[p], s.grad[p]);
+    }
+    return s;
+  };
+  return tabulate<T>(model, 1, min_intervals, true, density);
+}
+
 template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&, double, int,
                                                      const RadialMlpPlan*, int);
 template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&, double,
                                                        int, const RadialMlpPlan*, int);
+template RadialTable<float> make_density_table<float>(const ModelPlan&, const std::vector<double>&,
+                                                      double, int);
+template RadialTable<double> make_density_table<double>(const ModelPlan&,
+                                                        const std::vector<double>&, double, int);
 
 }  // namespace e3fuse::cpu

@@ -65,6 +65,56 @@ RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, dou
                                  int min_intervals = 0, const RadialMlpPlan* rmlp = nullptr,
                                  int pair = 0);
 
+// mace's edge density tanh((w . emb)^2) (times the envelope without apply_cutoff;
+// ops::edge_density) as a one-output table in r, to the same tolerances; the slope is also
+// checked where its interpolation error peaks (cpu/radial_table.cpp).
+template <class T>
+RadialTable<T> make_density_table(const ModelPlan& model, const std::vector<double>& weights,
+                                  double r0 = 0.0, int min_intervals = 0);
+
+// The tables of the species pairs present in species[0..n) that `slot` (S x S) lacks (-1),
+// built by build(r_0 of the pair, min_intervals, pair = a * S + b) and appended to `tables`;
+// then the coarser tables are rebuilt on the finest grid (one grid for all). `ordered`: one
+// table per ordered pair (a, b) (mace's RadialMLP, whose weights depend on the order), else
+// `slot` is symmetric. True when it built any. Shared by the radial MLP (Conv) and the edge
+// density (EdgeDensity).
+template <class T, class Build>
+bool ensure_tables_of_pairs(const ModelPlan& model, std::vector<int>& slot,
+                            std::vector<RadialTable<T>>& tables, int64_t n, const int32_t* species,
+                            bool ordered, Build&& build) {
+  const int S = static_cast<int>(model.atomic_numbers.size());
+  std::vector<char> present(static_cast<size_t>(S), 0);
+  for (int64_t i = 0; i < n; ++i) present[static_cast<size_t>(species[i])] = 1;
+  const ops::TransformParams tp{model.radial.transform, model.radial.agnesi_q,
+                                model.radial.agnesi_p, model.radial.agnesi_a,
+                                model.radial.soft_alpha};
+  auto r0_of = [&](int a, int b) {
+    return model.radial.pair_dependent() ? ops::transform_r0(tp, model.radial.covalent_radii[a],
+                                                             model.radial.covalent_radii[b])
+                                         : 0.0;
+  };
+  bool built = false;
+  for (int a = 0; a < S; ++a)
+    for (int b = ordered ? 0 : a; b < S; ++b) {
+      if (!present[a] || !present[b] || slot[a * S + b] >= 0) continue;
+      const int grid = tables.empty() ? 0 : tables.front().intervals;
+      tables.push_back(build(r0_of(a, b), grid, a * S + b));
+      slot[a * S + b] = static_cast<int>(tables.size()) - 1;
+      if (!ordered) slot[b * S + a] = slot[a * S + b];
+      built = true;
+    }
+  if (!built) return false;
+  int finest = 0;
+  for (const RadialTable<T>& t : tables) finest = std::max(finest, t.intervals);
+  for (int a = 0; a < S; ++a)
+    for (int b = ordered ? 0 : a; b < S; ++b) {
+      const int k = slot[a * S + b];
+      if (k >= 0 && tables[k].intervals != finest)
+        tables[k] = build(r0_of(a, b), finest, a * S + b);
+    }
+  return true;
+}
+
 template <class T>
 struct Conv {
   struct Path {
@@ -110,41 +160,57 @@ template <class T>
 bool ensure_pair_tables(Conv<T>& conv, int64_t n, const int32_t* species) {
   if (conv.pair_table.empty()) return false;
   const ModelPlan& model = *conv.table_of;
-  const int S = static_cast<int>(model.atomic_numbers.size());
-  std::vector<char> present(static_cast<size_t>(S), 0);
-  for (int64_t i = 0; i < n; ++i) present[static_cast<size_t>(species[i])] = 1;
-  const ops::TransformParams tp{model.radial.transform, model.radial.agnesi_q,
-                                model.radial.agnesi_p, model.radial.agnesi_a,
-                                model.radial.soft_alpha};
-  const bool ordered = conv.radial_mlp != nullptr;
-  auto r0_of = [&](int a, int b) {
-    return model.radial.pair_dependent() ? ops::transform_r0(tp, model.radial.covalent_radii[a],
-                                                             model.radial.covalent_radii[b])
-                                         : 0.0;
-  };
-  bool built = false;
-  for (int a = 0; a < S; ++a)
-    for (int b = ordered ? 0 : a; b < S; ++b) {
-      if (!present[a] || !present[b] || conv.pair_table[a * S + b] >= 0) continue;
-      const int grid = conv.pair_tables.empty() ? 0 : conv.pair_tables.front().intervals;
-      conv.pair_tables.push_back(make_radial_table<T>(model, conv.mlp_plan, r0_of(a, b), grid,
-                                                      conv.radial_mlp, a * S + b));
-      conv.pair_table[a * S + b] = static_cast<int>(conv.pair_tables.size()) - 1;
-      if (!ordered) conv.pair_table[b * S + a] = conv.pair_table[a * S + b];
-      built = true;
-    }
-  if (!built) return false;
-  // one grid for all: rebuild the coarser tables on the finest one
-  int finest = 0;
-  for (const RadialTable<T>& t : conv.pair_tables) finest = std::max(finest, t.intervals);
-  for (int a = 0; a < S; ++a)
-    for (int b = ordered ? 0 : a; b < S; ++b) {
-      const int slot = conv.pair_table[a * S + b];
-      if (slot < 0 || conv.pair_tables[slot].intervals == finest) continue;
-      conv.pair_tables[slot] = make_radial_table<T>(model, conv.mlp_plan, r0_of(a, b), finest,
-                                                    conv.radial_mlp, a * S + b);
-    }
-  return true;
+  return ensure_tables_of_pairs(model, conv.pair_table, conv.pair_tables, n, species,
+                                conv.radial_mlp != nullptr, [&](double r0, int grid, int pair) {
+                                  return make_radial_table<T>(model, conv.mlp_plan, r0, grid,
+                                                              conv.radial_mlp, pair);
+                                });
+}
+
+// mace's edge density (RealAgnosticDensity[Residual]InteractionBlock, cpu/edge_density.cpp):
+// the weights of its linear layer density_fn and, where the engine reads the radial MLP from
+// tables, the density tanh((w . emb)^2) (x f(r) without apply_cutoff) and its r-derivative as
+// a table in r (make_density_table) instead of the basis evaluated per edge. With a distance
+// transform the density depends on the species pair: the tables are per pair, built on first
+// use on one grid, as Conv's (ensure_density_tables).
+template <class T>
+struct EdgeDensity {
+  std::vector<double> weights;  // [num_basis], e3nn's 1/sqrt(fan_in) folded in
+  RadialTable<T> table;         // without a distance transform; empty: no table
+  std::vector<int> pair_table;  // [S x S] into pair_tables, -1 while not built; empty: none
+  std::vector<RadialTable<T>> pair_tables;
+  const ModelPlan* table_of = nullptr;  // the model, to build pair tables
+  bool tabulated() const { return !table.empty() || !pair_table.empty(); }
+  const RadialTable<T>& table_for_pair(int pair) const {
+    return pair_table.empty() ? table : pair_tables[static_cast<size_t>(pair_table[pair])];
+  }
+};
+
+// With `table_of` (the model), the density is tabulated (per pair: on first use).
+template <class T>
+EdgeDensity<T> make_edge_density(const std::vector<double>& weights,
+                                 const ModelPlan* table_of = nullptr) {
+  EdgeDensity<T> d;
+  d.weights = weights;
+  if (table_of && table_of->radial.pair_dependent()) {
+    const size_t S = table_of->atomic_numbers.size();
+    d.pair_table.assign(S * S, -1);
+    d.table_of = table_of;
+  } else if (table_of) {
+    d.table = make_density_table<T>(*table_of, weights);
+  }
+  return d;
+}
+
+// The pair tables of `density` that species[0..n) need (as ensure_pair_tables).
+template <class T>
+bool ensure_density_tables(EdgeDensity<T>& density, int64_t n, const int32_t* species) {
+  if (density.pair_table.empty()) return false;
+  const ModelPlan& model = *density.table_of;
+  return ensure_tables_of_pairs(model, density.pair_table, density.pair_tables, n, species, false,
+                                [&](double r0, int grid, int) {
+                                  return make_density_table<T>(model, density.weights, r0, grid);
+                                });
 }
 
 template <class T>

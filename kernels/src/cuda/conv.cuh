@@ -27,7 +27,6 @@
 #include "cuda/common.cuh"
 #include "e3fuse/system.h"
 #include "ops/radial.h"
-#include "ops/radial_mlp.h"
 
 namespace e3fuse::cuda {
 
@@ -159,48 +158,6 @@ Conv<T> make_conv(const cpu::Conv<T>& conv);
 // (Re)uploads the pair tables of `host` (after cpu::ensure_pair_tables built some).
 template <class T>
 void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host);
-
-// mace's density blocks on the GPU (cpu/edge_density.cpp's math, one thread per node, in
-// double): rho[i] for the graph's nodes, and the forces / per-atom virials of grad_rho
-// (both ends of each pair at each node, written to that node only: deterministic).
-template <class T>
-void edge_density_forward(const Geometry<T>& geom, const double* weights, const GraphView& g,
-                          double* rho, cudaStream_t stream);
-template <class T>
-void edge_density_backward(const Geometry<T>& geom, const double* weights, const GraphView& g,
-                           const double* grad_rho, double* forces, double* atom_virials,
-                           cudaStream_t stream);
-// y[i] /= 1 + rho[i] for i < rows (dim values per row).
-template <class T>
-void density_scale_forward(int64_t rows, int dim, const double* rho, T* y, cudaStream_t stream);
-// With m = linear(y) (dim values per row) and gm = dE/dm: grad_rho[i] = -gm_i . m_i / (1 + rho_i)
-// for i < rows, 0 for rows <= i < n; gy[i] /= 1 + rho_i for i < rows (gy_dim values per row).
-template <class T>
-void density_scale_backward(int64_t rows, int64_t n, int dim, const T* m, const T* gm,
-                            const double* rho, int gy_dim, T* gy, double* grad_rho,
-                            cudaStream_t stream);
-
-// mace's non-linear block: the same with the edge density tanh(MLP(emb_ij, s_i, s_j)^2) of its
-// RadialMLP (cpu/edge_density.cpp's RadialMlpView overloads); mlp.params in device memory,
-// mlp.max_dim <= kMaxDensityMlpDim.
-constexpr int kMaxDensityMlpDim = 128;
-template <class T>
-void edge_density_forward(const Geometry<T>& geom, const ops::RadialMlpView& mlp,
-                          const GraphView& g, double* rho, cudaStream_t stream);
-template <class T>
-void edge_density_backward(const Geometry<T>& geom, const ops::RadialMlpView& mlp,
-                           const GraphView& g, const double* grad_rho, double* forces,
-                           double* atom_virials, cudaStream_t stream);
-// The non-linear block's normalisation: z[i] += a[i] / (alpha + beta rho[i]) for i < rows (dim
-// values per row), and its adjoint given gz = dE/dz: ga[i] = gz[i] / d_i and
-// grad_rho[i] = -beta gz_i . a_i / d_i^2 for i < rows, grad_rho[i] = 0 for rows <= i < n.
-template <class T>
-void nonlinear_scale_forward(int64_t rows, int dim, double alpha, double beta, const double* rho,
-                             const T* a, T* z, cudaStream_t stream);
-template <class T>
-void nonlinear_scale_backward(int64_t rows, int64_t n, int dim, double alpha, double beta,
-                              const T* a, const T* gz, const double* rho, T* ga, double* grad_rho,
-                              cudaStream_t stream);
 
 // y_i = (1/D) sum_j TP(x_j, Y(v_ij), MLP(emb(r_ij))) for every node of the device
 // graph `g` (ir_mul layouts, as on the CPU). Sets *error_node = i + 1 if two atoms coincide.

@@ -1,15 +1,23 @@
 // cuda/edge_density.cu: mace's density blocks on the GPU (RealAgnosticDensity[Residual]-
-// InteractionBlock): the neighbor density rho_i, the division of the convolution by
-// 1 + rho_i, and their adjoints. Same math as cpu/edge_density.cpp (ops::edge_density, in
-// double), one warp per node (lanes take its edges in turn, the partial sums meet in a
+// InteractionBlock): the neighbor density rho_i, the division of linear(message) by
+// 1 + rho_i, and their adjoints. Same math as cpu/edge_density.cpp and engine.cpp's
+// MaceRunner. One warp per node (lanes take its edges in turn, the partial sums meet in a
 // fixed shuffle tree); the backward takes both directed edges of each pair at each end and
-// writes to that node only, so no atomics and a fixed summation order. One thread per node
-// measured 2.2 ms per MACE-OMAT-0-arch. call at 864 atoms on an H100 (latency of its serial
-// double-precision edge loop, 864 threads).
-#include "cuda/conv.cuh"
+// writes to that node only, so no atomics and a fixed summation order.
+//
+// Per edge, with the density's table (cpu::EdgeDensity, the default in float32): edge vector
+// and r in double (positions are double), then one 16-byte read (32 in float64) of the cubic's
+// coefficients and 3 FMAs (6 with the slope). Without it (float64): the Bessel basis, envelope
+// and distance transform in double (~800 FP64 instructions per edge: 8 double sincos, 2 pow,
+// tanh and 7 divisions for the MACE-OMAT-0 architecture), forward and backward.
+//
+// The non-linear block's density (ops::RadialMlpView overloads): the RadialMLP of the ordered
+// species pair per edge, in double (not tabulated), and z += a / (alpha + beta rho).
+#include "cuda/edge_density.cuh"
 #include "ops/edge_vector.h"
 #include "ops/radial.h"
 #include "ops/radial_mlp.h"
+#include "ops/radial_table.h"
 
 namespace e3fuse::cuda {
 
@@ -17,27 +25,63 @@ namespace {
 
 constexpr int kDensityThreads = 128;  // 4 nodes per block
 
-// The edge density of the edge (i, j) at distance r, and its r-derivative.
+// The four cubic coefficients of one table entry (16- or 32-byte aligned).
 template <class T>
-__device__ void density_of_edge(const typename Geometry<T>::View& geo, const double* w,
-                                const GraphView& g, int64_t i, int64_t j, double r, double& value,
-                                double& grad) {
-  double emb[kMaxBasis], demb[kMaxBasis], f = 1.0, df = 0.0;
-  if (geo.mace_embedding) {
-    const double r0 =
-        geo.pair_r0 ? geo.pair_r0[g.species[i] * geo.num_species + g.species[j]] : 1.0;
-    ops::mace_edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope,
-                                     geo.transform, geo.apply_cutoff, r, r0, emb, demb, f, df);
+__device__ __forceinline__ void load_density_entry(const T* p, T c[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    c[0] = v.x;
+    c[1] = v.y;
+    c[2] = v.z;
+    c[3] = v.w;
   } else {
-    ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, emb,
-                                demb);
+    const double2 a = __ldg(reinterpret_cast<const double2*>(p));
+    const double2 b = __ldg(reinterpret_cast<const double2*>(p) + 1);
+    c[0] = a.x;
+    c[1] = a.y;
+    c[2] = b.x;
+    c[3] = b.y;
   }
-  ops::edge_density<double>(geo.num_basis, w, emb, demb, geo.apply_cutoff, f, df, value, grad);
 }
 
-template <class T>
-__global__ void edge_density_forward_kernel(typename Geometry<T>::View geo, const double* w,
-                                            GraphView g, double* rho) {
+// The edge density of the edge (i, j) at distance r, and its r-derivative: with TABLE from the
+// density's table (in T), else evaluated in double.
+template <class T, bool TABLE>
+__device__ __forceinline__ void edge_density_at(const typename Geometry<T>::View& geo,
+                                                const typename EdgeDensity<T>::View& d,
+                                                const GraphView& g, int64_t i, int64_t j, double r,
+                                                double& value, double& grad) {
+  if constexpr (TABLE) {
+    int interval = 0;
+    double t = 0.0;
+    ops::radial_table_locate(r, d.origin, d.inv_step, d.intervals, interval, t);
+    if (d.pair_slot)
+      interval += d.pair_slot[g.species[i] * d.num_species + g.species[j]] * d.intervals;
+    T c[4];
+    load_density_entry(d.table + 4 * static_cast<int64_t>(interval), c);
+    const T tt = static_cast<T>(t);
+    value = static_cast<double>(ops::radial_table_value(c, tt));
+    grad = static_cast<double>(ops::radial_table_grad(c, tt, static_cast<T>(d.inv_step)));
+  } else {
+    double emb[kMaxBasis], demb[kMaxBasis], f = 1.0, df = 0.0;
+    if (geo.mace_embedding) {
+      const double r0 =
+          geo.pair_r0 ? geo.pair_r0[g.species[i] * geo.num_species + g.species[j]] : 1.0;
+      ops::mace_edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope,
+                                       geo.transform, geo.apply_cutoff, r, r0, emb, demb, f, df);
+    } else {
+      ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, emb,
+                                  demb);
+    }
+    ops::edge_density<double>(geo.num_basis, d.weights, emb, demb, geo.apply_cutoff, f, df, value,
+                              grad);
+  }
+}
+
+template <class T, bool TABLE>
+__global__ void edge_density_forward_kernel(typename Geometry<T>::View geo,
+                                            typename EdgeDensity<T>::View d, GraphView g,
+                                            double* rho) {
   int lane;
   const int64_t i = warp_node(lane);
   if (i >= g.num_nodes) return;  // the whole warp
@@ -49,25 +93,27 @@ __global__ void edge_density_forward_kernel(typename Geometry<T>::View geo, cons
     const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
     if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
     double value, grad;
-    density_of_edge<T>(geo, w, g, i, g.neighbors[e], sqrt(r2), value, grad);
+    edge_density_at<T, TABLE>(geo, d, g, i, g.neighbors[e], sqrt(r2), value, grad);
     sum += value;
   }
   sum = warp_sum(sum);
   if (lane == 0) rho[i] = sum;
 }
 
-template <class T>
-__global__ void edge_density_backward_kernel(typename Geometry<T>::View geo, const double* w,
-                                             GraphView g, const double* grad_rho, double* forces,
+template <class T, bool TABLE>
+__global__ void edge_density_backward_kernel(typename Geometry<T>::View geo,
+                                             typename EdgeDensity<T>::View d, GraphView g,
+                                             const double* grad_rho, double* forces,
                                              double* atom_virials) {
   int lane;
   const int64_t k = warp_node(lane);
   if (k >= g.num_nodes) return;  // the whole warp
   const double cutoff2 = geo.cutoff * geo.cutoff;
+  const double grad_k = grad_rho[k];
   double fk[3] = {0, 0, 0}, wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
   for (int64_t e = g.row_offsets[k] + lane; e < g.row_offsets[k + 1]; e += kWarp) {
     const int64_t j = g.neighbors[e];
-    const double gsum = grad_rho[k] + grad_rho[j];
+    const double gsum = grad_k + grad_rho[j];
     if (gsum == 0.0) continue;
     double v[3];
     ops::edge_vector(g, k, e, v);
@@ -75,10 +121,10 @@ __global__ void edge_density_backward_kernel(typename Geometry<T>::View geo, con
     if (r2 >= cutoff2 || r2 == 0.0) continue;
     const double r = sqrt(r2);
     double value, grad;
-    density_of_edge<T>(geo, w, g, k, j, r, value, grad);
-    const double dr = gsum * grad;
+    edge_density_at<T, TABLE>(geo, d, g, k, j, r, value, grad);
+    const double dr_over_r = gsum * grad / r;  // one division per edge
     for (int a = 0; a < 3; ++a) {
-      const double f = dr * v[a] / r;
+      const double f = dr_over_r * v[a];
       fk[a] += f;
       if (atom_virials)
         for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
@@ -93,30 +139,73 @@ __global__ void edge_density_backward_kernel(typename Geometry<T>::View geo, con
     for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
 }
 
+// One block per row (node): its dim values scaled by 1 / (1 + rho), coalesced.
 template <class T>
-__global__ void density_scale_forward_kernel(int64_t rows, int dim, const double* rho, T* y) {
-  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (q >= rows * dim) return;
-  y[q] = static_cast<T>(static_cast<double>(y[q]) / (1.0 + rho[q / dim]));
+__global__ void density_scale_forward_kernel(int dim, const double* rho, const T* z, T* out) {
+  const int64_t i = blockIdx.x;
+  const T inv_d = static_cast<T>(1.0 / (1.0 + rho[i]));
+  const T* row = z + i * dim;
+  T* out_row = out + i * dim;
+  for (int q = threadIdx.x; q < dim; q += blockDim.x) out_row[q] = row[q] * inv_d;
 }
 
+// One warp per node: grad_rho = -gz . Z / d^2 and gz_out = gz / d, in one pass over the row
+// (gz_out may be gz).
 template <class T>
-__global__ void density_grad_rho_kernel(int64_t rows, int64_t n, int dim, const T* m, const T* gm,
-                                        const double* rho, double* grad_rho) {
+__global__ void density_scale_backward_kernel(int64_t rows, int64_t n, int dim, const T* z,
+                                              const double* rho, const T* gz, T* gz_out,
+                                              double* grad_rho) {
   int lane;
   const int64_t i = warp_node(lane);
   if (i >= n) return;  // the whole warp
+  if (i >= rows) {
+    if (lane == 0) grad_rho[i] = 0.0;
+    return;
+  }
+  const double inv_d = 1.0 / (1.0 + rho[i]);
+  const T inv_d_t = static_cast<T>(inv_d);
+  const T* zi = z + i * dim;
+  const T* gi = gz + i * dim;
+  T* oi = gz_out + i * dim;
   double s = 0.0;
-  if (i < rows)
-    for (int q = lane; q < dim; q += kWarp)
-      s += static_cast<double>(m[i * dim + q]) * static_cast<double>(gm[i * dim + q]);
+  for (int q = lane; q < dim; q += kWarp) {
+    const T gq = gi[q];
+    s += static_cast<double>(zi[q]) * static_cast<double>(gq);
+    oi[q] = gq * inv_d_t;
+  }
   s = warp_sum(s);
-  if (lane == 0) grad_rho[i] = i < rows ? -s / (1.0 + rho[i]) : 0.0;
+  if (lane == 0) grad_rho[i] = -s * inv_d * inv_d;
+}
+
+template <class T>
+void set_table_view(EdgeDensity<T>& d, const std::vector<const cpu::RadialTable<T>*>& tables,
+                    const std::vector<int>& pair_slot, int num_species) {
+  const cpu::RadialTable<T>& first = *tables.front();
+  std::vector<T> all;
+  all.reserve(first.coeffs.size() * tables.size());
+  for (const cpu::RadialTable<T>* t : tables) {
+    if (t->intervals != first.intervals || t->origin != first.origin)
+      throw Error("internal: edge density pair tables on different grids");
+    all.insert(all.end(), t->coeffs.begin(), t->coeffs.end());
+  }
+  d.table.upload(all);
+  auto& v = d.view;
+  v.table = d.table.data();
+  v.intervals = first.intervals;
+  v.origin = first.origin;
+  v.inv_step = first.inv_step;
+  if (!pair_slot.empty()) {
+    d.pair_slot.upload(pair_slot);
+    v.pair_slot = d.pair_slot.data();
+    v.num_species = num_species;
+  }
+  // the uploads ran on the default stream; rare (load, new species pairs): wait for them
+  check(cudaDeviceSynchronize(), "edge density table upload");
 }
 
 // The non-linear block's edge density of the ordered pair `pair` (receiver, sender) at r.
 template <class T>
-__device__ void density_of_edge(const typename Geometry<T>::View& geo,
+__device__ void edge_density_at(const typename Geometry<T>::View& geo,
                                 const ops::RadialMlpView& mlp, int pair, double r, double& value,
                                 double& grad) {
   double emb[kMaxBasis], demb[kMaxBasis], f = 1.0, df = 0.0;
@@ -145,7 +234,7 @@ __global__ void edge_density_mlp_forward_kernel(typename Geometry<T>::View geo,
     if (r2 >= cutoff2 || r2 == 0.0) continue;
     const int pair = g.species[i] * geo.num_species + g.species[g.neighbors[e]];
     double value, grad;
-    density_of_edge<T>(geo, mlp, pair, sqrt(r2), value, grad);
+    edge_density_at<T>(geo, mlp, pair, sqrt(r2), value, grad);
     sum += value;
   }
   sum = warp_sum(sum);
@@ -174,9 +263,9 @@ __global__ void edge_density_mlp_backward_kernel(typename Geometry<T>::View geo,
     const double r = sqrt(r2);
     const int kj = g.species[k] * S + g.species[j], jk = g.species[j] * S + g.species[k];
     double value, grad_kj, grad_jk;
-    density_of_edge<T>(geo, mlp, kj, r, value, grad_kj);
+    edge_density_at<T>(geo, mlp, kj, r, value, grad_kj);
     grad_jk = grad_kj;
-    if (jk != kj) density_of_edge<T>(geo, mlp, jk, r, value, grad_jk);
+    if (jk != kj) edge_density_at<T>(geo, mlp, jk, r, value, grad_jk);
     const double dr = grad_rho[k] * grad_kj + grad_rho[j] * grad_jk;
     for (int a = 0; a < 3; ++a) {
       const double f = dr * v[a] / r;
@@ -280,53 +369,84 @@ void nonlinear_scale_backward(int64_t rows, int64_t n, int dim, double alpha, do
 }
 
 template <class T>
-void edge_density_forward(const Geometry<T>& geom, const double* weights, const GraphView& g,
-                          double* rho, cudaStream_t stream) {
+EdgeDensity<T> make_edge_density(const cpu::EdgeDensity<T>& host) {
+  EdgeDensity<T> d;
+  d.weights.upload(host.weights);
+  d.view.weights = d.weights.data();
+  if (!host.table.empty()) set_table_view<T>(d, {&host.table}, {}, 0);
+  upload_density_tables(d, host);
+  return d;
+}
+
+template <class T>
+void upload_density_tables(EdgeDensity<T>& d, const cpu::EdgeDensity<T>& host) {
+  if (host.pair_tables.empty()) return;
+  std::vector<const cpu::RadialTable<T>*> tables;
+  for (const auto& t : host.pair_tables) tables.push_back(&t);
+  const int S = host.table_of ? static_cast<int>(host.table_of->atomic_numbers.size()) : 0;
+  set_table_view<T>(d, tables, host.pair_table, S);
+}
+
+template <class T>
+void edge_density_forward(const Geometry<T>& geom, const EdgeDensity<T>& density,
+                          const GraphView& g, double* rho, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  edge_density_forward_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kDensityThreads)), kDensityThreads,
-         0, stream>>>(geom.view, weights, g, rho);
+  const auto blocks = static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kDensityThreads));
+  if (density.view.table)
+    edge_density_forward_kernel<T, true>
+        <<<blocks, kDensityThreads, 0, stream>>>(geom.view, density.view, g, rho);
+  else
+    edge_density_forward_kernel<T, false>
+        <<<blocks, kDensityThreads, 0, stream>>>(geom.view, density.view, g, rho);
   check_launch("edge_density_forward_kernel");
 }
 
 template <class T>
-void edge_density_backward(const Geometry<T>& geom, const double* weights, const GraphView& g,
-                           const double* grad_rho, double* forces, double* atom_virials,
-                           cudaStream_t stream) {
+void edge_density_backward(const Geometry<T>& geom, const EdgeDensity<T>& density,
+                           const GraphView& g, const double* grad_rho, double* forces,
+                           double* atom_virials, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  edge_density_backward_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kDensityThreads)), kDensityThreads,
-         0, stream>>>(geom.view, weights, g, grad_rho, forces, atom_virials);
+  const auto blocks = static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kDensityThreads));
+  if (density.view.table)
+    edge_density_backward_kernel<T, true><<<blocks, kDensityThreads, 0, stream>>>(
+        geom.view, density.view, g, grad_rho, forces, atom_virials);
+  else
+    edge_density_backward_kernel<T, false><<<blocks, kDensityThreads, 0, stream>>>(
+        geom.view, density.view, g, grad_rho, forces, atom_virials);
   check_launch("edge_density_backward_kernel");
 }
 
 template <class T>
-void density_scale_forward(int64_t rows, int dim, const double* rho, T* y, cudaStream_t stream) {
-  if (rows == 0) return;
+void density_scale_forward(int64_t rows, int dim, const double* rho, const T* z, T* out,
+                           cudaStream_t stream) {
+  if (rows == 0 || dim == 0) return;
+  const int threads = dim >= 256 ? 256 : 128;
   density_scale_forward_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(rows * dim, 256)), 256, 0, stream>>>(rows, dim, rho, y);
+      <<<static_cast<unsigned>(rows), threads, 0, stream>>>(dim, rho, z, out);
   check_launch("density_scale_forward_kernel");
 }
 
 template <class T>
-void density_scale_backward(int64_t rows, int64_t n, int dim, const T* m, const T* gm,
-                            const double* rho, int gy_dim, T* gy, double* grad_rho,
-                            cudaStream_t stream) {
+void density_scale_backward(int64_t rows, int64_t n, int dim, const T* z, const double* rho,
+                            const T* gz, T* gz_out, double* grad_rho, cudaStream_t stream) {
   if (n == 0) return;
-  density_grad_rho_kernel<T><<<static_cast<unsigned>(blocks_for(n * kWarp, kDensityThreads)),
-                               kDensityThreads, 0, stream>>>(rows, n, dim, m, gm, rho, grad_rho);
-  check_launch("density_grad_rho_kernel");
-  density_scale_forward<T>(rows, gy_dim, rho, gy, stream);  // dE/dS = dE/dy / (1 + rho)
+  density_scale_backward_kernel<T>
+      <<<static_cast<unsigned>(blocks_for(n * kWarp, kDensityThreads)), kDensityThreads, 0,
+         stream>>>(rows, n, dim, z, rho, gz, gz_out, grad_rho);
+  check_launch("density_scale_backward_kernel");
 }
 
-#define E3FUSE_INSTANTIATE(T)                                                                 \
-  template void edge_density_forward<T>(const Geometry<T>&, const double*, const GraphView&,  \
-                                        double*, cudaStream_t);                               \
-  template void edge_density_backward<T>(const Geometry<T>&, const double*, const GraphView&, \
-                                         const double*, double*, double*, cudaStream_t);      \
-  template void density_scale_forward<T>(int64_t, int, const double*, T*, cudaStream_t);      \
-  template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const T*,          \
-                                          const double*, int, T*, double*, cudaStream_t);
+#define E3FUSE_INSTANTIATE(T)                                                                      \
+  template EdgeDensity<T> make_edge_density<T>(const cpu::EdgeDensity<T>&);                        \
+  template void upload_density_tables<T>(EdgeDensity<T>&, const cpu::EdgeDensity<T>&);             \
+  template void edge_density_forward<T>(const Geometry<T>&, const EdgeDensity<T>&,                 \
+                                        const GraphView&, double*, cudaStream_t);                  \
+  template void edge_density_backward<T>(const Geometry<T>&, const EdgeDensity<T>&,                \
+                                         const GraphView&, const double*, double*, double*,        \
+                                         cudaStream_t);                                            \
+  template void density_scale_forward<T>(int64_t, int, const double*, const T*, T*, cudaStream_t); \
+  template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const double*,          \
+                                          const T*, T*, double*, cudaStream_t);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)
 #undef E3FUSE_INSTANTIATE

@@ -22,6 +22,7 @@
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/conv.cuh"
+#include "cuda/edge_density.cuh"
 #include "cuda/node_ops.cuh"
 #include "cuda/pair_repulsion.cuh"
 #include "e3fuse/error.h"
@@ -599,8 +600,8 @@ class MaceModel : public Model {
     SymmetricContraction<T> product;
     Activation act = Activation::identity;
     T act_scale = T(1);
-    bool density = false;  // divide the convolution by 1 + rho (cpu::MaceBlock)
-    DeviceArray<double> density_weights;
+    bool density = false;  // divide linear(convolution) by 1 + rho (cpu::MaceBlock)
+    EdgeDensity<T> edge_density;
     // mace's non-linear block (cpu::MaceBlock): `linear` is its linear_1
     bool nonlinear_block = false;
     Linear<T> linear_res, linear_2;
@@ -636,7 +637,7 @@ class MaceModel : public Model {
       q.act = h.act;
       q.act_scale = h.act_scale;
       q.density = h.density;
-      if (q.density) q.density_weights.upload(h.density_weights);
+      if (q.density) q.edge_density = make_edge_density<T>(h.edge_density);
       if (h.nonlinear_block) {
         if (h.density_layout.max_dim > kMaxDensityMlpDim)
           throw Error("non-linear block: density MLP wider than " +
@@ -651,6 +652,7 @@ class MaceModel : public Model {
         q.density_layout = h.density_layout;
       }
       if (!h.conv.pair_table.empty()) host_convs_.push_back(h.conv);  // tables built in prepare
+      host_densities_.push_back(h.edge_density);  // pair tables built in prepare
       layers_.push_back(std::move(q));
     }
     e0_.upload(plan.e0);
@@ -663,6 +665,9 @@ class MaceModel : public Model {
     for (size_t t = 0; t < host_convs_.size(); ++t)  // all layers have pair tables, or none
       if (cpu::ensure_pair_tables(host_convs_[t], n, species))
         upload_pair_tables(layers_[t].conv, host_convs_[t]);
+    for (size_t t = 0; t < host_densities_.size(); ++t)
+      if (cpu::ensure_density_tables(host_densities_[t], n, species))
+        upload_density_tables(layers_[t].edge_density, host_densities_[t]);
   }
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
@@ -702,14 +707,6 @@ class MaceModel : public Model {
       s.profiler.mark("conv forward", st);
       conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), up_[t].data(), y_.data(),
                    s.error_node.data(), st);
-      if (l.density) {  // y /= 1 + rho (rho and linear(y) kept for the backward)
-        s.profiler.mark("edge density", st);
-        rho_[t].resize(N);
-        edge_density_forward(geom_, l.density_weights.data(), cpu::first_receivers(g, rows),
-                             rho_[t].data(), st);
-        density_scale_forward(rows, static_cast<int>(l.conv.view.dim_out), rho_[t].data(),
-                              y_.data(), st);
-      }
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.density) mlin_[t].resize(N * l.linear.dim_out);
@@ -729,16 +726,32 @@ class MaceModel : public Model {
         gate_forward(l.gate, rows, nlz_[t].data(), a_.data(), st);
         m_[t].resize(N * l.linear_2.dim_out);
         linear_forward(l.linear_2, rows, a_.data(), m_[t].data(), st);
-      } else if (l.residual) {
-        linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
-        if (l.density) copy_values(m_[t].data(), mlin_[t].data(), rows * l.linear.dim_out, st);
       } else {
-        // m = skip(linear(y)): y's buffer, dead after the linear, takes skip's output
-        linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
-        if (l.density) copy_values(m_[t].data(), mlin_[t].data(), rows * l.linear.dim_out, st);
-        y_.resize(std::max(y_.size(), N * l.skip.dim_out));
-        element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
-        copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
+        // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
+        // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d), Z (mlin_) kept for the backward
+        T* z = l.density ? mlin_[t].data() : m_[t].data();
+        linear_forward(l.linear, rows, y_.data(), z, st);
+        if (l.density) {
+          s.profiler.mark("edge density", st);
+          rho_[t].resize(N);
+          edge_density_forward(geom_, l.edge_density, cpu::first_receivers(g, rows), rho_[t].data(),
+                               st);
+          s.profiler.mark("linear forward", st);
+        }
+        if (!l.residual && l.density) {
+          element_linear_forward(l.skip, rows, g.species, z, m_[t].data(), st);
+        } else if (!l.residual) {
+          // m = skip(linear(y)): y's buffer, dead after the linear, takes skip's output
+          y_.resize(std::max(y_.size(), N * l.skip.dim_out));
+          element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
+          copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
+        }
+        if (l.density) {  // m = (skip of) Z / (1 + rho)
+          s.profiler.mark("edge density", st);
+          const T* unscaled = l.residual ? z : m_[t].data();
+          const auto dim = static_cast<int>(l.residual ? l.linear.dim_out : l.skip.dim_out);
+          density_scale_forward(rows, dim, rho_[t].data(), unscaled, m_[t].data(), st);
+        }
       }
       p_.resize(N * l.product.dim_out);
       s.profiler.mark("symmetric contraction", st);
@@ -810,7 +823,16 @@ class MaceModel : public Model {
       if (!l.residual) {  // dE/d linear(y) = skip^T dE/dm, through y's (dead) buffer
         y_.resize(std::max(y_.size(), N * l.skip.dim_in));
         element_linear_backward(l.skip, rows, g.species, gm.data(), y_.data(), false, st);
-        copy_values(y_.data(), gm.data(), rows * l.skip.dim_in, st);
+        if (!l.density) copy_values(y_.data(), gm.data(), rows * l.skip.dim_in, st);
+      }
+      if (l.density) {  // m = P(Z) / d (P: skip or 1), gz = P^T dE/dm: dE/dZ = gz / d and
+        // dE/drho = -gz . Z / d^2 (without residual gz is skip's adjoint in y's buffer: this
+        // pass replaces its copy)
+        s.profiler.mark("edge density", st);
+        grad_rho_.resize(N);
+        density_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), mlin_[t].data(),
+                               rho_[t].data(), l.residual ? gm.data() : y_.data(), gm.data(),
+                               grad_rho_.data(), st);
       }
       s.profiler.mark("linear backward", st);
       // dE/dy reuses y's buffer (dead after the forward's linear; the largest node tensor)
@@ -831,13 +853,6 @@ class MaceModel : public Model {
       T* gy = y_.data();
       linear_backward(l.linear, rows, g_linear_out, gy, false, st);
       zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
-      if (l.density) {  // y = S / d: dE/dS = gy / d, dE/drho = -gy . y / d = -gm . linear(y) / d
-        s.profiler.mark("edge density", st);
-        grad_rho_.resize(N);
-        density_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), mlin_[t].data(),
-                               gm.data(), rho_[t].data(), static_cast<int>(l.linear.dim_in), gy,
-                               grad_rho_.data(), st);
-      }
       gup_.resize(N * l.conv.view.dim_in);
       s.profiler.mark("conv backward", st);
       const GraphView backward_graph =
@@ -847,7 +862,7 @@ class MaceModel : public Model {
                     s.error_node.data(), st);
       if (l.density) {
         s.profiler.mark("edge density", st);
-        edge_density_backward(geom_, l.density_weights.data(), backward_graph, grad_rho_.data(),
+        edge_density_backward(geom_, l.edge_density, backward_graph, grad_rho_.data(),
                               s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, st);
       }
       if (l.nonlinear_block) {
@@ -902,9 +917,9 @@ class MaceModel : public Model {
         doubles += 1;
       }
     }
-    if (doubles > 0 && want_grad) doubles += 1;                // + grad_rho_
-    size_t floats = up + m + hidden + x + sc + y + p + 1 + a;  // + r_
-    if (want_grad) floats += 1 + gh + gup + gprev;             // + seed_
+    if (doubles > 0 && want_grad) doubles += 1;                  // + grad_rho_
+    size_t floats = up + m + hidden + x + sc + y + p + 1 + a;    // + r_
+    if (want_grad) floats += 1 + gh + gup + gprev;               // + seed_
     return floats * sizeof(T) + (1 + doubles) * sizeof(double);  // + inter_
   }
 
@@ -917,8 +932,10 @@ class MaceModel : public Model {
   PairRepulsion pair_;
   std::vector<Layer> layers_;
   std::vector<cpu::Conv<T>> host_convs_;  // per layer, with pair tables (cpu::Conv)
+  // per layer, with the density's pair tables (cpu::EdgeDensity)
+  std::vector<cpu::EdgeDensity<T>> host_densities_;
   std::vector<DeviceArray<T>> up_, m_, hidden_;
-  std::vector<DeviceArray<T>> mlin_;      // density layers: linear(y)
+  std::vector<DeviceArray<T>> mlin_;      // density layers: Z = linear(y)
   std::vector<DeviceArray<double>> rho_;  // density layers: rho per node
   DeviceArray<double> grad_rho_;
   std::vector<DeviceArray<T>> nlz_;  // non-linear blocks: the gate's input z

@@ -1,0 +1,87 @@
+// cuda/edge_density.cuh: mace's density blocks on the GPU (RealAgnosticDensity[Residual]-
+// InteractionBlock; cuda/edge_density.cu): the neighbor density rho_i, the division of the
+// block's linear(convolution) by 1 + rho_i, and their adjoints; also the non-linear block's
+// (RealAgnosticResidualNonLinearInteractionBlock) RadialMLP density and its division by
+// alpha + beta rho_i (cpu/edge_density.cpp and MaceRunner in engine.cpp are the reference).
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/typed_plan.h"
+#include "cuda/common.cuh"
+#include "cuda/conv.cuh"
+#include "e3fuse/system.h"
+#include "ops/radial_mlp.h"
+
+namespace e3fuse::cuda {
+
+// The edge density's data on the device (cpu::EdgeDensity): density_fn's weights for the exact
+// evaluation, or its table in r: one table, or the species pairs' tables one after the other
+// on one grid, pair (a, b) at slot pair_slot[a * num_species + b] x intervals.
+template <class T>
+struct EdgeDensity {
+  struct View {
+    const double* weights = nullptr;  // [num_basis]
+    const T* table = nullptr;         // [slots][intervals][4]; null: exact evaluation
+    const int* pair_slot = nullptr;   // null: one table
+    int num_species = 0, intervals = 0;
+    double origin = 0.0, inv_step = 0.0;
+  };
+  View view;
+  DeviceArray<double> weights;
+  DeviceArray<T> table;
+  DeviceArray<int> pair_slot;
+};
+
+// The weights and, when `host` is tabulated, its table (for pair tables: those built so far).
+template <class T>
+EdgeDensity<T> make_edge_density(const cpu::EdgeDensity<T>& host);
+// (Re)uploads the pair tables of `host` (after cpu::ensure_density_tables built some).
+template <class T>
+void upload_density_tables(EdgeDensity<T>& d, const cpu::EdgeDensity<T>& host);
+
+// rho[i] for the graph's nodes; the forces / per-atom virials of grad_rho (both ends of each
+// pair at each node, written to that node only: deterministic).
+template <class T>
+void edge_density_forward(const Geometry<T>& geom, const EdgeDensity<T>& density,
+                          const GraphView& g, double* rho, cudaStream_t stream);
+template <class T>
+void edge_density_backward(const Geometry<T>& geom, const EdgeDensity<T>& density,
+                           const GraphView& g, const double* grad_rho, double* forces,
+                           double* atom_virials, cudaStream_t stream);
+// out[i] = z[i] / (1 + rho[i]) for i < rows (dim values per row; out may be z): mace's
+// linear(message) / (density + 1).
+template <class T>
+void density_scale_forward(int64_t rows, int dim, const double* rho, const T* z, T* out,
+                           cudaStream_t stream);
+// Its adjoint with respect to rho and to Z, for m = P(Z) / (1 + rho) with P linear per node
+// (skip, or the identity) and gz = P^T dE/dm: grad_rho[i] = -gz_i . Z_i / (1 + rho_i)^2 for
+// i < rows, 0 for rows <= i < n, and gz_out[i] = gz[i] / (1 + rho_i) (dE/dZ) for i < rows;
+// gz_out may be gz.
+template <class T>
+void density_scale_backward(int64_t rows, int64_t n, int dim, const T* Z, const double* rho,
+                            const T* gz, T* gz_out, double* grad_rho, cudaStream_t stream);
+
+// mace's non-linear block: the same with the edge density tanh(MLP(emb_ij, s_i, s_j)^2) of its
+// RadialMLP (cpu/edge_density.cpp's RadialMlpView overloads), always evaluated exactly in
+// double; mlp.params in device memory, mlp.max_dim <= kMaxDensityMlpDim.
+constexpr int kMaxDensityMlpDim = 128;
+template <class T>
+void edge_density_forward(const Geometry<T>& geom, const ops::RadialMlpView& mlp,
+                          const GraphView& g, double* rho, cudaStream_t stream);
+template <class T>
+void edge_density_backward(const Geometry<T>& geom, const ops::RadialMlpView& mlp,
+                           const GraphView& g, const double* grad_rho, double* forces,
+                           double* atom_virials, cudaStream_t stream);
+// The non-linear block's normalisation: z[i] += a[i] / (alpha + beta rho[i]) for i < rows (dim
+// values per row), and its adjoint given gz = dE/dz: ga[i] = gz[i] / d_i and
+// grad_rho[i] = -beta gz_i . a_i / d_i^2 for i < rows, grad_rho[i] = 0 for rows <= i < n.
+template <class T>
+void nonlinear_scale_forward(int64_t rows, int dim, double alpha, double beta, const double* rho,
+                             const T* a, T* z, cudaStream_t stream);
+template <class T>
+void nonlinear_scale_backward(int64_t rows, int64_t n, int dim, double alpha, double beta,
+                              const T* a, const T* gz, const double* rho, T* ga, double* grad_rho,
+                              cudaStream_t stream);
+
+}  // namespace e3fuse::cuda
