@@ -30,7 +30,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --cpu-only) CPU_ONLY=1 ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "build_wheel.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
