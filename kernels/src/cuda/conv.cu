@@ -1273,7 +1273,11 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
 
   const auto& mlp = conv.mlp;
   v.mlp_layers = static_cast<int>(mlp.weight.size());
-  if (v.mlp_layers < 1 || v.mlp_layers > kMaxMlpLayers)
+  // mace's non-linear block: its RadialMLP is read from the ordered-pair tables only (Engine
+  // refuses radial='mlp' for it), there is no plain MLP to upload
+  const bool tables_only = conv.radial_mlp != nullptr;
+  if (tables_only ? v.mlp_layers > kMaxMlpLayers
+                  : (v.mlp_layers < 1 || v.mlp_layers > kMaxMlpLayers))
     throw Error("the CUDA backend supports radial MLPs of 1 to 8 layers");
   std::vector<T> flat;
   std::vector<size_t> w_at, wt_at;
@@ -1285,9 +1289,11 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
     flat.insert(flat.end(), mlp.weight_t[l].begin(), mlp.weight_t[l].end());
     v.max_hidden = std::max(v.max_hidden, mlp.dims[l]);
   }
-  v.dims[v.mlp_layers] = mlp.dims[v.mlp_layers];
-  if (v.dims[v.mlp_layers] != v.weight_numel)
-    throw Error("internal: radial MLP output does not match the tensor-product weights");
+  if (!tables_only) {
+    v.dims[v.mlp_layers] = mlp.dims[v.mlp_layers];
+    if (v.dims[v.mlp_layers] != v.weight_numel)
+      throw Error("internal: radial MLP output does not match the tensor-product weights");
+  }
   c.mlp.upload(flat);
   for (int l = 0; l < v.mlp_layers; ++l) {
     v.w[l] = c.mlp.data() + w_at[l];
