@@ -30,6 +30,26 @@ inline int64_t blocks_for(int64_t work, int threads) { return (work + threads - 
 // One warp per node (edge-walking kernels with few edges per lane): kWarp lanes.
 constexpr int kWarp = 32;
 
+// The four cubic coefficients of one radial-table entry (ops/radial_table.h), 16- or 32-byte
+// aligned: one vector load (float) or two (double).
+template <class T>
+__device__ __forceinline__ void load_table_entry(const T* p, T c[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    c[0] = v.x;
+    c[1] = v.y;
+    c[2] = v.z;
+    c[3] = v.w;
+  } else {
+    const double2 a = __ldg(reinterpret_cast<const double2*>(p));
+    const double2 b = __ldg(reinterpret_cast<const double2*>(p) + 1);
+    c[0] = a.x;
+    c[1] = a.y;
+    c[2] = b.x;
+    c[3] = b.y;
+  }
+}
+
 // Sum over the warp; lane 0 holds the result (same tree every call).
 __device__ inline double warp_sum(double x) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2)

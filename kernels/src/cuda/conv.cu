@@ -261,25 +261,6 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
   }
 }
 
-// The four cubic coefficients of one radial-table entry (16- or 32-byte aligned).
-template <class T>
-__device__ __forceinline__ void load_table_entry(const T* p, T c[4]) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
-    c[0] = v.x;
-    c[1] = v.y;
-    c[2] = v.z;
-    c[3] = v.w;
-  } else {
-    const double2 a = __ldg(reinterpret_cast<const double2*>(p));
-    const double2 b = __ldg(reinterpret_cast<const double2*>(p) + 1);
-    c[0] = a.x;
-    c[1] = a.y;
-    c[2] = b.x;
-    c[3] = b.y;
-  }
-}
-
 // Where weight w of edge e (interval iv) sits in the table.
 template <class T>
 __device__ __forceinline__ const T* table_entry(const typename Conv<T>::View& c, int iv, int w) {
@@ -576,6 +557,23 @@ __device__ __forceinline__ void edge_weights(const typename Conv<T>::View& c,
   }
 }
 
+// Edge e's inputs of a forward task: x_j's rows of block B (channels u ..) and the radial
+// weights of path P (from the table or the MLP's output in wts).
+template <class T, int D1, int C, bool TABLE>
+__device__ __forceinline__ void forward_edge_inputs(const typename Conv<T>::View& c,
+                                                    const typename Conv<T>::InBlock& B,
+                                                    const typename Conv<T>::Path& P, int u, int e,
+                                                    const int* sender, const T* __restrict__ x,
+                                                    const T* wts, const int* interval,
+                                                    const T* local_t, T (&xa)[D1][C], T (&w)[C]) {
+  const T* xj = x + static_cast<int64_t>(sender[e]) * c.dim_in + B.in_offset + u;
+#pragma unroll
+  for (int a = 0; a < D1; ++a) ldg_vec<T, C>(xj + a * B.mul, xa[a]);
+  T coef[C][4];
+  if constexpr (TABLE) load_edge_coefficients<T, C>(c, P, u, e, interval, coef);
+  edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, nullptr);
+}
+
 // y[out block of P][k][u] += w_e sum_a M_e[a][k] x_j[a][u] over the chunk's edges, summed
 // in registers and added once (the slots belong to this lane alone); C channels per lane
 // share each read of M.
@@ -602,13 +600,9 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
       } else {
 #pragma unroll 1
         for (int e = 0; e < n; ++e) {
-          const T* xj = x + static_cast<int64_t>(sender[e]) * c.dim_in + B.in_offset + u;
-          T xa[D1][C];
-#pragma unroll
-          for (int a = 0; a < D1; ++a) ldg_vec<T, C>(xj + a * B.mul, xa[a]);
-          T coef[C][4], w[C];
-          if constexpr (TABLE) load_edge_coefficients<T, C>(c, P, u, e, interval, coef);
-          edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, nullptr);
+          T xa[D1][C], w[C];
+          forward_edge_inputs<T, D1, C, TABLE>(c, B, P, u, e, sender, x, wts, interval, local_t, xa,
+                                               w);
           const T* ye = Y + e * sh_dim + P.sh_offset;
           T y[D2];
 #pragma unroll
@@ -627,20 +621,10 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
         }
       }
     });
-    T* yo = yacc + P.out_offset + u;
-#pragma unroll
-    for (int k = 0; k < D3; ++k)
-#pragma unroll
-      for (int ch = 0; ch < C; ++ch) yo[k * B.mul + ch] += P.alpha * acc[k][ch];
   } else {
     for (int e = 0; e < n; ++e) {
-      const T* xj = x + static_cast<int64_t>(sender[e]) * c.dim_in + B.in_offset + u;
-      T xa[D1][C];
-#pragma unroll
-      for (int a = 0; a < D1; ++a) ldg_vec<T, C>(xj + a * B.mul, xa[a]);
-      T coef[C][4], w[C];
-      if constexpr (TABLE) load_edge_coefficients<T, C>(c, P, u, e, interval, coef);
-      edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, nullptr);
+      T xa[D1][C], w[C];
+      forward_edge_inputs<T, D1, C, TABLE>(c, B, P, u, e, sender, x, wts, interval, local_t, xa, w);
       const T* Mp = M + e * c.m_per_edge + P.m_offset;
 #pragma unroll
       for (int k = 0; k < D3; ++k) {
@@ -655,12 +639,13 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
         for (int ch = 0; ch < C; ++ch) acc[k][ch] += w[ch] * s[ch];
       }
     }
-    T* y = yacc + P.out_offset + u;
-#pragma unroll
-    for (int k = 0; k < D3; ++k)
-#pragma unroll
-      for (int ch = 0; ch < C; ++ch) y[k * B.mul + ch] += acc[k][ch];
   }
+  const T scale = SPARSE ? P.alpha : T(1);
+  T* y = yacc + P.out_offset + u;
+#pragma unroll
+  for (int k = 0; k < D3; ++k)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) y[k * B.mul + ch] += scale * acc[k][ch];
 }
 
 // One edge e of a backward task (tp_backward_task): g_j's row gj, and with TABLE the

@@ -25,25 +25,6 @@ namespace {
 
 constexpr int kDensityThreads = 128;  // 4 nodes per block
 
-// The four cubic coefficients of one table entry (16- or 32-byte aligned).
-template <class T>
-__device__ __forceinline__ void load_density_entry(const T* p, T c[4]) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
-    c[0] = v.x;
-    c[1] = v.y;
-    c[2] = v.z;
-    c[3] = v.w;
-  } else {
-    const double2 a = __ldg(reinterpret_cast<const double2*>(p));
-    const double2 b = __ldg(reinterpret_cast<const double2*>(p) + 1);
-    c[0] = a.x;
-    c[1] = a.y;
-    c[2] = b.x;
-    c[3] = b.y;
-  }
-}
-
 // The edge density of the edge (i, j) at distance r, and its r-derivative: with TABLE from the
 // density's table (in T), else evaluated in double.
 template <class T, bool TABLE>
@@ -58,7 +39,7 @@ __device__ __forceinline__ void edge_density_at(const typename Geometry<T>::View
     if (d.pair_slot)
       interval += d.pair_slot[g.species[i] * d.num_species + g.species[j]] * d.intervals;
     T c[4];
-    load_density_entry(d.table + 4 * static_cast<int64_t>(interval), c);
+    load_table_entry(d.table + 4 * static_cast<int64_t>(interval), c);
     const T tt = static_cast<T>(t);
     value = static_cast<double>(ops::radial_table_value(c, tt));
     grad = static_cast<double>(ops::radial_table_grad(c, tt, static_cast<T>(d.inv_step)));
