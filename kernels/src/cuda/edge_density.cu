@@ -25,6 +25,30 @@ namespace {
 
 constexpr int kDensityThreads = 128;  // 4 nodes per block
 
+// One edge's force on node k, f = (dE/dr / r) v, into the lane's sums fk, and with virials
+// k's half of -v f into wk.
+__device__ inline void add_edge_force(double dr_over_r, const double v[3], bool virials,
+                                      double fk[3], double wk[9]) {
+  for (int a = 0; a < 3; ++a) {
+    const double f = dr_over_r * v[a];
+    fk[a] += f;
+    if (virials)
+      for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
+  }
+}
+
+// The warp's sums (a fixed tree) added to node k by lane 0.
+__device__ inline void add_node_forces(int lane, int64_t k, double fk[3], double wk[9],
+                                       double* forces, double* atom_virials) {
+  for (int a = 0; a < 3; ++a) fk[a] = warp_sum(fk[a]);
+  if (atom_virials)
+    for (int q = 0; q < 9; ++q) wk[q] = warp_sum(wk[q]);
+  if (lane != 0) return;
+  for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
+  if (atom_virials)
+    for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
+}
+
 // The edge density of the edge (i, j) at distance r, and its r-derivative: with TABLE from the
 // density's table (in T), else evaluated in double.
 template <class T, bool TABLE>
@@ -103,21 +127,9 @@ __global__ void edge_density_backward_kernel(typename Geometry<T>::View geo,
     const double r = sqrt(r2);
     double value, grad;
     edge_density_at<T, TABLE>(geo, d, g, k, j, r, value, grad);
-    const double dr_over_r = gsum * grad / r;  // one division per edge
-    for (int a = 0; a < 3; ++a) {
-      const double f = dr_over_r * v[a];
-      fk[a] += f;
-      if (atom_virials)
-        for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
-    }
+    add_edge_force(gsum * grad / r, v, atom_virials != nullptr, fk, wk);  // one division
   }
-  for (int a = 0; a < 3; ++a) fk[a] = warp_sum(fk[a]);
-  if (atom_virials)
-    for (int q = 0; q < 9; ++q) wk[q] = warp_sum(wk[q]);
-  if (lane != 0) return;
-  for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
-  if (atom_virials)
-    for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
+  add_node_forces(lane, k, fk, wk, forces, atom_virials);
 }
 
 // One block per row (node): its dim values scaled by 1 / (1 + rho), coalesced.
@@ -248,20 +260,9 @@ __global__ void edge_density_mlp_backward_kernel(typename Geometry<T>::View geo,
     grad_jk = grad_kj;
     if (jk != kj) edge_density_at<T>(geo, mlp, jk, r, value, grad_jk);
     const double dr = grad_rho[k] * grad_kj + grad_rho[j] * grad_jk;
-    for (int a = 0; a < 3; ++a) {
-      const double f = dr * v[a] / r;
-      fk[a] += f;
-      if (atom_virials)
-        for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
-    }
+    add_edge_force(dr / r, v, atom_virials != nullptr, fk, wk);
   }
-  for (int a = 0; a < 3; ++a) fk[a] = warp_sum(fk[a]);
-  if (atom_virials)
-    for (int q = 0; q < 9; ++q) wk[q] = warp_sum(wk[q]);
-  if (lane != 0) return;
-  for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
-  if (atom_virials)
-    for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
+  add_node_forces(lane, k, fk, wk, forces, atom_virials);
 }
 
 template <class T>
