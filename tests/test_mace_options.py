@@ -351,18 +351,3 @@ def test_unsupported_embedding_specs_are_refused_by_name(tmp_path: Path) -> None
     model = build_mace("8x0e", max_ell=1, correlation=1, seed=3, embedding_specs=specs)
     with pytest.raises(mace_convert.UnsupportedModel, match="embedding_specs \\(total_charge\\)"):
         mace_convert.convert(model, tmp_path / "per-atom.e3f")
-
-
-def test_non_linear_interaction_block_is_refused_by_name(tmp_path: Path) -> None:
-    model = build_mace(
-        "8x0e+8x1o",
-        max_ell=1,
-        correlation=2,
-        seed=4,
-        use_agnostic_product=True,
-        interaction="RealAgnosticResidualNonLinearInteractionBlock",
-    )
-    with pytest.raises(
-        mace_convert.UnsupportedModel, match="RealAgnosticResidualNonLinearInteractionBlock"
-    ):
-        mace_convert.convert(model, tmp_path / "nonlinear.e3f")
