@@ -1,8 +1,9 @@
 """mace-torch MACE / ScaleShiftMACE options beyond MACE-MP-0's (issue 20): the
 element-agnostic product basis (use_agnostic_product), a readout on the last layer
 only (use_last_readout_only), convolutions on their own irreps (edge_irreps,
-use_edge_irreps_first), and the options e3fuse refuses by name (embedding_specs /
-use_embedding_readout, the non-linear interaction block).
+use_edge_irreps_first), embedding_specs / use_embedding_readout, and what e3fuse refuses
+by name (per-atom embedding specs). The non-linear interaction block has its own file,
+tests/test_mace_nonlinear.py.
 
 Small models with random weights, built in float64 through tests/test_mace.py's
 build_mace, against mace-torch in float64; float32 against e3fuse's float64; per-atom
