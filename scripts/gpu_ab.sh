@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# A/B timing of the convolution kernels (issue 21): the working tree against a base commit,
+# in one device call, with the microbenchmark of benchmarks/micro (e3fuse's kernels only):
+#
+#   BASE=<commit> OUT=/path bash scripts/gpu_ab.sh
+#
+# 1. builds e3fuse_conv_micro of BASE (a git worktree in /tmp) and of the working tree
+#    (with _core, for the model files) side by side;
+# 2. runs benchmarks/micro/conv_micro.py on both executables, ROUNDS times, alternating
+#    (base, new, base, new, ...) so that drift of the machine affects both alike;
+# 3. writes $OUT/ab_summary.md (per model and size, all layers: the median over the rounds of
+#    each round's median ms, forward and backward, and new / base) and every round's JSON.
+#
+# Environment: BASE (required), OUT (default benchmarks/results/gpu_ab), ROUNDS (default 2),
+# MICRO_SIZES (default "864 32000"), MICRO_MODELS (default "7net-0 7net-l3i5 mp0-medium"),
+# REPEATS (per round, default 5), CUDA_ARCH (default 90). Needs .carry/reference.tar.xz
+# (sevenn and mace-torch make the model files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUTDIR=${OUT:-$REPO/benchmarks/results/gpu_ab}
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+LOG=$OUTDIR/ab.log
+: >"$LOG"
+BUILD=build/gpu
+STAGE=/tmp/e3fuse-stage
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+SUMMARY=()
+# shellcheck source=scripts/gpu_common.sh
+source scripts/gpu_common.sh
+[[ -n ${BASE:-} ]] || die "BASE (the commit to compare against) is required"
+
+gpu_setup_carry
+gpu_machine_info
+BASE_TREE=/tmp/e3fuse-base
+rm -rf "$BASE_TREE"
+git worktree prune
+git worktree add --detach "$BASE_TREE" "$BASE" >>"$LOG" 2>&1 || die "no worktree for $BASE"
+base_commit=$(git -C "$BASE_TREE" rev-parse HEAD)
+new_commit="$(git rev-parse HEAD)$(git diff --quiet HEAD -- kernels benchmarks/micro || echo +dirty)"
+say "base $base_commit, new $new_commit"
+(
+  cd "$BASE_TREE" &&
+    cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DE3FUSE_CUDA=ON \
+      -DE3FUSE_MICROBENCH=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
+      -DPython_EXECUTABLE="$(command -v $PY)" -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" &&
+    ninja -C build/gpu e3fuse_conv_micro
+) >"$OUTDIR/build_base.log" 2>&1 &
+base_pid=$!
+gpu_build "$BUILD" "$OUTDIR/build_new.log" -DE3FUSE_MICROBENCH=ON -- _core e3fuse_conv_micro
+wait $base_pid || {
+  tail -30 "$OUTDIR/build_base.log" | tee -a "$LOG"
+  die "the base build failed"
+}
+for tree in "$BASE_TREE" "$REPO"; do # registers and spills of the convolution kernels
+  obj=$(find "$tree/build/gpu" -name conv.cu.o | head -1)
+  echo "== $tree" >>"$OUTDIR/resources.txt"
+  cuobjdump -res-usage "$obj" 2>&1 | grep -A1 "conv_.*_kernel" | c++filt >>"$OUTDIR/resources.txt"
+done
+
+models=${MICRO_MODELS:-"7net-0 7net-l3i5 mp0-medium"}
+# shellcheck disable=SC2086
+$PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/micro"); import conv_micro; [print(n, *conv_micro.model_files(n, Path("benchmarks/models")), flush=True) for n in sys.argv[1:]]' $models 2>&1 | tee -a "$LOG"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || die "the model files could not be made"
+
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for variant in base new; do
+    exe=$BUILD/e3fuse_conv_micro
+    [[ $variant == base ]] && exe=$BASE_TREE/build/gpu/e3fuse_conv_micro
+    say "round $round: $variant"
+    # shellcheck disable=SC2086
+    E3FUSE_COMMIT=$([[ $variant == base ]] && echo "$base_commit" || echo "$new_commit") \
+      $PY benchmarks/micro/conv_micro.py --exe "$exe" --models $models --engines e3fuse \
+      --sizes ${MICRO_SIZES:-864 32000} --repeats "${REPEATS:-5}" --deadline-s 600 \
+      --json "$OUTDIR/${variant}_round$round.json" 2>&1 | tee -a "$LOG"
+    SUMMARY+=("$(printf '%-28s rc=%-3s' "$variant round $round" "${PIPESTATUS[0]}")")
+  done
+done
+
+$PY - "$OUTDIR" "$base_commit" "$new_commit" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" <<'EOF' | tee "$OUTDIR/ab_summary.md"
+import json, statistics, sys
+from pathlib import Path
+out, base, new, gpu = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+
+def totals(doc):  # (model, atoms) -> (fwd ms, bwd ms): each layer's median, summed
+    result = {}
+    for row in doc["rows"]:
+        layers = [layer["e3fuse"] for layer in row.get("layers", []) if "e3fuse" in layer]
+        if layers and not row.get("errors"):
+            result[(row["model"], row["atoms"])] = (
+                sum(layer["fwd_ms"] for layer in layers), sum(layer["bwd_ms"] for layer in layers)
+            )
+    return result
+
+runs = {v: [totals(json.loads(p.read_text())) for p in sorted(out.glob(f"{v}_round*.json"))]
+        for v in ("base", "new")}
+print(f"# Convolution A/B on {gpu}: base {base} against new {new}\n")
+print("All layers of the model, float32, radial table; per round each layer's median ms over "
+      "its repeats, summed; the median over the rounds (scripts/gpu_ab.sh).\n")
+print("| model | atoms | fwd base | fwd new | new / base | bwd base | bwd new | new / base |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+keys = sorted({k for r in runs["base"] + runs["new"] for k in r})
+for key in keys:
+    cols = []
+    for i in (0, 1):
+        b = [r[key][i] for r in runs["base"] if key in r]
+        n = [r[key][i] for r in runs["new"] if key in r]
+        mb = statistics.median(b) if b else float("nan")
+        mn = statistics.median(n) if n else float("nan")
+        cols += [f"{mb:.3f}", f"{mn:.3f}", f"{mn / mb:.3f}"]
+    print(f"| {key[0]} | {key[1]:,} | " + " | ".join(cols) + " |")
+EOF
+say "summary"
+printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"
