@@ -11,6 +11,13 @@
 # 3. writes $OUT/ab_summary.md (per model and size, all layers: the median over the rounds of
 #    each round's median ms, forward and backward, and new / base) and every round's JSON.
 #
+# With NCU=1, step 2 is instead ncu on one backward launch (layer NCU_LAYER, default 1) of
+# each variant for each model of MICRO_MODELS at the first size of MICRO_SIZES: stall reasons,
+# memory and scheduler sections -> $OUT/ncu_<variant>_<model>.txt. It needs the model files
+# and benchmarks/models/cu<N>.bin (conv_micro.py's write_structure) already present.
+#
+# PATCH (a file): applied to the working tree on the machine before the build (git apply), so
+# that a variant can travel as a patch beside a tree that is the base.
 # Environment: BASE (required), OUT (default benchmarks/results/gpu_ab), ROUNDS (default 2),
 # MICRO_SIZES (default "864 32000"), MICRO_MODELS (default "7net-0 7net-l3i5 mp0-medium"),
 # REPEATS (per round, default 5), CUDA_ARCH (default 90). Needs .carry/reference.tar.xz
@@ -23,7 +30,9 @@ mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 LOG=$OUTDIR/ab.log
 : >"$LOG"
-BUILD=build/gpu
+# not build/gpu: the copied tree keeps this machine's build folders, and the next call's files
+# (its mtimes older than these objects) would not rebuild what a PATCH changed here
+BUILD=build/gpu-ab
 STAGE=/tmp/e3fuse-stage
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -34,6 +43,9 @@ source scripts/gpu_common.sh
 
 gpu_setup_carry
 gpu_machine_info
+if [[ -n ${PATCH:-} ]]; then
+  git apply "$PATCH" || die "the patch $PATCH does not apply"
+fi
 BASE_TREE=/tmp/e3fuse-base
 rm -rf "$BASE_TREE"
 git worktree prune
@@ -61,6 +73,28 @@ for tree in "$BASE_TREE" "$REPO"; do # registers and spills of the convolution k
 done
 
 models=${MICRO_MODELS:-"7net-0 7net-l3i5 mp0-medium"}
+if [[ ${NCU:-0} == 1 ]]; then
+  read -r atoms _ <<<"${MICRO_SIZES:-32000}"
+  for model in $models; do
+    e3f=benchmarks/models/$model.e3f
+    [[ $model == mp0-medium ]] && e3f=benchmarks/models/mace-mp0-medium-random.e3f
+    for variant in base new; do
+      exe=$BUILD/e3fuse_conv_micro
+      [[ $variant == base ]] && exe=$BASE_TREE/build/gpu/e3fuse_conv_micro
+      say "ncu $variant $model $atoms atoms, backward of layer ${NCU_LAYER:-1}"
+      timeout 200 ncu --kernel-name regex:conv_backward --launch-skip "${NCU_LAYER:-1}" \
+        --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --section InstructionStats \
+        "$exe" --model "$e3f" --structure "benchmarks/models/cu$atoms.bin" --warmup 0 \
+        --repeats 1 >"$OUTDIR/ncu_${variant}_$model.txt" 2>&1
+      SUMMARY+=("$(printf '%-28s rc=%-3s' "ncu $variant $model" "$?")")
+    done
+  done
+  say "summary"
+  printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"
+  exit 0
+fi
 # shellcheck disable=SC2086
 $PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/micro"); import conv_micro; [print(n, *conv_micro.model_files(n, Path("benchmarks/models")), flush=True) for n in sys.argv[1:]]' $models 2>&1 | tee -a "$LOG"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || die "the model files could not be made"
