@@ -1,0 +1,134 @@
+"""The feature combinations of the released MACE foundation models, each converted as one
+model (the other test files take the features one at a time), at reduced width with random
+weights, against mace-torch built in float64 and float32 against float64, on each device:
+
+- MP-0b / 0b2 / 0b3: RealAgnosticInteractionBlock then RealAgnosticResidualInteractionBlock,
+  max_ell 3, correlation 3, 10 Bessel functions, the Agnesi distance transform and ZBL pair
+  repulsion (mace-torch's `pair_repulsion=True`, `distance_transform="Agnesi"`);
+- MPA-0 / OMAT-0 / MATPES: the density blocks (RealAgnosticDensityInteractionBlock then
+  RealAgnosticDensityResidualInteractionBlock), Agnesi and ZBL
+  (`mace-foundations/mace_omat/mace-omat-medium.sh`).
+
+Width: 32 channels (the released models have 128), hidden irreps 32x0e+32x1o. H, O, Cu and
+Au, so that ZBL's pairs end at different radii (0.62 A for H-H, 2.72 A for Au-Au)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("mace.modules")
+
+from ase import Atoms  # noqa: E402
+from conftest import DEVICES  # noqa: E402
+from test_mace import build_mace, structure  # noqa: E402
+
+from e3fuse import reference  # noqa: E402
+from e3fuse.calculator import Calculator  # noqa: E402
+from e3fuse.convert import mace as mace_convert  # noqa: E402
+
+ELEMENTS = (1, 8, 29, 79)
+COMMON: dict[str, Any] = dict(
+    hidden="32x0e+32x1o",
+    elements=ELEMENTS,
+    r_max=5.0,
+    num_interactions=2,
+    distance_transform="Agnesi",
+    pair_repulsion=True,
+    radial_mlp=(16, 16, 16),
+)
+COMBINATIONS: dict[str, dict[str, Any]] = {
+    "mp0b3": dict(COMMON, max_ell=3, correlation=3, num_bessel=10),
+    "omat0": dict(
+        COMMON,
+        max_ell=3,
+        correlation=3,
+        num_bessel=8,
+        interaction_first="RealAgnosticDensityInteractionBlock",
+        interaction="RealAgnosticDensityResidualInteractionBlock",
+    ),
+}
+
+_MODELS: dict[str, tuple[Any, Path]] = {}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: Any) -> Path:
+    return tmp_path_factory.mktemp("mace_foundation_combos")
+
+
+def converted(name: str, workdir: Path) -> tuple[Any, Path]:
+    if name not in _MODELS:
+        model = build_mace(**COMBINATIONS[name], seed=3)
+        path = workdir / f"{name}.e3f"
+        mace_convert.convert(model, path)
+        _MODELS[name] = (model, path)
+    return _MODELS[name]
+
+
+def alloy(seed: int) -> Atoms:
+    """32 atoms of H, O, Cu and Au on a strained, rattled fcc lattice, with a Cu-Au pair
+    pushed to 1.5 A, inside ZBL's reach (the sum of their covalent radii, 2.68 A)."""
+    atoms = structure(ELEMENTS, seed=seed, cubic=True)
+    rng = np.random.default_rng(seed)
+    numbers = rng.permutation(np.resize(np.array(ELEMENTS), len(atoms)))
+    first, second = 0, int(np.argsort(atoms.get_distances(0, range(len(atoms)), mic=True))[1])
+    numbers[first], numbers[second] = 29, 79
+    atoms.set_atomic_numbers(numbers)
+    direction = atoms.get_distance(first, second, mic=True, vector=True)
+    atoms.positions[second] = atoms.positions[first] + 1.5 * direction / np.linalg.norm(direction)
+    return atoms
+
+
+def evaluate(path: Path, atoms: Atoms, dtype: str, device: str) -> dict[str, Any]:
+    a = atoms.copy()
+    a.calc = Calculator(str(path), device=device, dtype=dtype)
+    return {
+        "energy": a.get_potential_energy(),
+        "energies": a.get_potential_energies(),
+        "forces": a.get_forces(),
+        "stress": a.get_stress(),
+    }
+
+
+def test_converted_architecture(workdir: Path) -> None:
+    """Each combination converts to the features it names: ZBL, Agnesi, and the density
+    blocks for OMAT-0 only."""
+    for name in COMBINATIONS:
+        model, _ = converted(name, workdir)
+        arch, _store = mace_convert.extract(mace_convert.load_mace_model(model), {})
+        assert arch["radial"]["transform"]["kind"] == "agnesi", name
+        assert "pair_repulsion" in arch, name
+        density = [("density" in layer) for layer in arch["layers"]]
+        assert density == ([True, True] if name == "omat0" else [False, False]), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(COMBINATIONS))
+def test_matches_mace_torch_float64(name: str, device: str, workdir: Path) -> None:
+    model, path = converted(name, workdir)
+    atoms = alloy(seed=11)
+    ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
+    ours = evaluate(path, atoms, "float64", device)
+    n = len(atoms)
+    assert abs(ours["energy"] - float(ref["energy"])) / n < 1e-12
+    assert np.abs(ours["energies"] - ref["energies"]).max() < 1e-12
+    assert np.abs(ours["forces"] - ref["forces"]).max() < 1e-10
+    assert np.abs(ours["stress"] - ref["stress"]).max() < 1e-12
+    assert np.abs(ref["forces"]).max() > 1e-2  # the comparison is not trivial
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(COMBINATIONS))
+def test_float32_close_to_float64(name: str, device: str, workdir: Path) -> None:
+    _, path = converted(name, workdir)
+    atoms = alloy(seed=12)
+    f64 = evaluate(path, atoms, "float64", "cpu")
+    f32 = evaluate(path, atoms, "float32", device)
+    assert np.abs(f32["forces"] - f64["forces"]).max() < 3e-5
+    assert abs(f32["energy"] - f64["energy"]) / len(atoms) < 1e-5
+    assert np.abs(f32["stress"] - f64["stress"]).max() < 1e-6
