@@ -19,6 +19,8 @@
 # PATCH (a file): applied to the working tree on the machine before the build (git apply), so
 # that a variant can travel as a patch beside a tree that is the base.
 # Environment: BASE (required), OUT (default benchmarks/results/gpu_ab), ROUNDS (default 2),
+# BASE_ENVS / NEW_ENVS (";"-separated settings such as E3FUSE_EDGE_CHUNK_BACKWARD=8: each is
+# one more configuration, the base or new executable run under it),
 # MICRO_SIZES (default "864 32000"), MICRO_MODELS (default "7net-0 7net-l3i5 mp0-medium"),
 # REPEATS (per round, default 5), CUDA_ARCH (default 90). Needs .carry/reference.tar.xz
 # (sevenn and mace-torch make the model files).
@@ -99,24 +101,39 @@ fi
 $PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/micro"); import conv_micro; [print(n, *conv_micro.model_files(n, Path("benchmarks/models")), flush=True) for n in sys.argv[1:]]' $models 2>&1 | tee -a "$LOG"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || die "the model files could not be made"
 
+# the configurations timed: base and new, and each of them again under each setting of
+# BASE_ENVS / NEW_ENVS (";"-separated VAR=value, e.g. "E3FUSE_EDGE_CHUNK_BACKWARD=8")
+configs=("base" "new")
+IFS=';' read -r -a base_envs <<<"${BASE_ENVS:-}"
+IFS=';' read -r -a new_envs <<<"${NEW_ENVS:-}"
+for env in "${base_envs[@]}"; do [[ -n $env ]] && configs+=("base+$env"); done
+for env in "${new_envs[@]}"; do [[ -n $env ]] && configs+=("new+$env"); done
+stem() { echo "$1" | sed 's/[^A-Za-z0-9_.+=-]/_/g'; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for variant in base new; do
+  for config in "${configs[@]}"; do
+    variant=${config%%+*}
+    setting=""
+    [[ $config == *+* ]] && setting=${config#*+}
     exe=$BUILD/e3fuse_conv_micro
-    [[ $variant == base ]] && exe=$BASE_TREE/build/gpu/e3fuse_conv_micro
-    say "round $round: $variant"
+    commit=$new_commit
+    if [[ $variant == base ]]; then
+      exe=$BASE_TREE/build/gpu/e3fuse_conv_micro
+      commit=$base_commit
+    fi
+    say "round $round: $config"
     # shellcheck disable=SC2086
-    E3FUSE_COMMIT=$([[ $variant == base ]] && echo "$base_commit" || echo "$new_commit") \
+    env $setting E3FUSE_COMMIT="$commit" \
       $PY benchmarks/micro/conv_micro.py --exe "$exe" --models $models --engines e3fuse \
       --sizes ${MICRO_SIZES:-864 32000} --repeats "${REPEATS:-5}" --deadline-s 600 \
-      --json "$OUTDIR/${variant}_round$round.json" 2>&1 | tee -a "$LOG"
-    SUMMARY+=("$(printf '%-28s rc=%-3s' "$variant round $round" "${PIPESTATUS[0]}")")
+      --json "$OUTDIR/$(stem "$config")_round$round.json" 2>&1 | tee -a "$LOG"
+    SUMMARY+=("$(printf '%-40s rc=%-3s' "$config round $round" "${PIPESTATUS[0]}")")
   done
 done
 
-$PY - "$OUTDIR" "$base_commit" "$new_commit" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" <<'EOF' | tee "$OUTDIR/ab_summary.md"
-import json, statistics, sys
+$PY - "$OUTDIR" "$base_commit" "$new_commit" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" "${configs[@]}" <<'EOF' | tee "$OUTDIR/ab_summary.md"
+import json, re, statistics, sys
 from pathlib import Path
-out, base, new, gpu = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+out, base, new, gpu, configs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 
 def totals(doc):  # (model, atoms) -> (fwd ms, bwd ms): each layer's median, summed
     result = {}
@@ -128,23 +145,29 @@ def totals(doc):  # (model, atoms) -> (fwd ms, bwd ms): each layer's median, sum
             )
     return result
 
-runs = {v: [totals(json.loads(p.read_text())) for p in sorted(out.glob(f"{v}_round*.json"))]
-        for v in ("base", "new")}
-print(f"# Convolution A/B on {gpu}: base {base} against new {new}\n")
+def stem(config):
+    return re.sub(r"[^A-Za-z0-9_.+=-]", "_", config)
+
+runs = {c: [totals(json.loads(p.read_text())) for p in sorted(out.glob(f"{stem(c)}_round*.json"))]
+        for c in configs}
+print(f"# Convolution A/B on {gpu}: base {base}, new {new}\n")
 print("All layers of the model, float32, radial table; per round each layer's median ms over "
-      "its repeats, summed; the median over the rounds (scripts/gpu_ab.sh).\n")
-print("| model | atoms | fwd base | fwd new | new / base | bwd base | bwd new | new / base |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
-keys = sorted({k for r in runs["base"] + runs["new"] for k in r})
-for key in keys:
-    cols = []
-    for i in (0, 1):
-        b = [r[key][i] for r in runs["base"] if key in r]
-        n = [r[key][i] for r in runs["new"] if key in r]
-        mb = statistics.median(b) if b else float("nan")
-        mn = statistics.median(n) if n else float("nan")
-        cols += [f"{mb:.3f}", f"{mn:.3f}", f"{mn / mb:.3f}"]
-    print(f"| {key[0]} | {key[1]:,} | " + " | ".join(cols) + " |")
+      "its repeats, summed; the median over the rounds; in brackets the ratio to base "
+      "(scripts/gpu_ab.sh).\n")
+for i, kind in enumerate(("forward", "backward")):
+    print(f"## {kind}\n")
+    print("| model | atoms | " + " | ".join(configs) + " |")
+    print("|---|---:|" + "---:|" * len(configs))
+    keys = sorted({k for c in configs for r in runs[c] for k in r})
+    for key in keys:
+        med = {}
+        for c in configs:
+            values = [r[key][i] for r in runs[c] if key in r]
+            med[c] = statistics.median(values) if values else float("nan")
+        cells = [f"{med[c]:.3f}" + ("" if c == "base" else f" ({med[c] / med['base']:.3f})")
+                 for c in configs]
+        print(f"| {key[0]} | {key[1]:,} | " + " | ".join(cells) + " |")
+    print()
 EOF
 say "summary"
 printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"
