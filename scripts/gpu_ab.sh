@@ -17,7 +17,9 @@
 # and benchmarks/models/cu<N>.bin (conv_micro.py's write_structure) already present.
 #
 # PATCH (a file): applied to the working tree on the machine before the build (git apply), so
-# that a variant can travel as a patch beside a tree that is the base.
+# that a variant can travel as a patch beside a tree that is the base. VARIANTS ("name=file
+# ..."): more variants, each the working tree (with PATCH) plus its patch, built side by side
+# in /tmp and timed (or profiled) as configurations of their own.
 # Environment: BASE (required), OUT (default benchmarks/results/gpu_ab), ROUNDS (default 2),
 # BASE_ENVS / NEW_ENVS (";"-separated settings such as E3FUSE_EDGE_CHUNK_BACKWARD=8: each is
 # one more configuration, the base or new executable run under it),
@@ -55,20 +57,45 @@ git worktree add --detach "$BASE_TREE" "$BASE" >>"$LOG" 2>&1 || die "no worktree
 base_commit=$(git -C "$BASE_TREE" rev-parse HEAD)
 new_commit="$(git rev-parse HEAD)$(git diff --quiet HEAD -- kernels benchmarks/micro || echo +dirty)"
 say "base $base_commit, new $new_commit"
-(
-  cd "$BASE_TREE" &&
+build_micro() { # tree: e3fuse_conv_micro in tree/build/gpu
+  cd "$1" &&
     cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DE3FUSE_CUDA=ON \
       -DE3FUSE_MICROBENCH=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
       -DPython_EXECUTABLE="$(command -v $PY)" -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" &&
     ninja -C build/gpu e3fuse_conv_micro
-) >"$OUTDIR/build_base.log" 2>&1 &
-base_pid=$!
-gpu_build "$BUILD" "$OUTDIR/build_new.log" -DE3FUSE_MICROBENCH=ON -- _core e3fuse_conv_micro
-wait $base_pid || {
-  tail -30 "$OUTDIR/build_base.log" | tee -a "$LOG"
-  die "the base build failed"
 }
-for tree in "$BASE_TREE" "$REPO"; do # registers and spills of the convolution kernels
+declare -A EXE TREE
+EXE[base]=$BASE_TREE/build/gpu/e3fuse_conv_micro
+EXE[new]=$BUILD/e3fuse_conv_micro
+TREE[base]=$BASE_TREE
+TREE[new]=$REPO
+variant_names=()
+for spec in ${VARIANTS:-}; do
+  name=${spec%%=*}
+  file=$(cd "$(dirname "${spec#*=}")" && pwd)/$(basename "${spec#*=}")
+  tree=/tmp/e3fuse-variant-$name
+  rm -rf "$tree" && mkdir -p "$tree"
+  # a copy of the working tree (untracked files included), without builds and carried data
+  tar --exclude=./build --exclude=./.carry --exclude=./benchmarks/models --exclude=./.git --exclude=./.venv \
+    -cf - . | tar -xf - -C "$tree" || die "no copy of the tree for variant $name"
+  (cd "$tree" && git apply "$file") || die "variant $name: $file does not apply"
+  EXE[$name]=$tree/build/gpu/e3fuse_conv_micro
+  TREE[$name]=$tree
+  variant_names+=("$name")
+done
+pids=()
+for name in base "${variant_names[@]}"; do
+  (build_micro "${TREE[$name]}") >"$OUTDIR/build_$name.log" 2>&1 &
+  pids+=("$name:$!")
+done
+gpu_build "$BUILD" "$OUTDIR/build_new.log" -DE3FUSE_MICROBENCH=ON -- _core e3fuse_conv_micro
+for entry in "${pids[@]}"; do
+  wait "${entry#*:}" || {
+    tail -30 "$OUTDIR/build_${entry%%:*}.log" | tee -a "$LOG"
+    die "the build of ${entry%%:*} failed"
+  }
+done
+for tree in "${TREE[@]}"; do # registers and spills of the convolution kernels
   obj=$(find "$tree/build/gpu" -name conv.cu.o | head -1)
   echo "== $tree" >>"$OUTDIR/resources.txt"
   cuobjdump -res-usage "$obj" 2>&1 | grep -A1 "conv_.*_kernel" | c++filt >>"$OUTDIR/resources.txt"
@@ -80,9 +107,8 @@ if [[ ${NCU:-0} == 1 ]]; then
   for model in $models; do
     e3f=benchmarks/models/$model.e3f
     [[ $model == mp0-medium ]] && e3f=benchmarks/models/mace-mp0-medium-random.e3f
-    for variant in base new; do
-      exe=$BUILD/e3fuse_conv_micro
-      [[ $variant == base ]] && exe=$BASE_TREE/build/gpu/e3fuse_conv_micro
+    for variant in base new "${variant_names[@]}"; do
+      exe=${EXE[$variant]}
       say "ncu $variant $model $atoms atoms, backward of layer ${NCU_LAYER:-1}"
       timeout 200 ncu --kernel-name regex:conv_backward --launch-skip "${NCU_LAYER:-1}" \
         --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
@@ -103,7 +129,7 @@ $PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/mic
 
 # the configurations timed: base and new, and each of them again under each setting of
 # BASE_ENVS / NEW_ENVS (";"-separated VAR=value, e.g. "E3FUSE_EDGE_CHUNK_BACKWARD=8")
-configs=("base" "new")
+configs=("base" "new" "${variant_names[@]}")
 IFS=';' read -r -a base_envs <<<"${BASE_ENVS:-}"
 IFS=';' read -r -a new_envs <<<"${NEW_ENVS:-}"
 for env in "${base_envs[@]}"; do [[ -n $env ]] && configs+=("base+$env"); done
@@ -114,12 +140,10 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     variant=${config%%+*}
     setting=""
     [[ $config == *+* ]] && setting=${config#*+}
-    exe=$BUILD/e3fuse_conv_micro
+    exe=${EXE[$variant]}
     commit=$new_commit
-    if [[ $variant == base ]]; then
-      exe=$BASE_TREE/build/gpu/e3fuse_conv_micro
-      commit=$base_commit
-    fi
+    [[ $variant == base ]] && commit=$base_commit
+    [[ $variant != base && $variant != new ]] && commit="$new_commit+$variant"
     say "round $round: $config"
     # shellcheck disable=SC2086
     env $setting E3FUSE_COMMIT="$commit" \
