@@ -57,6 +57,27 @@ gpu_machine_info() {
   } 2>&1 | tee -a "$LOG"
 }
 
+# source_sums: one "sha1  path" line per source file the build compiles.
+source_sums() {
+  find kernels pair_style benchmarks/micro CMakeLists.txt -type f \
+    \( -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' -o -name '*.h' -o -name 'CMakeLists.txt' \) \
+    -print0 | sort -z | xargs -0 sha1sum
+}
+
+# touch_changed_sources BUILD_DIR: ninja rebuilds by modification time, and the copy of the
+# tree on this machine keeps the times of the files it was copied from, so a file put back to
+# an earlier version (a reverted patch, a checkout) can be older than its object from the last
+# call and would not be rebuilt. Every source whose content differs from the one the last
+# build in BUILD_DIR compiled is touched (the sums are saved after each build).
+touch_changed_sources() {
+  local stamp=$1/.e3fuse_source_sums
+  [[ -f $stamp ]] || return 0
+  local changed
+  changed=$(diff <(source_sums) "$stamp" | awk '/^< /{print $3}')
+  [[ -n $changed ]] && echo "$changed" | xargs touch && say "touched $(echo "$changed" | wc -l) source file(s) changed since the last build in $1"
+  return 0
+}
+
 # gpu_build BUILD_DIR BUILD_LOG [cmake -D options ...] [-- ninja targets ...]: configures and
 # builds e3fuse with CUDA (CUDA_ARCH, default 90), then stages python/e3fuse with the built
 # module (and the LAMMPS plugin when built) in $STAGE. Fails loudly (exit 2).
@@ -82,11 +103,13 @@ gpu_build() {
     tail -40 "$build_log" | tee -a "$LOG"
     die "cmake configure FAILED (full log: $build_log)"
   fi
+  touch_changed_sources "$build"
   if ! ninja -C "$build" "${targets[@]}" >>"$build_log" 2>&1; then
     grep -E "error|Error" "$build_log" | head -40 | tee -a "$LOG"
     tail -20 "$build_log" | tee -a "$LOG"
     die "BUILD FAILED (full log: $build_log)"
   fi
+  source_sums >"$build/.e3fuse_source_sums"
   grep -E "e3fuse: (CUDA|LAMMPS)" "$build_log" | tee -a "$LOG"
   SUMMARY+=("$(printf '%-28s rc=%-3s %5ss' build 0 "$((SECONDS - t0))")")
   rm -rf "$STAGE" && mkdir -p "$STAGE"
