@@ -72,15 +72,41 @@ void edge_density_at(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp, in
   ops::edge_density(1, &one, &s, &ds, plan.apply_cutoff, f, df, value, grad);
 }
 
-}  // namespace
-
+// The edge density of the density blocks, the same for both directions of a pair.
 template <class T>
-void edge_density_forward(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp,
-                          const GraphView& g, double* rho) {
+struct LinearDensity {
+  const TypedPlan<T>& plan;
+  const EdgeDensity<T>& density;
+  static constexpr bool kSymmetric = true;
+  void operator()(int pair, double r, double& value, double& grad) const {
+    edge_density_at(plan, density, pair, r, value, grad);
+  }
+};
+
+// The non-linear block's density, of the ordered species pair, with its own workspace (one
+// per thread).
+template <class T>
+struct MlpDensity {
+  const TypedPlan<T>& plan;
+  const ops::RadialMlpView& mlp;
+  std::vector<double> work;
+  static constexpr bool kSymmetric = false;
+  MlpDensity(const TypedPlan<T>& p, const ops::RadialMlpView& m)
+      : plan(p), mlp(m), work(4 * static_cast<size_t>(m.max_dim)) {}
+  void operator()(int pair, double r, double& value, double& grad) {
+    edge_density_at(plan, mlp, pair, r, work.data(), value, grad);
+  }
+};
+
+// rho_i = sum over i's edges inside the cutoff of density(pair (i, j), r_ij); make_density()
+// gives each thread its evaluator.
+template <class T, class MakeDensity>
+void density_forward(const TypedPlan<T>& plan, const GraphView& g, double* rho,
+                     MakeDensity make_density) {
   const double cutoff2 = plan.cutoff * plan.cutoff;
 #pragma omp parallel
   {
-    std::vector<double> work(4 * static_cast<size_t>(mlp.max_dim));
+    auto density = make_density();
 #pragma omp for schedule(dynamic, 16)
     for (int64_t i = 0; i < g.num_nodes; ++i) {
       double sum = 0.0;
@@ -88,10 +114,10 @@ void edge_density_forward(const TypedPlan<T>& plan, const ops::RadialMlpView& ml
         double v[3];
         ops::edge_vector(g, i, e, v);
         const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
-        if (r2 >= cutoff2 || r2 == 0.0) continue;
+        if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
         const int pair = g.species[i] * plan.num_species + g.species[g.neighbors[e]];
         double value, grad;
-        edge_density_at(plan, mlp, pair, std::sqrt(r2), work.data(), value, grad);
+        density(pair, std::sqrt(r2), value, grad);
         sum += value;
       }
       rho[i] = sum;
@@ -99,15 +125,17 @@ void edge_density_forward(const TypedPlan<T>& plan, const ops::RadialMlpView& ml
   }
 }
 
-template <class T>
-void edge_density_backward(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp,
-                           const GraphView& g, const double* grad_rho, double* forces,
-                           double* atom_virials) {
+// Node k takes both directed edges of each pair (k, j): dE/dr = dE/drho_k d_kj/dr +
+// dE/drho_j d_jk/dr (one evaluation when the density is symmetric), f = (dE/dr) v / r, and
+// half of the per-atom virial; all writes go to node k.
+template <class T, class MakeDensity>
+void density_backward(const TypedPlan<T>& plan, const GraphView& g, const double* grad_rho,
+                      double* forces, double* atom_virials, MakeDensity make_density) {
   const double cutoff2 = plan.cutoff * plan.cutoff;
   const int S = plan.num_species;
 #pragma omp parallel
   {
-    std::vector<double> work(4 * static_cast<size_t>(mlp.max_dim));
+    auto density = make_density();
 #pragma omp for schedule(dynamic, 16)
     for (int64_t k = 0; k < g.num_nodes; ++k) {
       double fk[3] = {0, 0, 0}, wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -119,12 +147,18 @@ void edge_density_backward(const TypedPlan<T>& plan, const ops::RadialMlpView& m
         const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
         if (r2 >= cutoff2 || r2 == 0.0) continue;
         const double r = std::sqrt(r2);
-        const int kj = g.species[k] * S + g.species[j], jk = g.species[j] * S + g.species[k];
-        double value, grad_kj, grad_jk;
-        edge_density_at(plan, mlp, kj, r, work.data(), value, grad_kj);
-        grad_jk = grad_kj;
-        if (jk != kj) edge_density_at(plan, mlp, jk, r, work.data(), value, grad_jk);
-        const double dr = grad_rho[k] * grad_kj + grad_rho[j] * grad_jk;
+        const int kj = g.species[k] * S + g.species[j];
+        double value, grad_kj;
+        density(kj, r, value, grad_kj);
+        double dr;
+        if constexpr (decltype(density)::kSymmetric) {
+          dr = (grad_rho[k] + grad_rho[j]) * grad_kj;
+        } else {
+          const int jk = g.species[j] * S + g.species[k];
+          double grad_jk = grad_kj;
+          if (jk != kj) density(jk, r, value, grad_jk);
+          dr = grad_rho[k] * grad_kj + grad_rho[j] * grad_jk;
+        }
         for (int a = 0; a < 3; ++a) {
           const double f = dr * v[a] / r;
           fk[a] += f;
@@ -139,59 +173,34 @@ void edge_density_backward(const TypedPlan<T>& plan, const ops::RadialMlpView& m
   }
 }
 
+}  // namespace
+
+template <class T>
+void edge_density_forward(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp,
+                          const GraphView& g, double* rho) {
+  density_forward(plan, g, rho, [&] { return MlpDensity<T>(plan, mlp); });
+}
+
+template <class T>
+void edge_density_backward(const TypedPlan<T>& plan, const ops::RadialMlpView& mlp,
+                           const GraphView& g, const double* grad_rho, double* forces,
+                           double* atom_virials) {
+  density_backward(plan, g, grad_rho, forces, atom_virials,
+                   [&] { return MlpDensity<T>(plan, mlp); });
+}
+
 template <class T>
 void edge_density_forward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
                           const GraphView& g, double* rho) {
-  const double cutoff2 = plan.cutoff * plan.cutoff;
-#pragma omp parallel for schedule(dynamic, 16)
-  for (int64_t i = 0; i < g.num_nodes; ++i) {
-    double sum = 0.0;
-    for (int64_t e = g.row_offsets[i]; e < g.row_offsets[i + 1]; ++e) {
-      double v[3];
-      ops::edge_vector(g, i, e, v);
-      const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
-      if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
-      const int pair = g.species[i] * plan.num_species + g.species[g.neighbors[e]];
-      double value, grad;
-      edge_density_at(plan, density, pair, std::sqrt(r2), value, grad);
-      sum += value;
-    }
-    rho[i] = sum;
-  }
+  density_forward(plan, g, rho, [&] { return LinearDensity<T>{plan, density}; });
 }
 
 template <class T>
 void edge_density_backward(const TypedPlan<T>& plan, const EdgeDensity<T>& density,
                            const GraphView& g, const double* grad_rho, double* forces,
                            double* atom_virials) {
-  const double cutoff2 = plan.cutoff * plan.cutoff;
-#pragma omp parallel for schedule(dynamic, 16)
-  for (int64_t k = 0; k < g.num_nodes; ++k) {
-    double fk[3] = {0, 0, 0}, wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t e = g.row_offsets[k]; e < g.row_offsets[k + 1]; ++e) {
-      const int32_t j = g.neighbors[e];
-      const double gsum = grad_rho[k] + grad_rho[j];
-      if (gsum == 0.0) continue;
-      double v[3];
-      ops::edge_vector(g, k, e, v);
-      const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
-      if (r2 >= cutoff2 || r2 == 0.0) continue;
-      const double r = std::sqrt(r2);
-      double value, grad;
-      edge_density_at(plan, density, g.species[k] * plan.num_species + g.species[j], r, value,
-                      grad);
-      const double dr_over_r = gsum * grad / r;
-      for (int a = 0; a < 3; ++a) {
-        const double f = dr_over_r * v[a];
-        fk[a] += f;
-        if (atom_virials)
-          for (int b = 0; b < 3; ++b) wk[3 * b + a] -= 0.5 * v[b] * f;
-      }
-    }
-    for (int a = 0; a < 3; ++a) forces[3 * k + a] += fk[a];
-    if (atom_virials)
-      for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
-  }
+  density_backward(plan, g, grad_rho, forces, atom_virials,
+                   [&] { return LinearDensity<T>{plan, density}; });
 }
 
 template void edge_density_at<float>(const TypedPlan<float>&, const EdgeDensity<float>&, int,
