@@ -3,10 +3,11 @@ interaction): the radial MLP (Linear-LayerNorm-SiLU) of the Bessel embedding and
 target species embeddings, the density normalisation alpha + beta rho with its own RadialMLP,
 linear_res, the gated non-linearity and linear_2 (issue 20).
 
-e3fuse evaluates the block's RadialMLPs from per-ordered-species-pair radial tables only
-(radial="table"; the per-edge radial MLP of the convolution does not implement it): refused
-by name otherwise, and tested here. With several elements the two directions of an edge have
-different radial weights (source and target embeddings): the OMOL-like model has three.
+e3fuse evaluates the block's RadialMLPs from per-ordered-species-pair radial tables
+(radial="table", both devices), or exactly per edge on the CPU (radial="mlp", float64's
+default: the reference, to 1e-10 eV/A of mace-torch); the CUDA backend refuses radial="mlp"
+for this block by name. With several elements the two directions of an edge have different
+radial weights (source and target embeddings): the OMOL-like model has three.
 
 Small OMOL-like models (two non-linear interactions, correlation 3, edge irreps up to l = 2,
 a distance transform, apply_cutoff False) with random weights, built in float64 and in
@@ -111,9 +112,11 @@ def converted(name: str, workdir: Path, dtype: str = "float64") -> tuple[Any, Pa
     return _CACHE[key]
 
 
-def evaluate(path: Path, atoms: Any, device: str, dtype: str = "float64") -> dict[str, Any]:
+def evaluate(
+    path: Path, atoms: Any, device: str, dtype: str = "float64", radial: str = "table"
+) -> dict[str, Any]:
     a = atoms.copy()
-    a.calc = Calculator(str(path), device=device, dtype=dtype, radial="table")
+    a.calc = Calculator(str(path), device=device, dtype=dtype, radial=radial)
     return {
         "energy": a.get_potential_energy(),
         "energies": a.get_potential_energies(),
@@ -211,11 +214,68 @@ def test_nonlinear_block_rotation_invariance(device: str, workdir: Path) -> None
     assert np.abs(a["forces"] @ rot.T - b["forces"]).max() < 1e-9
 
 
-def test_refused_without_tables(workdir: Path) -> None:
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_exact_radial_mlp_matches_mace_torch(name: str, workdir: Path) -> None:
+    """CPU, float64, the RadialMLP evaluated per edge (radial="mlp", the float64 default):
+    the targets of every other model, 1e-10 eV/A and 1e-12 eV/atom."""
+    model, path = converted(name, workdir)
+    atoms = structure(ARCHS[name]["elements"], seed=1)
+    ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
+    ours = evaluate(path, atoms, "cpu", radial="mlp")
+    n = len(atoms)
+    assert np.abs(ref["forces"]).max() > 1e-3
+    # these random weights give ~750 eV per atom, where 1e-12 eV is 9 float64 ulps: the
+    # per-atom limit is 1e-12 eV or 16 ulps of the largest per-atom energy
+    per_atom = max(1e-12, 16 * np.finfo(float).eps * np.abs(ref["energies"]).max())
+    assert abs(ours["energy"] - float(ref["energy"])) / n < 1e-12
+    assert np.abs(ours["energies"] - ref["energies"]).max() < per_atom
+    assert np.abs(ours["forces"] - ref["forces"]).max() < 1e-10
+    assert np.abs(ours["stress"] - ref["stress"]).max() < 1e-12
+    assert np.abs(ours["stresses"].sum(axis=0) - ours["stress"]).max() < 1e-12
+    # the tables of the other tests stay within their bound of the exact path
+    table = evaluate(path, atoms, "cpu", radial="table")
+    assert np.abs(table["forces"] - ours["forces"]).max() < FORCES_TABLE
+
+
+def test_exact_radial_mlp_finite_differences(workdir: Path) -> None:
+    """The exact path's forces against central differences of its own energy."""
+    _, path = converted("omol-like", workdir)
+    atoms = structure(ELEMENTS, seed=6)
+    ours = evaluate(path, atoms, "cpu", radial="mlp")
+    h = 1e-5
+
+    def energy(a: Any) -> float:
+        a = a.copy()
+        a.calc = Calculator(str(path), device="cpu", dtype="float64", radial="mlp")
+        return a.get_potential_energy()
+
+    for i, axis in [(1, 0), (4, 2), (6, 1)]:
+        plus, minus = atoms.copy(), atoms.copy()
+        plus.positions[i, axis] += h
+        minus.positions[i, axis] -= h
+        fd = -(energy(plus) - energy(minus)) / (2 * h)
+        assert abs(fd - ours["forces"][i, axis]) < 1e-7 * max(1.0, abs(fd))
+
+
+def test_exact_radial_mlp_float32(workdir: Path) -> None:
+    """CPU float32 with the per-edge RadialMLP (computed in double, stored in float32)."""
+    model64, _ = converted("omol-like", workdir)
+    _, path32 = converted("omol-like", workdir, "float32")
+    atoms = structure(ELEMENTS, seed=2)
+    ref = reference.evaluate_mace(reference.mace_calculator(model64, "float64"), atoms)
+    f32 = evaluate(path32, atoms, "cpu", "float32", radial="mlp")
+    assert np.abs(f32["forces"] - ref["forces"]).max() < FORCES_F32
+
+
+def test_cuda_refuses_the_per_edge_mlp(workdir: Path) -> None:
+    from e3fuse import _core
+
+    if not _core.cuda_available():
+        pytest.skip("e3fuse built without CUDA or no GPU")
     _, path = converted("plain", workdir)
     atoms = structure(ELEMENT, seed=5)
-    with pytest.raises(Exception, match=f"{BLOCK}.*radial='table'"):
-        atoms.calc = Calculator(str(path), dtype="float64", radial="mlp")
+    with pytest.raises(Exception, match=f"{BLOCK} on CUDA.*radial='table'"):
+        atoms.calc = Calculator(str(path), device="cuda", dtype="float64", radial="mlp")
         atoms.get_potential_energy()
 
 

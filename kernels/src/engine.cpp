@@ -300,19 +300,18 @@ class CpuRunner {
   HaloRows halo_;
 };
 
-// mace's non-linear interaction block runs only with its RadialMLP tabulated per ordered
-// species pair, and with one species: the convolution's backward (both backends) takes the
-// radial weights of the two directed edges of a pair as equal, which they are not when the
-// MLP reads the (receiver, sender) species. Shared by the CPU and CUDA engines.
-void check_nonlinear_blocks(const ModelPlan& plan, bool radial_tables) {
+// mace's non-linear interaction block: its species-dependent RadialMLP (LayerNorm, per
+// ordered species pair) is read from tables per ordered pair on both backends, or evaluated
+// exactly per edge on the CPU (cpu/conv.cpp pair_mlp_weights); the CUDA convolution's
+// per-edge MLP does not implement it.
+void check_nonlinear_blocks(const ModelPlan& plan, bool radial_tables, Device device) {
   bool any = false;
   for (const MaceLayer& l : plan.mace_layers) any = any || l.nonlinear_block;
-  if (!any) return;
-  if (!radial_tables)
-    throw Error(
-        "RealAgnosticResidualNonLinearInteractionBlock: its species-dependent RadialMLP "
-        "(LayerNorm) is evaluated from radial tables only; use radial='table' (the per-edge "
-        "radial MLP of the convolution does not implement it)");
+  if (!any || radial_tables || device == Device::cpu) return;
+  throw Error(
+      "RealAgnosticResidualNonLinearInteractionBlock on CUDA: its species-dependent RadialMLP "
+      "(LayerNorm) is read from radial tables there; use radial='table' (the per-edge radial "
+      "MLP, exact in float64, runs on device 'cpu')");
 }
 
 // MACE interaction t (mace-torch RealAgnostic[Residual]InteractionBlock + product):
@@ -597,7 +596,7 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
   }
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   const bool tables = radial_ == Radial::table;
-  if (family == "mace") check_nonlinear_blocks(model_->plan(), tables);
+  if (family == "mace") check_nonlinear_blocks(model_->plan(), tables, device);
   if (device == Device::cuda) {
 #ifdef E3FUSE_WITH_CUDA
     impl_->gpu = cuda::make_backend(model_->plan(), precision, gpu, tables);

@@ -97,6 +97,8 @@ struct Tile {
   // its weights and their adjoint (conv_backward's e2 = (j <- k)).
   std::vector<int> pair_reverse;
   std::vector<T> weights_reverse, grad_w_reverse;
+  // the exact ordered-pair MLP (pair_mlp_weights): dR/dr of both directions
+  std::vector<T> dweights, dweights_reverse;
   std::vector<T> cut, dcut, raw;  // apply_cutoff false: f(r), f'(r), MLP output before f
   std::vector<T> M, A1, A2, dY1, dY2;
 
@@ -294,8 +296,45 @@ void table_backward_to_r(const Conv<T>& conv, int64_t numel, Tile<T>& t) {
   }
 }
 
+// mace's RadialMLP of the ordered species pair, exactly per edge in double
+// (ops::radial_mlp_forward in tangent mode; the non-linear block without tables): t.weights
+// and, with `both`, the reverse pair's weights and both directions' dR/dr. With apply_cutoff
+// false, R = MLP(emb) f(r) as the tables hold it.
+template <class T>
+void pair_mlp_weights(const TypedPlan<T>& plan, const Conv<T>& conv, bool both, Tile<T>& t) {
+  const ops::RadialMlpView view = conv.radial_mlp_view();
+  const int nb = plan.num_basis;
+  const size_t numel = static_cast<size_t>(conv.weight_numel);
+  t.weights.resize(static_cast<size_t>(t.n) * numel);
+  if (both) {
+    t.weights_reverse.resize(t.weights.size());
+    t.dweights.resize(t.weights.size());
+    t.dweights_reverse.resize(t.weights.size());
+  }
+  std::vector<double> emb(nb), demb(nb), out(numel), dout(numel);
+  std::vector<double> work(4 * static_cast<size_t>(view.max_dim));
+  for (int e = 0; e < t.n; ++e) {
+    for (int b = 0; b < nb; ++b) {
+      emb[b] = static_cast<double>(t.emb[static_cast<size_t>(e) * nb + b]);
+      demb[b] = both ? static_cast<double>(t.demb[static_cast<size_t>(e) * nb + b]) : 0.0;
+    }
+    const double f = plan.apply_cutoff ? 1.0 : static_cast<double>(t.cut[e]);
+    const double df = plan.apply_cutoff ? 0.0 : static_cast<double>(t.dcut[e]);
+    for (int direction = 0; direction < (both ? 2 : 1); ++direction) {
+      const int pair = direction == 0 ? t.pair[e] : t.pair_reverse[e];
+      ops::radial_mlp_forward(view, pair, emb.data(), both ? demb.data() : nullptr, out.data(),
+                              both ? dout.data() : nullptr, work.data());
+      T* w = (direction == 0 ? t.weights : t.weights_reverse).data() + e * numel;
+      for (size_t q = 0; q < numel; ++q) w[q] = static_cast<T>(out[q] * f);
+      if (!both) continue;
+      T* dw = (direction == 0 ? t.dweights : t.dweights_reverse).data() + e * numel;
+      for (size_t q = 0; q < numel; ++q) dw[q] = static_cast<T>(dout[q] * f + out[q] * df);
+    }
+  }
+}
+
 // The radial weights R(r) of the tile's edges into t.weights: per edge through the MLP,
-// or from the table.
+// or from the table (the exact ordered-pair MLP: pair_mlp_weights).
 // With apply_cutoff false (MACE) the MLP's output is multiplied by the envelope f(r), and
 // t.raw keeps it before that for the backward pass (the tables include f).
 template <class T>
@@ -317,6 +356,18 @@ template <class T>
 void radial_backward_to_r(const TypedPlan<T>& plan, const Conv<T>& conv, Tile<T>& t) {
   if (conv.tabulated()) {
     table_backward_to_r(conv, conv.weight_numel, t);
+    return;
+  }
+  if (conv.radial_mlp) {  // the exact ordered-pair MLP: both directions' dR/dr
+    const size_t numel = static_cast<size_t>(conv.weight_numel);
+    t.dr.resize(t.n);
+    for (int e = 0; e < t.n; ++e) {
+      T s = T(0);
+      for (size_t q = 0; q < numel; ++q)
+        s += t.grad_w[e * numel + q] * t.dweights[e * numel + q] +
+             t.grad_w_reverse[e * numel + q] * t.dweights_reverse[e * numel + q];
+      t.dr[e] = s;
+    }
     return;
   }
   if (plan.apply_cutoff) {
@@ -442,7 +493,10 @@ void conv_forward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphView
         continue;
       }
       if (t.n == 0) continue;
-      radial_weights(plan, conv, t);
+      if (conv.radial_mlp && !conv.tabulated())
+        pair_mlp_weights(plan, conv, false, t);
+      else
+        radial_weights(plan, conv, t);
       const int sh_dim = plan.sh.dim;
       for (int e = 0; e < t.n; ++e) {
         const T* xj = x + static_cast<int64_t>(t.sender[e]) * conv.dim_in;
@@ -481,12 +535,15 @@ void conv_backward(const TypedPlan<T>& plan, const Conv<T>& conv, const GraphVie
         continue;
       }
       if (t.n == 0) continue;
-      radial_weights(plan, conv, t);
+      // Ordered-pair weights (mace's non-linear block): from the tables, or exact per edge
+      const bool ordered = conv.radial_mlp != nullptr;
+      if (ordered && !conv.tabulated())
+        pair_mlp_weights(plan, conv, true, t);
+      else
+        radial_weights(plan, conv, t);
       t.grad_w.assign(static_cast<size_t>(t.n) * conv.weight_numel, T(0));
-      // Ordered-pair weights (mace's non-linear block, tables only: Engine refuses the MLP)
-      const bool ordered = conv.radial_mlp != nullptr && conv.tabulated();
       if (ordered) {
-        table_weights_reverse(conv, conv.weight_numel, t);
+        if (conv.tabulated()) table_weights_reverse(conv, conv.weight_numel, t);
         t.grad_w_reverse.assign(t.grad_w.size(), T(0));
       }
       std::vector<T>& dYc = t.dYc;

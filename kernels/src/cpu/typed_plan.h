@@ -9,6 +9,7 @@
 #include "e3fuse/error.h"
 #include "model/plan.h"
 #include "ops/radial.h"
+#include "ops/radial_mlp.h"
 #include "ops/sh.h"
 
 namespace e3fuse::cpu {
@@ -148,6 +149,15 @@ struct Conv {
   // tables are per ORDERED pair (s_receiver, s_sender): pair_table[a * S + b] then need not
   // equal pair_table[b * S + a].
   const RadialMlpPlan* radial_mlp = nullptr;
+  // Without tables, the same RadialMLP evaluated exactly per edge (ops::radial_mlp_forward):
+  // its arrays, and their layout (radial_mlp_view() points it at them).
+  std::vector<double> radial_mlp_params;
+  ops::RadialMlpView radial_mlp_layout;
+  ops::RadialMlpView radial_mlp_view() const {
+    ops::RadialMlpView v = radial_mlp_layout;
+    v.params = radial_mlp_params.data();
+    return v;
+  }
   bool tabulated() const { return !table.empty() || !pair_table.empty(); }
   const RadialTable<T>& table_for_pair(int pair) const {
     return pair_table.empty() ? table : pair_tables[static_cast<size_t>(pair_table[pair])];
@@ -321,14 +331,17 @@ Conv<T> make_conv(const ConvPlan& p, const ModelPlan* table_of = nullptr) {
   }
   c.mlp = make_mlp<T>(p.mlp);
   if (!p.radial_mlp.empty()) {
-    // mace's RadialMLP: only tabulated, per ordered species pair. Without table_of (the
-    // per-edge radial MLP) the engines refuse the model (see MaceRunner).
+    // mace's RadialMLP, per ordered species pair: tabulated, or (without table_of) evaluated
+    // exactly per edge on the CPU (the CUDA backend refuses that, engine.cpp)
+    c.radial_mlp = &p.radial_mlp;
     if (table_of) {
       const size_t S = table_of->atomic_numbers.size();
       c.pair_table.assign(S * S, -1);
       c.mlp_plan = p.mlp;
       c.table_of = table_of;
-      c.radial_mlp = &p.radial_mlp;
+    } else {
+      c.radial_mlp_layout = ops::radial_mlp_layout(p.radial_mlp, c.radial_mlp_params);
+      if (c.radial_mlp_layout.layers == 0) throw Error("radial MLP with too many layers");
     }
   } else if (table_of && table_of->radial.pair_dependent()) {
     const size_t S = table_of->atomic_numbers.size();
