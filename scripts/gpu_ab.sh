@@ -64,11 +64,13 @@ build_micro() { # tree: e3fuse_conv_micro in tree/build/gpu
       -DPython_EXECUTABLE="$(command -v $PY)" -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" &&
     ninja -C build/gpu e3fuse_conv_micro
 }
-declare -A EXE TREE
+declare -A EXE TREE OBJ_DIR
 EXE[base]=$BASE_TREE/build/gpu/e3fuse_conv_micro
 EXE[new]=$BUILD/e3fuse_conv_micro
 TREE[base]=$BASE_TREE
 TREE[new]=$REPO
+OBJ_DIR[base]=$BASE_TREE/build/gpu
+OBJ_DIR[new]=$REPO/$BUILD
 variant_names=()
 for spec in ${VARIANTS:-}; do
   name=${spec%%=*}
@@ -81,6 +83,7 @@ for spec in ${VARIANTS:-}; do
   (cd "$tree" && git apply "$file") || die "variant $name: $file does not apply"
   EXE[$name]=$tree/build/gpu/e3fuse_conv_micro
   TREE[$name]=$tree
+  OBJ_DIR[$name]=$tree/build/gpu
   variant_names+=("$name")
 done
 pids=()
@@ -95,9 +98,9 @@ for entry in "${pids[@]}"; do
     die "the build of ${entry%%:*} failed"
   }
 done
-for tree in "${TREE[@]}"; do # registers and spills of the convolution kernels
-  obj=$(find "$tree/build/gpu" -name conv.cu.o | head -1)
-  echo "== $tree" >>"$OUTDIR/resources.txt"
+for name in "${!OBJ_DIR[@]}"; do # registers and spills of the convolution kernels
+  obj=$(find "${OBJ_DIR[$name]}" -name conv.cu.o | head -1)
+  echo "== $name (${TREE[$name]})" >>"$OUTDIR/resources.txt"
   cuobjdump -res-usage "$obj" 2>&1 | grep -A1 "conv_.*_kernel" | c++filt >>"$OUTDIR/resources.txt"
 done
 
