@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sevenn")
 pytest.importorskip("mace.modules")
 
-from test_mace import build_mace  # noqa: E402
+from helpers_mace import build_mace  # noqa: E402
 
 import e3fuse  # noqa: E402
 from e3fuse import cache, cli, conversion, modelfile, reference  # noqa: E402

@@ -995,7 +995,7 @@ def test_device_cuda_comm_exchange(model: Path, family: str, tmp_path: Path) -> 
 @pytest.fixture(scope="module")
 def zbl_mace_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("mace.modules")
-    from test_mace import build_mace
+    from helpers_mace import build_mace
 
     from e3fuse.convert import mace as mace_convert
 

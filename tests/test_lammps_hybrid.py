@@ -61,7 +61,7 @@ LJ_STYLE = "lj/cut 6.0"
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("mace.modules")
-    from test_mace import build_mace
+    from helpers_mace import build_mace
 
     from e3fuse.convert import mace as mace_convert
 
