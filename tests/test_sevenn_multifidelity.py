@@ -25,7 +25,6 @@ Tolerances: float64 against the float64-built reference 1e-10 eV/A (forces),
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,8 @@ from conftest import (
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sevenn")
+
+from helpers_sevenn import random_sevenn_model  # noqa: E402
 
 from e3fuse import _core, reference  # noqa: E402
 from e3fuse.convert import sevennet  # noqa: E402
@@ -154,41 +155,11 @@ def _architecture(name: str) -> dict[str, Any]:
 def build_random_sevenn(name: str, seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """A sevenn model of architecture `name` with random weights, built in float64
     by sevenn's own builder (sevenn.model_build.build_E3_equivariant_model)."""
-    import sevenn._const as const
-    from sevenn.model_build import build_E3_equivariant_model
-    from sevenn.util import chemical_species_preprocess
-
     arch = _architecture(name)
     modalities = arch.pop("modalities")
-    config = copy.deepcopy(const.DEFAULT_E3_EQUIVARIANT_MODEL_CONFIG)
-    config.update(arch)
-    config.update(chemical_species_preprocess([], universal=True))  # 'univ': Z = 0..118
-    num_species = config["_number_of_species"]
-    rng = np.random.default_rng(seed)
-    shift = (-3.0 + rng.standard_normal(num_species)).tolist()
-    if modalities:
-        config.update(
-            {
-                "use_modality": True,
-                "_modal_map": {m: i for i, m in enumerate(modalities)},
-                "_number_of_modalities": len(modalities),
-                "use_modal_self_inter_intro": True,
-                "use_modal_self_inter_outro": True,
-                "use_modal_output_block": True,
-                "use_modal_wise_shift": True,
-                "use_modal_wise_scale": False,
-            }
-        )
-        config["shift"] = [
-            (np.asarray(shift) + 0.5 * rng.standard_normal(num_species)).tolist()
-            for _ in modalities
-        ]
-    else:
-        config["shift"] = shift
-    torch.manual_seed(seed)
-    with sevennet.default_dtype(torch.float64):
-        model = build_E3_equivariant_model(config)
-    return model.to(torch.float64).eval(), config
+    return random_sevenn_model(
+        arch, species=None, modalities=modalities, seed=seed, modal_shift_spread=0.5
+    )
 
 
 class RandomModels:
