@@ -410,6 +410,36 @@ def evaluate(
     return out
 
 
+def potential_energy(calc: Any, atoms: Atoms) -> float:
+    """The energy of a copy of `atoms` with `calc` (the caller's atoms keep their own)."""
+    atoms = atoms.copy()
+    atoms.calc = calc
+    return float(atoms.get_potential_energy())
+
+
+def central_difference_forces(calc: Any, atoms: Atoms, indices: Any, h: float) -> np.ndarray:
+    """-dE/dx of the atoms `indices` (rows, all three axes) by central differences of
+    `calc`'s energy with step h."""
+    fd = np.zeros((len(indices), 3))
+    for k, i in enumerate(indices):
+        for a in range(3):
+            plus, minus = atoms.copy(), atoms.copy()
+            plus.positions[i, a] += h
+            minus.positions[i, a] -= h
+            fd[k, a] = -(potential_energy(calc, plus) - potential_energy(calc, minus)) / (2 * h)
+    return fd
+
+
+def random_rotation(seed: int) -> np.ndarray:
+    """A random proper rotation (det +1) from the QR decomposition of a Gaussian matrix."""
+    rng = np.random.default_rng(seed)
+    q, r = np.linalg.qr(rng.standard_normal((3, 3)))
+    q = q * np.sign(np.diag(r))
+    if np.linalg.det(q) < 0:
+        q[:, 0] = -q[:, 0]
+    return q
+
+
 def compute_system(
     path: Path | str,
     atoms: Atoms,

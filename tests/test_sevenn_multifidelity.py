@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ase import Atoms
 from conftest import (
     DEVICES,
     STRUCTURES,
@@ -39,7 +38,9 @@ from conftest import (
     assert_abs,
     assert_rel,
     calculator,
+    central_difference_forces,
     evaluate,
+    random_rotation,
 )
 
 torch = pytest.importorskip("torch")
@@ -336,12 +337,6 @@ def test_random_mf_ompa_has_per_species_self_connection(random_models: RandomMod
     )
 
 
-def _energy(calc: Any, atoms: Atoms) -> float:
-    atoms = atoms.copy()
-    atoms.calc = calc
-    return float(atoms.get_potential_energy())
-
-
 def test_random_mf_ompa_forces_finite_differences(random_models: RandomModels) -> None:
     """Forces = -dE/dx (central differences, h = 1e-4 A) through the per-species
     self-connection and the folded modal layers."""
@@ -350,23 +345,8 @@ def test_random_mf_ompa_forces_finite_differences(random_models: RandomModels) -
     forces = evaluate(calc, atoms)["forces"]
     h = 1e-4
     chosen = [0, 3, 7]
-    fd = np.zeros((len(chosen), 3))
-    for k, i in enumerate(chosen):
-        for a in range(3):
-            plus, minus = atoms.copy(), atoms.copy()
-            plus.positions[i, a] += h
-            minus.positions[i, a] -= h
-            fd[k, a] = -(_energy(calc, plus) - _energy(calc, minus)) / (2 * h)
+    fd = central_difference_forces(calc, atoms, chosen, h)
     assert_rel(forces[chosen], fd, 1e-6, "forces vs -dE/dx (central FD)")
-
-
-def _random_rotation(seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    q, r = np.linalg.qr(rng.standard_normal((3, 3)))
-    q = q * np.sign(np.diag(r))
-    if np.linalg.det(q) < 0:
-        q[:, 0] = -q[:, 0]
-    return q
 
 
 def test_random_omni_rotation_translation_invariance(random_models: RandomModels) -> None:
@@ -376,7 +356,7 @@ def test_random_omni_rotation_translation_invariance(random_models: RandomModels
     atoms = STRUCTURES["cunio_alloy"]()
     path = random_models.path("omni", "mpa")
     before = evaluate(calculator(path), atoms)
-    R = _random_rotation(31)
+    R = random_rotation(31)
     for label, M in (("rotation", R), ("reflection", R @ np.diag([-1.0, 1.0, 1.0]))):
         moved = atoms.copy()
         moved.positions = atoms.positions @ M.T + np.array([1.3, -7.2, 0.4])
