@@ -391,8 +391,11 @@ def calculator(
     return e3fuse.Calculator(path, device=device, dtype=dtype, **kwargs)
 
 
-def evaluate(calc: Any, atoms: Atoms, stress: bool | None = None) -> dict[str, np.ndarray]:
-    """energy, energies, forces (and stress for fully periodic systems) of `atoms`."""
+def evaluate(
+    calc: Any, atoms: Atoms, stress: bool | None = None, stresses: bool = False
+) -> dict[str, np.ndarray]:
+    """energy, energies, forces (and stress for fully periodic systems, or as `stress`
+    says; per-atom stresses if `stresses`) of `atoms`."""
     atoms = atoms.copy()
     atoms.calc = calc
     out = {
@@ -402,7 +405,70 @@ def evaluate(calc: Any, atoms: Atoms, stress: bool | None = None) -> dict[str, n
     }
     if atoms.pbc.all() if stress is None else stress:
         out["stress"] = atoms.get_stress()
+    if stresses:
+        out["stresses"] = atoms.get_stresses()
     return out
+
+
+def potential_energy(calc: Any, atoms: Atoms) -> float:
+    """The energy of a copy of `atoms` with `calc` (the caller's atoms keep their own)."""
+    atoms = atoms.copy()
+    atoms.calc = calc
+    return float(atoms.get_potential_energy())
+
+
+def central_difference_forces(calc: Any, atoms: Atoms, indices: Any, h: float) -> np.ndarray:
+    """-dE/dx of the atoms `indices` (rows, all three axes) by central differences of
+    `calc`'s energy with step h."""
+    fd = np.zeros((len(indices), 3))
+    for k, i in enumerate(indices):
+        for a in range(3):
+            plus, minus = atoms.copy(), atoms.copy()
+            plus.positions[i, a] += h
+            minus.positions[i, a] -= h
+            fd[k, a] = -(potential_energy(calc, plus) - potential_energy(calc, minus)) / (2 * h)
+    return fd
+
+
+def random_rotation(seed: int) -> np.ndarray:
+    """A random proper rotation (det +1) from the QR decomposition of a Gaussian matrix."""
+    rng = np.random.default_rng(seed)
+    q, r = np.linalg.qr(rng.standard_normal((3, 3)))
+    q = q * np.sign(np.diag(r))
+    if np.linalg.det(q) < 0:
+        q[:, 0] = -q[:, 0]
+    return q
+
+
+def compute_system(
+    path: Path | str,
+    atoms: Atoms,
+    device: str = "cpu",
+    dtype: str = "float64",
+    region_atoms: int | None = None,
+    min_distance: float | None = None,
+) -> tuple[dict[str, Any], Any]:
+    """(_core.Engine.compute_system's results of `atoms` with forces, virial and per-atom
+    virials, the engine): a fresh engine of the model file `path`, with its minimum
+    distance set where `min_distance` is given, evaluated region by region where
+    `region_atoms` is."""
+    model = _core.Model.load(str(path))
+    engine = _core.Engine(model, device, dtype)
+    if min_distance is not None:
+        engine.set_min_distance(min_distance)
+    if region_atoms is not None:
+        engine.region_atoms = region_atoms
+    species = np.array([model.species_of(int(z)) for z in atoms.numbers], dtype=np.int32)
+    out = engine.compute_system(
+        np.ascontiguousarray(atoms.positions, dtype=np.float64),
+        species,
+        np.ascontiguousarray(atoms.cell.array, dtype=np.float64),
+        tuple(bool(p) for p in atoms.pbc),
+        True,
+        True,
+        True,
+    )
+    return out, engine
 
 
 def pytest_configure(config: pytest.Config) -> None:

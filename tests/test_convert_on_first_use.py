@@ -9,7 +9,6 @@ verification takes about a second or two."""
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sevenn")
 pytest.importorskip("mace.modules")
 
-from test_mace import build_mace  # noqa: E402
+from helpers_mace import build_mace  # noqa: E402
+from helpers_sevenn import random_sevenn_model, save_sevenn_checkpoint  # noqa: E402
 
 import e3fuse  # noqa: E402
 from e3fuse import cache, cli, conversion, modelfile, reference  # noqa: E402
@@ -66,52 +66,28 @@ def save_tiny_sevenn_checkpoint(path: Path, modalities: list[str] | None = None)
     """A random SevenNet model (2 layers, 4 channels, lmax 1, Cu Ni O) saved as sevenn
     saves checkpoints: {'config', 'model_state_dict', ...}."""
     import sevenn
-    import sevenn._const as const
-    from sevenn.model_build import build_E3_equivariant_model
-    from sevenn.util import chemical_species_preprocess
 
-    config = copy.deepcopy(const.DEFAULT_E3_EQUIVARIANT_MODEL_CONFIG)
-    config.update(
-        {
-            "cutoff": 4.0,
-            "channel": 4,
-            "lmax": 1,
-            "num_convolution_layer": 2,
-            "is_parity": False,
-            "weight_nn_hidden_neurons": [8],
-            "radial_basis": {"radial_basis_name": "bessel", "bessel_basis_num": 4},
-            "conv_denominator": 3.0,
-            "scale": 1.5,
-            "version": sevenn.__version__,
-        }
+    architecture = {
+        "cutoff": 4.0,
+        "channel": 4,
+        "lmax": 1,
+        "num_convolution_layer": 2,
+        "is_parity": False,
+        "weight_nn_hidden_neurons": [8],
+        "radial_basis": {"radial_basis_name": "bessel", "bessel_basis_num": 4},
+        "conv_denominator": 3.0,
+        "scale": 1.5,
+        "version": sevenn.__version__,
+    }
+    # built in torch's default dtype, as training saves it, with noise on every weight
+    model, config = random_sevenn_model(
+        architecture,
+        species=["Cu", "Ni", "O"],
+        modalities=modalities,
+        built_in_float64=False,
+        weight_noise=0.3,
     )
-    config.update(chemical_species_preprocess(["Cu", "Ni", "O"], universal=False))
-    num_species = config["_number_of_species"]
-    rng = np.random.default_rng(0)
-    shift = -3.0 + rng.standard_normal(num_species)
-    if modalities:
-        config.update(
-            {
-                "use_modality": True,
-                "_modal_map": {m: i for i, m in enumerate(modalities)},
-                "_number_of_modalities": len(modalities),
-                "use_modal_self_inter_intro": True,
-                "use_modal_self_inter_outro": True,
-                "use_modal_output_block": True,
-                "use_modal_wise_shift": True,
-                "use_modal_wise_scale": False,
-            }
-        )
-        config["shift"] = [(shift + rng.standard_normal(num_species)).tolist() for _ in modalities]
-    else:
-        config["shift"] = shift.tolist()
-    torch.manual_seed(0)
-    model = build_E3_equivariant_model(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.3 * torch.randn_like(parameter))
-    torch.save({"config": config, "model_state_dict": model.state_dict()}, path)
-    return path
+    return save_sevenn_checkpoint(model, config, path)
 
 
 @pytest.fixture(scope="module")

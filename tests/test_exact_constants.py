@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
-from test_mace import build_mace, e3fuse_eval, structure  # noqa: E402
+from helpers_mace import build_mace, e3fuse_eval, structure  # noqa: E402
 
 from e3fuse import reference  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402

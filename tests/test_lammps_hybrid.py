@@ -24,6 +24,15 @@ import pytest
 from ase import Atoms
 from ase.data import atomic_numbers
 from conftest import DEVICES, TOLERANCES, assert_abs, make_structure
+from helpers_lammps import (
+    RESULT_COMMANDS,
+    lmp_binary,
+    lmp_env,
+    mpirun,
+    parse_lmp,
+    run_lmp,
+    thermo_rows,
+)
 from test_lammps import (
     ANALYSIS,
     MACE_MODEL,
@@ -31,12 +40,7 @@ from test_lammps import (
     REPO,
     compare,
     lammps_frame,
-    lmp_binary,
-    lmp_env,
-    mpirun,
-    parse_lmp,
     reference,
-    run_lmp,
     structure_commands,
 )
 
@@ -61,7 +65,7 @@ LJ_STYLE = "lj/cut 6.0"
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("mace.modules")
-    from test_mace import build_mace
+    from helpers_mace import build_mace
 
     from e3fuse.convert import mace as mace_convert
 
@@ -178,11 +182,7 @@ def input_text(atoms: Atoms, elements: list[str], pair: list[str], extra: list[s
         f"plugin load {PLUGIN}",
         *pair,
         *ANALYSIS,
-        "dump d all custom 1 atoms.dump id fx fy fz c_pe c_s[1] c_s[2] c_s[3] c_s[4] c_s[5] c_s[6]",
-        "dump_modify d sort id format float %.17g",
-        "run 0",
-        'print "RESULT $(pe:%.17g) $(vol:%.17g) $(c_vir[1]:%.17g) $(c_vir[2]:%.17g) '
-        '$(c_vir[3]:%.17g) $(c_vir[4]:%.17g) $(c_vir[5]:%.17g) $(c_vir[6]:%.17g)"',
+        *RESULT_COMMANDS,
     ]
     return "\n".join(lines) + "\n"
 
@@ -417,16 +417,7 @@ def nve_rows(workdir: Path, atoms: Atoms, pair: list[str], ranks: int) -> np.nda
     workdir.mkdir(parents=True, exist_ok=True)
     proc = run_lmp(workdir, "\n".join(lines) + "\n", ranks=ranks, env=lmp_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows, on = [], False
-    for line in proc.stdout.splitlines():
-        words = line.split()
-        if words[:2] == ["Step", "Temp"]:
-            on = True
-        elif on and words and words[0] == "Loop":
-            on = False
-        elif on and words:
-            rows.append([float(w) for w in words])
-    return np.array(rows)
+    return thermo_rows(proc.stdout)
 
 
 def test_overlay_nve_ranks_agree(model: Path, tmp_path: Path) -> None:

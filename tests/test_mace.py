@@ -1,15 +1,14 @@
 """MACE (mace-torch) models: conversion, e3fuse vs mace-torch in float64 and
 float32, the symmetric contraction op, finite differences and invariances.
 
-Models are built here with random weights (nothing is downloaded): the
-MACE-MP-0 small/medium/large architectures as mace-torch's training scripts
+Models are built with random weights by helpers_mace.build_mace (nothing is
+downloaded): the MACE-MP-0 small/medium/large architectures as mace-torch's training scripts
 build them (RealAgnosticInteractionBlock first, then residual blocks; 128
 channels, max_ell 3, correlation 3, 10 Bessel functions, r_max 6, radial MLP
 [64, 64, 64], readout MLP 16x0e) on a few elements, and smaller variants."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,16 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-mace_modules = pytest.importorskip("mace.modules")
+pytest.importorskip("mace.modules")
 
 from conftest import DEVICES, STRUCTURES, TOLERANCES  # noqa: E402
+from helpers_mace import (  # noqa: E402
+    build_mace,
+    e3fuse_eval,
+    finite_difference_forces,
+    finite_difference_stress,
+    structure,
+)
 
 from e3fuse import _core, cli, reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
@@ -64,92 +70,6 @@ ARCHS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_mace(
-    hidden: str,
-    max_ell: int = 2,
-    correlation: Any = 2,
-    num_interactions: int = 2,
-    elements: tuple[int, ...] = (8, 28, 29),
-    r_max: float = 4.5,
-    num_bessel: int = 6,
-    p: int = 5,
-    radial_mlp: tuple[int, ...] = (16, 16),
-    mlp_irreps: str = "8x0e",
-    scale_shift: bool = True,
-    first_residual: bool = False,
-    seed: int = 0,
-    heads: list[str] | None = None,
-    interaction: str = "RealAgnosticResidualInteractionBlock",
-    interaction_first: str | None = None,
-    dtype: Any = None,
-    **extra: Any,
-) -> Any:
-    """A mace-torch model in float64 (or `dtype`, the default dtype while it is built) with
-    random (non-trivial) weights."""
-    from e3nn import o3
-
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype or torch.float64)
-    n = len(elements)
-    first = interaction_first or (
-        "RealAgnosticResidualInteractionBlock" if first_residual else "RealAgnosticInteractionBlock"
-    )
-    kwargs = dict(
-        r_max=r_max,
-        num_bessel=num_bessel,
-        num_polynomial_cutoff=p,
-        max_ell=max_ell,
-        interaction_cls=mace_modules.interaction_classes[interaction],
-        interaction_cls_first=mace_modules.interaction_classes[first],
-        num_interactions=num_interactions,
-        num_elements=n,
-        hidden_irreps=o3.Irreps(hidden),
-        MLP_irreps=o3.Irreps(mlp_irreps),
-        atomic_energies=rng.normal(size=(n,) if heads is None else (len(heads), n)),
-        avg_num_neighbors=7.3,
-        atomic_numbers=list(elements),
-        correlation=correlation,
-        gate=torch.nn.functional.silu,
-        radial_MLP=list(radial_mlp),
-        heads=heads,
-        **extra,
-    )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if scale_shift:
-                scale = [1.3, 0.7][: len(heads)] if heads else 1.3
-                shift = [0.2, -0.4][: len(heads)] if heads else 0.2
-                model = mace_modules.ScaleShiftMACE(
-                    atomic_inter_scale=scale, atomic_inter_shift=shift, **kwargs
-                )
-            else:
-                model = mace_modules.MACE(**kwargs)
-    finally:
-        torch.set_default_dtype(previous)
-    with torch.no_grad():
-        for prm in model.parameters():
-            prm.add_(0.3 * torch.randn_like(prm))
-    return model.eval()
-
-
-def structure(
-    elements: tuple[int, ...], seed: int = 0, repeat: int = 2, cubic: bool = False
-) -> Any:
-    from ase.build import bulk
-
-    rng = np.random.default_rng(seed)
-    atoms = bulk("Cu", "fcc", a=3.6, cubic=cubic).repeat((repeat, repeat, repeat))
-    atoms.set_atomic_numbers(rng.choice(list(elements), size=len(atoms)))
-    atoms.set_cell(
-        atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))), scale_atoms=True
-    )
-    atoms.positions += 0.1 * rng.standard_normal(atoms.positions.shape)
-    return atoms
-
-
 _CACHE: dict[str, tuple[Any, Path]] = {}
 
 
@@ -165,59 +85,6 @@ def converted(name: str, workdir: Path) -> tuple[Any, Path]:
         mace_convert.convert(model, path)
         _CACHE[name] = (model, path)
     return _CACHE[name]
-
-
-def float64_energy(path: Path, atoms: Any) -> float:
-    """e3fuse's float64 CPU energy of `atoms` (a fresh calculator: no kept neighbor list)."""
-    a = atoms.copy()
-    a.calc = Calculator(str(path), device="cpu", dtype="float64")
-    return a.get_potential_energy()
-
-
-def finite_difference_forces(
-    path: Path, atoms: Any, entries: list[tuple[int, int]], h: float = 1e-5
-) -> list[float]:
-    """-dE/dx of the (atom, axis) entries by central differences."""
-    out = []
-    for i, axis in entries:
-        plus, minus = atoms.copy(), atoms.copy()
-        plus.positions[i, axis] += h
-        minus.positions[i, axis] -= h
-        out.append(-(float64_energy(path, plus) - float64_energy(path, minus)) / (2 * h))
-    return out
-
-
-def finite_difference_stress(
-    path: Path, atoms: Any, components: list[tuple[int, int]], h: float = 1e-5
-) -> list[float]:
-    """dE/d(strain_ab) / volume (ASE's sign) of the components by a symmetric central strain."""
-    out = []
-    for a, b in components:
-        energies = []
-        for sign in (1, -1):
-            strain = np.eye(3)
-            strain[a, b] += sign * h / 2
-            strain[b, a] += sign * h / 2
-            s = atoms.copy()
-            s.set_cell(atoms.cell.array @ strain, scale_atoms=True)
-            energies.append(float64_energy(path, s))
-        out.append((energies[0] - energies[1]) / (2 * h) / atoms.get_volume())
-    return out
-
-
-def e3fuse_eval(
-    path: Path, atoms: Any, dtype: str = "float64", radial: str = "auto"
-) -> dict[str, np.ndarray]:
-    a = atoms.copy()
-    a.calc = Calculator(str(path), device="cpu", dtype=dtype, radial=radial)
-    out = {
-        "energy": a.get_potential_energy(),
-        "energies": a.get_potential_energies(),
-        "forces": a.get_forces(),
-    }
-    if a.pbc.all():
-        out["stress"] = a.get_stress()
-    return out
 
 
 @pytest.mark.parametrize("name", list(ARCHS))

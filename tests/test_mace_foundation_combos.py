@@ -25,10 +25,9 @@ pytest.importorskip("mace.modules")
 
 from ase import Atoms  # noqa: E402
 from conftest import DEVICES  # noqa: E402
-from test_mace import build_mace, structure  # noqa: E402
+from helpers_mace import build_mace, e3fuse_eval, structure  # noqa: E402
 
 from e3fuse import reference  # noqa: E402
-from e3fuse.calculator import Calculator  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
 
 ELEMENTS = (1, 8, 29, 79)
@@ -84,17 +83,6 @@ def alloy(seed: int) -> Atoms:
     return atoms
 
 
-def evaluate(path: Path, atoms: Atoms, dtype: str, device: str) -> dict[str, Any]:
-    a = atoms.copy()
-    a.calc = Calculator(str(path), device=device, dtype=dtype)
-    return {
-        "energy": a.get_potential_energy(),
-        "energies": a.get_potential_energies(),
-        "forces": a.get_forces(),
-        "stress": a.get_stress(),
-    }
-
-
 def test_converted_architecture(workdir: Path) -> None:
     """Each combination converts to the features it names: ZBL, Agnesi, and the density
     blocks for OMAT-0 only."""
@@ -113,7 +101,7 @@ def test_matches_mace_torch_float64(name: str, device: str, workdir: Path) -> No
     model, path = converted(name, workdir)
     atoms = alloy(seed=11)
     ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
-    ours = evaluate(path, atoms, "float64", device)
+    ours = e3fuse_eval(path, atoms, "float64", device)
     n = len(atoms)
     assert abs(ours["energy"] - float(ref["energy"])) / n < 1e-12
     assert np.abs(ours["energies"] - ref["energies"]).max() < 1e-12
@@ -127,8 +115,8 @@ def test_matches_mace_torch_float64(name: str, device: str, workdir: Path) -> No
 def test_float32_close_to_float64(name: str, device: str, workdir: Path) -> None:
     _, path = converted(name, workdir)
     atoms = alloy(seed=12)
-    f64 = evaluate(path, atoms, "float64", "cpu")
-    f32 = evaluate(path, atoms, "float32", device)
+    f64 = e3fuse_eval(path, atoms, "float64", "cpu")
+    f32 = e3fuse_eval(path, atoms, "float32", device)
     assert np.abs(f32["forces"] - f64["forces"]).max() < 3e-5
     assert abs(f32["energy"] - f64["energy"]) / len(atoms) < 1e-5
     assert np.abs(f32["stress"] - f64["stress"]).max() < 1e-6

@@ -11,7 +11,7 @@ radial weights (source and target embeddings): the OMOL-like model has three.
 
 Small OMOL-like models (two non-linear interactions, correlation 3, edge irreps up to l = 2,
 a distance transform, apply_cutoff False) with random weights, built in float64 and in
-float32 through tests/test_mace.py's build_mace; compared with mace-torch built in float64.
+float32 through tests/helpers_mace.py's build_mace; compared with mace-torch built in float64.
 The tables are accurate to float32 rounding (ops/radial_table.h), so float64 e3fuse agrees
 with upstream to about 1e-7 relative, and float32 within 3e-5 eV/A; the tables are C1 in r,
 so finite differences of e3fuse's own energy check its forces and stress to 1e-6."""
@@ -28,7 +28,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
 from conftest import DEVICES  # noqa: E402
-from test_mace import build_mace, structure  # noqa: E402
+from helpers_mace import (  # noqa: E402
+    build_mace,
+    e3fuse_eval,
+    finite_difference_forces,
+    finite_difference_stress,
+    structure,
+)
 
 from e3fuse import reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
@@ -115,15 +121,9 @@ def converted(name: str, workdir: Path, dtype: str = "float64") -> tuple[Any, Pa
 def evaluate(
     path: Path, atoms: Any, device: str, dtype: str = "float64", radial: str = "table"
 ) -> dict[str, Any]:
-    a = atoms.copy()
-    a.calc = Calculator(str(path), device=device, dtype=dtype, radial=radial)
-    return {
-        "energy": a.get_potential_energy(),
-        "energies": a.get_potential_energies(),
-        "forces": a.get_forces(),
-        "stress": a.get_stress(),
-        "stresses": a.get_stresses(),
-    }
+    """e3fuse_eval with stress and stresses; radial tables unless `radial` says (the exact
+    per-edge RadialMLP runs on the CPU only)."""
+    return e3fuse_eval(path, atoms, dtype, device, radial=radial, stress=True, stresses=True)
 
 
 def test_model_has_the_block() -> None:
@@ -173,31 +173,13 @@ def test_nonlinear_block_finite_differences(device: str, workdir: Path) -> None:
     _, path = converted("omol-like", workdir)
     atoms = structure(ELEMENTS, seed=3)
     ours = evaluate(path, atoms, device)
-    h = 1e-5
-
-    def energy(a: Any) -> float:
-        a = a.copy()
-        a.calc = Calculator(str(path), device=device, dtype="float64", radial="table")
-        return a.get_potential_energy()
-
-    for i, axis in [(0, 0), (3, 1), (7, 2)]:
-        plus, minus = atoms.copy(), atoms.copy()
-        plus.positions[i, axis] += h
-        minus.positions[i, axis] -= h
-        fd = -(energy(plus) - energy(minus)) / (2 * h)
+    options = dict(h=1e-5, device=device, radial="table")
+    entries = [(0, 0), (3, 1), (7, 2)]
+    for (i, axis), fd in zip(entries, finite_difference_forces(path, atoms, entries, **options)):
         assert abs(fd - ours["forces"][i, axis]) < 1e-6
-    volume = atoms.get_volume()
-    for voigt, (a, b) in [(0, (0, 0)), (5, (0, 1))]:
-        energies = []
-        for sign in (1, -1):
-            strain = np.eye(3)
-            strain[a, b] += sign * h / 2
-            strain[b, a] += sign * h / 2
-            s = atoms.copy()
-            s.set_cell(atoms.cell.array @ strain, scale_atoms=True)
-            energies.append(energy(s))
-        fd = (energies[0] - energies[1]) / (2 * h) / volume
-        assert abs(fd - ours["stress"][voigt]) < 1e-6
+    voigt, components = [0, 5], [(0, 0), (0, 1)]
+    for k, fd in zip(voigt, finite_difference_stress(path, atoms, components, **options)):
+        assert abs(fd - ours["stress"][k]) < 1e-6
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -242,18 +224,10 @@ def test_exact_radial_mlp_finite_differences(workdir: Path) -> None:
     _, path = converted("omol-like", workdir)
     atoms = structure(ELEMENTS, seed=6)
     ours = evaluate(path, atoms, "cpu", radial="mlp")
-    h = 1e-5
-
-    def energy(a: Any) -> float:
-        a = a.copy()
-        a.calc = Calculator(str(path), device="cpu", dtype="float64", radial="mlp")
-        return a.get_potential_energy()
-
-    for i, axis in [(1, 0), (4, 2), (6, 1)]:
-        plus, minus = atoms.copy(), atoms.copy()
-        plus.positions[i, axis] += h
-        minus.positions[i, axis] -= h
-        fd = -(energy(plus) - energy(minus)) / (2 * h)
+    entries = [(1, 0), (4, 2), (6, 1)]
+    for (i, axis), fd in zip(
+        entries, finite_difference_forces(path, atoms, entries, radial="mlp"), strict=True
+    ):
         assert abs(fd - ours["forces"][i, axis]) < 1e-7 * max(1.0, abs(fd))
 
 

@@ -5,7 +5,7 @@ use_edge_irreps_first), embedding_specs / use_embedding_readout, and what e3fuse
 by name (per-atom embedding specs). The non-linear interaction block has its own file,
 tests/test_mace_nonlinear.py.
 
-Small models with random weights, built in float64 through tests/test_mace.py's
+Small models with random weights, built in float64 through tests/helpers_mace.py's
 build_mace, against mace-torch in float64; float32 against e3fuse's float64; per-atom
 virials against their sum and against mace-torch's; finite differences."""
 
@@ -21,7 +21,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
 from conftest import DEVICES  # noqa: E402
-from test_mace import build_mace, finite_difference_forces, finite_difference_stress, structure  # noqa: E402
+from helpers_mace import (  # noqa: E402
+    build_mace,
+    e3fuse_eval,
+    finite_difference_forces,
+    finite_difference_stress,
+    structure,
+)
 
 from e3fuse import reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
@@ -87,15 +93,8 @@ def converted(name: str, workdir: Path) -> tuple[Any, Path]:
 
 
 def evaluate(path: Path, atoms: Any, device: str, dtype: str = "float64") -> dict[str, Any]:
-    a = atoms.copy()
-    a.calc = Calculator(str(path), device=device, dtype=dtype)
-    return {
-        "energy": a.get_potential_energy(),
-        "energies": a.get_potential_energies(),
-        "forces": a.get_forces(),
-        "stress": a.get_stress(),
-        "stresses": a.get_stresses(),
-    }
+    """e3fuse_eval with stress and stresses."""
+    return e3fuse_eval(path, atoms, dtype, device, stress=True, stresses=True)
 
 
 def _elements(name: str) -> tuple[int, ...]:

@@ -19,7 +19,13 @@ pytest.importorskip("mace.modules")
 
 from ase import Atoms  # noqa: E402
 from conftest import DEVICES  # noqa: E402
-from test_mace import build_mace, finite_difference_stress, structure  # noqa: E402
+from helpers_mace import (  # noqa: E402
+    build_mace,
+    e3fuse_eval,
+    finite_difference_forces,
+    finite_difference_stress,
+    structure,
+)
 
 from e3fuse import reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
@@ -66,21 +72,6 @@ def converted(name: str, workdir: Path) -> tuple[Any, Path]:
     return _CACHE[name]
 
 
-def evaluate(
-    path: Path, atoms: Atoms, dtype: str = "float64", radial: str = "auto", device: str = "cpu"
-) -> dict[str, Any]:
-    a = atoms.copy()
-    a.calc = Calculator(str(path), device=device, dtype=dtype, radial=radial)
-    out = {
-        "energy": a.get_potential_energy(),
-        "energies": a.get_potential_energies(),
-        "forces": a.get_forces(),
-    }
-    if a.pbc.all():
-        out["stress"] = a.get_stress()
-    return out
-
-
 def mixed_structure(seed: int = 0) -> Atoms:
     """32 atoms of H, O and Cu on a strained fcc lattice: every species pair occurs."""
     atoms = structure(ELEMENTS, seed=seed, cubic=True)
@@ -110,7 +101,7 @@ def test_matches_mace_torch_float64(name: str, workdir: Path) -> None:
     model, path = converted(name, workdir)
     atoms = mixed_structure(seed=2)
     ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
-    ours = evaluate(path, atoms)
+    ours = e3fuse_eval(path, atoms)
     n = len(atoms)
     assert abs(ours["energy"] - float(ref["energy"])) / n < 1e-12
     assert np.abs(ours["energies"] - ref["energies"]).max() < 1e-12
@@ -126,8 +117,8 @@ def test_float32_close_to_float64(name: str, radial: str, workdir: Path) -> None
     float64."""
     _, path = converted(name, workdir)
     atoms = mixed_structure(seed=3)
-    f64 = evaluate(path, atoms, "float64")
-    f32 = evaluate(path, atoms, "float32", radial=radial)
+    f64 = e3fuse_eval(path, atoms, "float64")
+    f32 = e3fuse_eval(path, atoms, "float32", radial=radial)
     assert np.abs(f32["forces"] - f64["forces"]).max() < 3e-5
     assert abs(f32["energy"] - f64["energy"]) / len(atoms) < 1e-5
     assert np.abs(f32["stress"] - f64["stress"]).max() < 1e-6
@@ -140,8 +131,8 @@ def test_pair_tables_match_the_mlp(name: str, workdir: Path) -> None:
     is left."""
     _, path = converted(name, workdir)
     atoms = mixed_structure(seed=5)
-    exact = evaluate(path, atoms, "float64", radial="mlp")
-    table = evaluate(path, atoms, "float64", radial="table")
+    exact = e3fuse_eval(path, atoms, "float64", radial="mlp")
+    table = e3fuse_eval(path, atoms, "float64", radial="table")
     scale = np.abs(exact["forces"]).max()
     assert np.abs(table["forces"] - exact["forces"]).max() < 2e-6 * max(1.0, scale)
     assert abs(table["energy"] - exact["energy"]) / len(atoms) < 1e-7
@@ -151,15 +142,7 @@ def _finite_difference_forces(path: Path, atoms: Atoms, moves: list[tuple[int, i
     atoms = atoms.copy()
     atoms.calc = Calculator(str(path), device="cpu", dtype="float64")
     forces = atoms.get_forces()
-    h = 1e-5
-    for i, a in moves:
-        energies = []
-        for sign in (1, -1):
-            moved = atoms.copy()
-            moved.positions[i, a] += sign * h
-            moved.calc = Calculator(str(path), device="cpu", dtype="float64")
-            energies.append(moved.get_potential_energy())
-        fd = -(energies[0] - energies[1]) / (2 * h)
+    for (i, a), fd in zip(moves, finite_difference_forces(path, atoms, moves, h=1e-5)):
         assert abs(fd - forces[i, a]) < 1e-7 * max(1.0, abs(forces[i, a])), (i, a, fd)
 
 
@@ -197,14 +180,14 @@ def test_invariances(workdir: Path) -> None:
 
     _, path = converted("omat", workdir)
     atoms = mixed_structure(seed=8)
-    base = evaluate(path, atoms)
+    base = e3fuse_eval(path, atoms)
     rot = Rotation.random(random_state=4).as_matrix()
     moved = atoms.copy()
     moved.set_cell(atoms.cell.array @ rot.T, scale_atoms=False)
     moved.positions = atoms.positions @ rot.T + np.array([0.3, -1.2, 2.0])
     perm = np.random.default_rng(1).permutation(len(atoms))
     moved = moved[perm]
-    out = evaluate(path, moved)
+    out = e3fuse_eval(path, moved)
     assert abs(out["energy"] - base["energy"]) < 1e-10
     assert np.abs(out["forces"] - (base["forces"] @ rot.T)[perm]).max() < 1e-10
 
@@ -218,25 +201,25 @@ def test_device_agrees_with_cpu(name: str, device: str, workdir: Path) -> None:
     refused by name)."""
     _, path = converted(name, workdir)
     atoms = mixed_structure(seed=9)
-    cpu = evaluate(path, atoms)
+    cpu = e3fuse_eval(path, atoms)
     no_cutoff = VARIANTS[name].get("apply_cutoff", True) is False
     if device == "cuda" and no_cutoff:
         with pytest.raises(ValueError, match="apply_cutoff=False"):
-            evaluate(path, atoms, device=device)
+            e3fuse_eval(path, atoms, device=device)
     else:
-        ours = evaluate(path, atoms, device=device)
+        ours = e3fuse_eval(path, atoms, device=device)
         assert abs(ours["energy"] - cpu["energy"]) / len(atoms) < 1e-12
         assert np.abs(ours["forces"] - cpu["forces"]).max() < 1e-10
         assert np.abs(ours["stress"] - cpu["stress"]).max() < 1e-12
         assert np.abs(ours["energies"] - cpu["energies"]).max() < 1e-12
-    table = evaluate(path, atoms, "float64", radial="table", device=device)
+    table = e3fuse_eval(path, atoms, "float64", radial="table", device=device)
     assert np.abs(table["forces"] - cpu["forces"]).max() < 2e-6 * max(
         1.0, np.abs(cpu["forces"]).max()
     )
     for radial in ("table", "mlp"):
         if device == "cuda" and no_cutoff and radial == "mlp":
             continue
-        f32 = evaluate(path, atoms, "float32", radial=radial, device=device)
+        f32 = e3fuse_eval(path, atoms, "float32", radial=radial, device=device)
         assert np.abs(f32["forces"] - cpu["forces"]).max() < 3e-5
         assert np.abs(f32["stress"] - cpu["stress"]).max() < 1e-6
 
@@ -251,9 +234,9 @@ def test_pair_tables_built_on_first_use(device: str, workdir: Path) -> None:
         a = atoms.copy()
         a.calc = calc
         forces = a.get_forces()
-        fresh = evaluate(path, atoms, "float32", device=device)
+        fresh = e3fuse_eval(path, atoms, "float32", device=device)
         assert np.abs(forces - fresh["forces"]).max() < 1e-6
-        exact = evaluate(path, atoms)
+        exact = e3fuse_eval(path, atoms)
         assert np.abs(forces - exact["forces"]).max() < 3e-5
 
 

@@ -23,8 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
-from conftest import DEVICES  # noqa: E402
-from test_mace import build_mace, structure  # noqa: E402
+from conftest import DEVICES, compute_system  # noqa: E402
+from helpers_mace import build_mace, structure  # noqa: E402
 
 from e3fuse import _core, reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
@@ -60,7 +60,7 @@ def converted(workdir: Path, name: str = "scaleshift", **changes: Any) -> tuple[
 
 
 def zbl_structure(seed: int = 0) -> Any:
-    """test_mace's strained, rattled alloy of ELEMENTS (8 atoms, periodic) with pairs
+    """helpers_mace's strained, rattled alloy of ELEMENTS (8 atoms, periodic) with pairs
     pushed to short range: Au-Au at 0.6 A, H-O at 0.5 A, Cu-Au at 1.1 A."""
     atoms = structure(ELEMENTS, seed=seed)
     for (i, j), (zi, zj), r in (
@@ -94,18 +94,7 @@ def mace_reference(model: Any, atoms: Any) -> dict[str, np.ndarray]:
 
 def e3fuse_eval(path: Path, atoms: Any, dtype: str = "float64", device: str = "cpu") -> dict:
     """energy, energies, forces (and stress, per-atom virials for periodic cells)."""
-    model = _core.Model.load(str(path))
-    engine = _core.Engine(model, device, dtype)
-    species = np.array([model.species_of(int(z)) for z in atoms.numbers], dtype=np.int32)
-    out = engine.compute_system(
-        np.ascontiguousarray(atoms.positions, dtype=np.float64),
-        species,
-        np.ascontiguousarray(atoms.cell.array, dtype=np.float64),
-        tuple(bool(p) for p in atoms.pbc),
-        True,
-        True,
-        True,
-    )
+    out, _ = compute_system(path, atoms, device, dtype)
     result = {
         "energy": float(out["energy"]),
         "energies": np.asarray(out["energies"]),
@@ -392,20 +381,7 @@ def test_regions_match_one_pass(workdir: Path, device: str) -> None:
     kinds = ("energy", "energies", "forces", "virial", "atom_virials")
 
     def compute(region_atoms: int) -> tuple[dict[str, np.ndarray], int]:
-        m = _core.Model.load(str(path))
-        engine = _core.Engine(m, device, "float64")
-        engine.set_min_distance(0.05)
-        engine.region_atoms = region_atoms
-        species = np.array([m.species_of(int(z)) for z in atoms.numbers], dtype=np.int32)
-        out = engine.compute_system(
-            np.ascontiguousarray(atoms.positions, dtype=np.float64),
-            species,
-            np.ascontiguousarray(atoms.cell.array, dtype=np.float64),
-            (True, True, True),
-            True,
-            True,
-            True,
-        )
+        out, engine = compute_system(path, atoms, device, "float64", region_atoms, 0.05)
         return {k: np.asarray(out[k]) for k in kinds}, engine.num_regions
 
     one_pass, _ = compute(0)

@@ -15,8 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ase import Atoms
-from conftest import STRUCTURES, TOLERANCES, assert_abs, assert_rel, calculator, evaluate
+from conftest import (
+    STRUCTURES,
+    TOLERANCES,
+    assert_abs,
+    assert_rel,
+    calculator,
+    central_difference_forces,
+    evaluate,
+    potential_energy,
+    random_rotation,
+)
 
 TOL = TOLERANCES["float64"]
 
@@ -29,21 +38,6 @@ TOL = TOLERANCES["float64"]
 # structures and seeds here have none (a failure of that kind is reproducible).
 FD_STEP = 1e-4
 FD_REL = 1e-6
-
-
-def _energy(calc: object, atoms: Atoms) -> float:
-    atoms = atoms.copy()
-    atoms.calc = calc
-    return float(atoms.get_potential_energy())
-
-
-def _random_rotation(seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    q, r = np.linalg.qr(rng.standard_normal((3, 3)))
-    q = q * np.sign(np.diag(r))
-    if np.linalg.det(q) < 0:
-        q[:, 0] = -q[:, 0]
-    return q
 
 
 def _voigt_to_matrix(s: np.ndarray) -> np.ndarray:
@@ -63,13 +57,7 @@ def test_forces_are_minus_energy_gradient(model_path: Path, structure_name: str)
     forces = evaluate(calc, atoms)["forces"]
     rng = np.random.default_rng(12)
     chosen = rng.choice(len(atoms), size=3, replace=False)
-    fd = np.zeros((len(chosen), 3))
-    for k, i in enumerate(chosen):
-        for a in range(3):
-            plus, minus = atoms.copy(), atoms.copy()
-            plus.positions[i, a] += FD_STEP
-            minus.positions[i, a] -= FD_STEP
-            fd[k, a] = -(_energy(calc, plus) - _energy(calc, minus)) / (2 * FD_STEP)
+    fd = central_difference_forces(calc, atoms, chosen, FD_STEP)
     assert_rel(forces[chosen], fd, FD_REL, f"{structure_name}: forces vs -dE/dx (central FD)")
 
 
@@ -90,7 +78,7 @@ def test_stress_is_strain_derivative(model_path: Path, structure_name: str) -> N
             eps[j, i] += 0.5 * step * FD_STEP
             strained = atoms.copy()
             strained.set_cell(atoms.cell.array @ (np.eye(3) + eps), scale_atoms=True)
-            energies.append(_energy(calc, strained))
+            energies.append(potential_energy(calc, strained))
         e2, e1, em1, em2 = energies
         fd[v] = (-e2 + 8.0 * e1 - 8.0 * em1 + em2) / (12.0 * FD_STEP) / volume
     assert_rel(stress, fd, FD_REL, f"{structure_name}: stress vs (1/V) dE/d strain (5-point FD)")
@@ -111,7 +99,7 @@ def test_rotation_invariance(model_path: Path, structure_name: str) -> None:
     atoms = STRUCTURES[structure_name]()
     calc = calculator(model_path, "float64")
     before = evaluate(calc, atoms)
-    R = _random_rotation(seed=21)
+    R = random_rotation(seed=21)
     rotated = atoms.copy()
     rotated.positions = atoms.positions @ R.T
     rotated.set_cell(atoms.cell.array @ R.T, scale_atoms=False)

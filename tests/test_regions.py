@@ -16,8 +16,8 @@ from ase.build import bulk
 pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
-from conftest import DEVICES, TOLERANCES, calculator, evaluate  # noqa: E402
-from test_mace import build_mace, structure  # noqa: E402
+from conftest import DEVICES, TOLERANCES, calculator, compute_system, evaluate  # noqa: E402
+from helpers_mace import build_mace, structure  # noqa: E402
 
 from e3fuse import E3fuseError, _core  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
@@ -36,26 +36,14 @@ def small_mace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def alloy(repeat: int, seed: int = 0) -> Atoms:
-    """test_mace's random strained and rattled alloy, from the cubic fcc cell."""
+    """helpers_mace's random strained and rattled alloy, from the cubic fcc cell."""
     return structure(ELEMENTS, seed=seed, repeat=repeat, cubic=True)
 
 
 def compute(
     path: Path, atoms: Atoms, region_atoms: int, device: str = "cpu", dtype: str = "float64"
 ) -> tuple[dict[str, np.ndarray], int]:
-    model = _core.Model.load(str(path))
-    engine = _core.Engine(model, device, dtype)
-    engine.region_atoms = region_atoms
-    species = np.array([model.species_of(int(z)) for z in atoms.numbers], dtype=np.int32)
-    out = engine.compute_system(
-        np.ascontiguousarray(atoms.positions, dtype=np.float64),
-        species,
-        np.ascontiguousarray(atoms.cell.array, dtype=np.float64),
-        tuple(bool(p) for p in atoms.pbc),
-        True,
-        True,
-        True,
-    )
+    out, engine = compute_system(path, atoms, device, dtype, region_atoms)
     return {k: np.asarray(out[k]) for k in KEYS}, int(engine.num_regions)
 
 

@@ -25,13 +25,11 @@ Tolerances: float64 against the float64-built reference 1e-10 eV/A (forces),
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from ase import Atoms
 from conftest import (
     DEVICES,
     STRUCTURES,
@@ -40,11 +38,15 @@ from conftest import (
     assert_abs,
     assert_rel,
     calculator,
+    central_difference_forces,
     evaluate,
+    random_rotation,
 )
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sevenn")
+
+from helpers_sevenn import random_sevenn_model  # noqa: E402
 
 from e3fuse import _core, reference  # noqa: E402
 from e3fuse.convert import sevennet  # noqa: E402
@@ -154,41 +156,11 @@ def _architecture(name: str) -> dict[str, Any]:
 def build_random_sevenn(name: str, seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """A sevenn model of architecture `name` with random weights, built in float64
     by sevenn's own builder (sevenn.model_build.build_E3_equivariant_model)."""
-    import sevenn._const as const
-    from sevenn.model_build import build_E3_equivariant_model
-    from sevenn.util import chemical_species_preprocess
-
     arch = _architecture(name)
     modalities = arch.pop("modalities")
-    config = copy.deepcopy(const.DEFAULT_E3_EQUIVARIANT_MODEL_CONFIG)
-    config.update(arch)
-    config.update(chemical_species_preprocess([], universal=True))  # 'univ': Z = 0..118
-    num_species = config["_number_of_species"]
-    rng = np.random.default_rng(seed)
-    shift = (-3.0 + rng.standard_normal(num_species)).tolist()
-    if modalities:
-        config.update(
-            {
-                "use_modality": True,
-                "_modal_map": {m: i for i, m in enumerate(modalities)},
-                "_number_of_modalities": len(modalities),
-                "use_modal_self_inter_intro": True,
-                "use_modal_self_inter_outro": True,
-                "use_modal_output_block": True,
-                "use_modal_wise_shift": True,
-                "use_modal_wise_scale": False,
-            }
-        )
-        config["shift"] = [
-            (np.asarray(shift) + 0.5 * rng.standard_normal(num_species)).tolist()
-            for _ in modalities
-        ]
-    else:
-        config["shift"] = shift
-    torch.manual_seed(seed)
-    with sevennet.default_dtype(torch.float64):
-        model = build_E3_equivariant_model(config)
-    return model.to(torch.float64).eval(), config
+    return random_sevenn_model(
+        arch, species=None, modalities=modalities, seed=seed, modal_shift_spread=0.5
+    )
 
 
 class RandomModels:
@@ -365,12 +337,6 @@ def test_random_mf_ompa_has_per_species_self_connection(random_models: RandomMod
     )
 
 
-def _energy(calc: Any, atoms: Atoms) -> float:
-    atoms = atoms.copy()
-    atoms.calc = calc
-    return float(atoms.get_potential_energy())
-
-
 def test_random_mf_ompa_forces_finite_differences(random_models: RandomModels) -> None:
     """Forces = -dE/dx (central differences, h = 1e-4 A) through the per-species
     self-connection and the folded modal layers."""
@@ -379,23 +345,8 @@ def test_random_mf_ompa_forces_finite_differences(random_models: RandomModels) -
     forces = evaluate(calc, atoms)["forces"]
     h = 1e-4
     chosen = [0, 3, 7]
-    fd = np.zeros((len(chosen), 3))
-    for k, i in enumerate(chosen):
-        for a in range(3):
-            plus, minus = atoms.copy(), atoms.copy()
-            plus.positions[i, a] += h
-            minus.positions[i, a] -= h
-            fd[k, a] = -(_energy(calc, plus) - _energy(calc, minus)) / (2 * h)
+    fd = central_difference_forces(calc, atoms, chosen, h)
     assert_rel(forces[chosen], fd, 1e-6, "forces vs -dE/dx (central FD)")
-
-
-def _random_rotation(seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    q, r = np.linalg.qr(rng.standard_normal((3, 3)))
-    q = q * np.sign(np.diag(r))
-    if np.linalg.det(q) < 0:
-        q[:, 0] = -q[:, 0]
-    return q
 
 
 def test_random_omni_rotation_translation_invariance(random_models: RandomModels) -> None:
@@ -405,7 +356,7 @@ def test_random_omni_rotation_translation_invariance(random_models: RandomModels
     atoms = STRUCTURES["cunio_alloy"]()
     path = random_models.path("omni", "mpa")
     before = evaluate(calculator(path), atoms)
-    R = _random_rotation(31)
+    R = random_rotation(31)
     for label, M in (("rotation", R), ("reflection", R @ np.diag([-1.0, 1.0, 1.0]))):
         moved = atoms.copy()
         moved.positions = atoms.positions @ M.T + np.array([1.3, -7.2, 0.4])

@@ -1,0 +1,169 @@
+"""MACE test helpers shared by the test files: a mace-torch model with random weights
+(build_mace), a random strained alloy (structure), e3fuse's results of a converted model
+(e3fuse_eval) and central finite differences of its float64 energy.
+
+Importing this module skips the importing test module where torch or mace-torch is
+missing (pytest.importorskip), as the tests that use it need both."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mace_modules = pytest.importorskip("mace.modules")
+
+from conftest import evaluate  # noqa: E402
+
+from e3fuse.calculator import Calculator  # noqa: E402
+
+
+def build_mace(
+    hidden: str,
+    max_ell: int = 2,
+    correlation: Any = 2,
+    num_interactions: int = 2,
+    elements: tuple[int, ...] = (8, 28, 29),
+    r_max: float = 4.5,
+    num_bessel: int = 6,
+    p: int = 5,
+    radial_mlp: tuple[int, ...] = (16, 16),
+    mlp_irreps: str = "8x0e",
+    scale_shift: bool = True,
+    first_residual: bool = False,
+    seed: int = 0,
+    heads: list[str] | None = None,
+    interaction: str = "RealAgnosticResidualInteractionBlock",
+    interaction_first: str | None = None,
+    dtype: Any = None,
+    **extra: Any,
+) -> Any:
+    """A mace-torch model in float64 (or `dtype`, the default dtype while it is built) with
+    random (non-trivial) weights."""
+    from e3nn import o3
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or torch.float64)
+    n = len(elements)
+    first = interaction_first or (
+        "RealAgnosticResidualInteractionBlock" if first_residual else "RealAgnosticInteractionBlock"
+    )
+    kwargs = dict(
+        r_max=r_max,
+        num_bessel=num_bessel,
+        num_polynomial_cutoff=p,
+        max_ell=max_ell,
+        interaction_cls=mace_modules.interaction_classes[interaction],
+        interaction_cls_first=mace_modules.interaction_classes[first],
+        num_interactions=num_interactions,
+        num_elements=n,
+        hidden_irreps=o3.Irreps(hidden),
+        MLP_irreps=o3.Irreps(mlp_irreps),
+        atomic_energies=rng.normal(size=(n,) if heads is None else (len(heads), n)),
+        avg_num_neighbors=7.3,
+        atomic_numbers=list(elements),
+        correlation=correlation,
+        gate=torch.nn.functional.silu,
+        radial_MLP=list(radial_mlp),
+        heads=heads,
+        **extra,
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if scale_shift:
+                scale = [1.3, 0.7][: len(heads)] if heads else 1.3
+                shift = [0.2, -0.4][: len(heads)] if heads else 0.2
+                model = mace_modules.ScaleShiftMACE(
+                    atomic_inter_scale=scale, atomic_inter_shift=shift, **kwargs
+                )
+            else:
+                model = mace_modules.MACE(**kwargs)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    return model.eval()
+
+
+def structure(
+    elements: tuple[int, ...], seed: int = 0, repeat: int = 2, cubic: bool = False
+) -> Any:
+    """A random occupation by `elements` of a strained, rattled fcc supercell (periodic)."""
+    from ase.build import bulk
+
+    rng = np.random.default_rng(seed)
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=cubic).repeat((repeat, repeat, repeat))
+    atoms.set_atomic_numbers(rng.choice(list(elements), size=len(atoms)))
+    atoms.set_cell(
+        atoms.cell.array @ (np.eye(3) + 0.03 * rng.standard_normal((3, 3))), scale_atoms=True
+    )
+    atoms.positions += 0.1 * rng.standard_normal(atoms.positions.shape)
+    return atoms
+
+
+def e3fuse_eval(
+    path: Path,
+    atoms: Any,
+    dtype: str = "float64",
+    device: str = "cpu",
+    radial: str = "auto",
+    stress: bool | None = None,
+    stresses: bool = False,
+) -> dict[str, Any]:
+    """conftest.evaluate (energy, energies, forces; stress for fully periodic systems
+    unless `stress` says; per-atom stresses if `stresses`) with a fresh e3fuse
+    Calculator of the model file `path`."""
+    calc = Calculator(str(path), device=device, dtype=dtype, radial=radial)
+    return evaluate(calc, atoms, stress=stress, stresses=stresses)
+
+
+def float64_energy(path: Path, atoms: Any, device: str = "cpu", **options: Any) -> float:
+    """e3fuse's float64 energy of `atoms` (a fresh calculator: no kept neighbor list);
+    `options` go to the Calculator (radial=...)."""
+    a = atoms.copy()
+    a.calc = Calculator(str(path), device=device, dtype="float64", **options)
+    return a.get_potential_energy()
+
+
+def finite_difference_forces(
+    path: Path, atoms: Any, entries: list[tuple[int, int]], h: float = 1e-5, **options: Any
+) -> list[float]:
+    """-dE/dx of the (atom, axis) entries by central differences of float64_energy
+    (`options`: its device and Calculator options)."""
+    out = []
+    for i, axis in entries:
+        plus, minus = atoms.copy(), atoms.copy()
+        plus.positions[i, axis] += h
+        minus.positions[i, axis] -= h
+        out.append(
+            -(float64_energy(path, plus, **options) - float64_energy(path, minus, **options))
+            / (2 * h)
+        )
+    return out
+
+
+def finite_difference_stress(
+    path: Path, atoms: Any, components: list[tuple[int, int]], h: float = 1e-5, **options: Any
+) -> list[float]:
+    """dE/d(strain_ab) / volume (ASE's sign) of the components by a symmetric central
+    strain, from float64_energy (`options`: its device and Calculator options)."""
+    out = []
+    for a, b in components:
+        energies = []
+        for sign in (1, -1):
+            strain = np.eye(3)
+            strain[a, b] += sign * h / 2
+            strain[b, a] += sign * h / 2
+            s = atoms.copy()
+            s.set_cell(atoms.cell.array @ strain, scale_atoms=True)
+            energies.append(float64_energy(path, s, **options))
+        out.append((energies[0] - energies[1]) / (2 * h) / atoms.get_volume())
+    return out
