@@ -35,14 +35,11 @@ def _float32_twin(model64: Any, **arch: Any) -> tuple[Any, Any]:
         for name, b in model64.named_buffers():  # data such as E0s and scale/shift
             if b.is_floating_point() and not _is_constant(name):
                 b.copy_(b.to(torch.float32).to(torch.float64))
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model32 = build_mace(**arch)
-    finally:
-        torch.set_default_dtype(previous)
+    # build_mace builds under the default dtype it is given (float64 when none is), so the
+    # float32 twin's constants are computed in float32 arithmetic, as float32 training does
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model32 = build_mace(**arch, dtype=torch.float32)
     model32 = model32.to(torch.float32)
     state = {k: v.to(torch.float32) for k, v in model64.state_dict().items()}
     model32.load_state_dict(state)
