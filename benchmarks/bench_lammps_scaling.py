@@ -32,10 +32,11 @@ Timing: `run 2` (warm-up: engine set-up, first neighbor list, CUDA caches) then 
 LAMMPS's "MPI task timing breakdown" (avg column: Pair, Neigh, Comm, Output, Modify, Other)
 and the line that pair e3fuse prints at the end of every run,
   pair e3fuse timing: engine A s, halo exchange B s (max over ranks C s), graph build D s;
-  K computes
-(A, B, D averaged over ranks). K counts the set-up compute of the run too (K = N + 1), the
-Loop time does not: the halo exchange per step is B / K, its share of a step
-(B / K) / (Loop time / N).
+  K computes; halo M MB packed
+(A, B, D averaged over ranks; M summed over ranks: the node rows packed for the exchange,
+forward and reverse, those copied to a rank's own periodic images included). K counts the
+set-up compute of the run too (K = N + 1), the Loop time does not: the halo exchange per
+step is B / K, its share of a step (B / K) / (Loop time / N), its bytes per step M / K.
 
 Every case runs in its own process group with a timeout (killed as a group: mpirun, its
 proxies and the ranks); out of memory, timeouts and failures are recorded, never fatal; once
@@ -508,6 +509,7 @@ PAIR_TIMING_FIELDS = {
     "halo_max_s": re.compile(rf"max over ranks\s+{_NUM}\s*s"),
     "graph_s": re.compile(rf"graph build\s+{_NUM}\s*s"),
     "computes": re.compile(r"(\d+)\s+computes?"),
+    "halo_mb": re.compile(rf"halo\s+{_NUM}\s*MB packed"),
 }
 GRAPH_RE = re.compile(
     r"pair e3fuse: rank 0 graph:\s*(\d+)\s+local atoms,\s*(\d+)\s+ghost nodes,\s*(\d+)\s+edges"
@@ -724,6 +726,8 @@ class Runner:
         row["halo_frac_of_step"] = (
             row["halo_s_per_compute"] / step_s if row["halo_s_per_compute"] is not None else None
         )
+        halo_mb = pt.get("halo_mb")
+        row["halo_mb_per_compute"] = halo_mb / k if halo_mb is not None and k else None
         bd = timed["breakdown"] or {}
         row["comm_frac_of_loop"] = bd["Comm"] / loop if "Comm" in bd and loop > 0 else None
         row["pair_frac_of_loop"] = bd["Pair"] / loop if "Pair" in bd and loop > 0 else None
@@ -852,7 +856,8 @@ def format_row(r: dict[str, Any]) -> str:
         f"{r['atoms']:,} atoms, {r['ranks']} rank(s), comm {r['comm']}: "
         f"{_f(r.get('ms_per_step'), ',.1f')} ms/step, "
         f"{_f(r.get('atom_steps_per_s'), ',.0f')} atom-steps/s, "
-        f"halo {_scaled(r.get('halo_s_per_compute'), 1e3, '.1f')} ms/step, "
+        f"halo {_scaled(r.get('halo_s_per_compute'), 1e3, '.1f')} ms/step "
+        f"({_f(r.get('halo_mb_per_compute'), ',.1f')} MB/step), "
         f"Comm {_scaled(r.get('comm_frac_of_loop'), 100, '.1f')} %, "
         f"GPU MiB {_mem(r)}, {r.get('wall_s', 0):.0f} s wall"
     )
@@ -875,7 +880,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "bin, every 1 delay 0 check yes. R ranks = R GPUs; the box is R cubes along z with "
         "`processors 1 1 R` (one cube per rank). ms/step = LAMMPS Loop time / steps of the "
         "timed run. halo = pair e3fuse's halo-exchange time per compute (average over ranks), "
-        "its % of a step; Comm % = LAMMPS's Comm (avg) / Loop time. GPU MiB: peak nvidia-smi "
+        "its % of a step, and the MB of node rows all ranks packed for it per compute "
+        "(forward and reverse; rows copied to a rank's own periodic images included); "
+        "Comm % = LAMMPS's Comm (avg) / Loop time. GPU MiB: peak nvidia-smi "
         "memory.used per GPU minus before the run. Efficiency: weak = t(1 GPU, N) / t(R GPUs, "
         "R N); strong = t(1 GPU, N) / (R t(R GPUs, N)). One-rank runs use comm "
         f"{s['one_rank_comm']}.",
@@ -892,8 +899,9 @@ def markdown(doc: dict[str, Any]) -> str:
         if rows:
             out += [
                 "| atoms | ranks (GPUs) | comm | ms/step | atom-steps/s | efficiency | "
-                "halo ms/step (% of step) | LAMMPS Comm % | Pair % | peak GPU MiB | status |",
-                "|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---|",
+                "halo ms/step (% of step) | halo MB/step | LAMMPS Comm % | Pair % | "
+                "peak GPU MiB | status |",
+                "|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
             ]
             for r in rows:
                 eff = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("efficiency") or {}).items())
@@ -910,6 +918,7 @@ def markdown(doc: dict[str, Any]) -> str:
                     _f(r.get("atom_steps_per_s"), ",.0f"),
                     eff or "-",
                     halo,
+                    _f(r.get("halo_mb_per_compute"), ",.1f"),
                     _scaled(r.get("comm_frac_of_loop"), 100, ".1f"),
                     _scaled(r.get("pair_frac_of_loop"), 100, ".1f"),
                     _mem(r),

@@ -773,6 +773,7 @@ int PairE3fuse::pack_forward_comm(int n, int *list_, double *buf, int /*pbc_flag
     else
       std::fill(out, out + w, 0.0);  // a local atom that is not ours (pair_style hybrid)
   }
+  halo_bytes_ += static_cast<double>(n) * static_cast<double>(w) * sizeof(double);
   return n * halo_width_;
 }
 
@@ -785,6 +786,7 @@ void PairE3fuse::unpack_forward_comm(int n, int first, double *buf) {
 int PairE3fuse::pack_reverse_comm(int n, int first, double *buf) {
   const size_t w = static_cast<size_t>(halo_width_);
   parallel_copy(buf, &ghost_stage_[(first - atom->nlocal) * w], n * w, host_threads());
+  halo_bytes_ += static_cast<double>(n) * static_cast<double>(w) * sizeof(double);
   return n * halo_width_;
 }
 
@@ -810,19 +812,22 @@ void PairE3fuse::unpack_reverse_comm(int n, int *list_, double *buf) {
 
 void PairE3fuse::setup() {
   time_engine_ = time_halo_ = time_graph_ = 0.0;
+  halo_bytes_ = 0.0;
   num_computes_ = 0;
 }
 
 void PairE3fuse::finish() {
-  double local[3] = {time_engine_, time_halo_, time_graph_}, sum[3], most[3];
-  MPI_Allreduce(local, sum, 3, MPI_DOUBLE, MPI_SUM, world);
-  MPI_Allreduce(local, most, 3, MPI_DOUBLE, MPI_MAX, world);
+  double local[4] = {time_engine_, time_halo_, time_graph_, halo_bytes_}, sum[4], most[4];
+  MPI_Allreduce(local, sum, 4, MPI_DOUBLE, MPI_SUM, world);
+  MPI_Allreduce(local, most, 4, MPI_DOUBLE, MPI_MAX, world);
   if (comm->me != 0 || num_computes_ == 0) return;
   const double n = comm->nprocs;
+  // halo MB: node rows packed by all ranks together (sent to other ranks, or copied to a
+  // rank's own periodic images), forward and reverse, over the run's computes
   utils::logmesg(lmp,
                  "pair e3fuse timing: engine {:.6g} s, halo exchange {:.6g} s (max over ranks "
-                 "{:.6g} s), graph build {:.6g} s; {} computes\n",
-                 sum[0] / n, sum[1] / n, most[1], sum[2] / n, num_computes_);
+                 "{:.6g} s), graph build {:.6g} s; {} computes; halo {:.6g} MB packed\n",
+                 sum[0] / n, sum[1] / n, most[1], sum[2] / n, num_computes_, sum[3] * 1e-6);
 }
 
 /* ----------------------------------------------------------------------

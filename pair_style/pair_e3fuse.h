@@ -145,6 +145,9 @@ class PairE3fuse : public Pair {
   // seconds in this run (reset by setup(), reported by finish())
   double time_engine_ = 0.0, time_halo_ = 0.0, time_graph_ = 0.0;
   bigint num_computes_ = 0;
+  // bytes of node rows this rank packed for the halo exchange (to other ranks or to its own
+  // periodic images), forward and reverse, since setup()
+  double halo_bytes_ = 0.0;
 };
 
 }  // namespace LAMMPS_NS

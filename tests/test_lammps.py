@@ -24,6 +24,7 @@ import glob
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -587,6 +588,10 @@ def ranks_agree(
                 f"\n{what}: np {ranks} comm {comm}: {time.perf_counter() - start:.1f} s; {timing}"
             )
             label = f"{what}: np {ranks} comm {comm}"
+            # the node rows packed for the halo exchange: ranks that share atoms exchange them
+            halo_mb = float(re.search(r"halo ([-+.\deE]+) MB packed", timing).group(1))
+            if comm == "exchange" and ranks > 1:
+                assert halo_mb > 0, label
             compare(got, expected, len(atoms), f"{label} vs Python engine")
             compare(got, one_rank, len(atoms), f"{label} vs np 1 images")
 
