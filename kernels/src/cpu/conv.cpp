@@ -97,8 +97,10 @@ struct Tile {
   // its weights and their adjoint (conv_backward's e2 = (j <- k)).
   std::vector<int> pair_reverse;
   std::vector<T> weights_reverse, grad_w_reverse;
-  // the exact ordered-pair MLP (pair_mlp_weights): dR/dr of both directions
+  // the exact ordered-pair MLP (pair_mlp_weights): dR/dr of both directions, and its
+  // double workspace (kept with the tile: no allocation per node)
   std::vector<T> dweights, dweights_reverse;
+  std::vector<double> mlp_emb, mlp_demb, mlp_out, mlp_dout, mlp_work;
   std::vector<T> cut, dcut, raw;  // apply_cutoff false: f(r), f'(r), MLP output before f
   std::vector<T> M, A1, A2, dY1, dY2;
 
@@ -311,8 +313,12 @@ void pair_mlp_weights(const TypedPlan<T>& plan, const Conv<T>& conv, bool both, 
     t.dweights.resize(t.weights.size());
     t.dweights_reverse.resize(t.weights.size());
   }
-  std::vector<double> emb(nb), demb(nb), out(numel), dout(numel);
-  std::vector<double> work(4 * static_cast<size_t>(view.max_dim));
+  std::vector<double>&emb = t.mlp_emb, &demb = t.mlp_demb, &out = t.mlp_out, &dout = t.mlp_dout;
+  emb.resize(nb);
+  demb.resize(nb);
+  out.resize(numel);
+  dout.resize(numel);
+  t.mlp_work.resize(4 * static_cast<size_t>(view.max_dim));
   for (int e = 0; e < t.n; ++e) {
     for (int b = 0; b < nb; ++b) {
       emb[b] = static_cast<double>(t.emb[static_cast<size_t>(e) * nb + b]);
@@ -322,8 +328,11 @@ void pair_mlp_weights(const TypedPlan<T>& plan, const Conv<T>& conv, bool both, 
     const double df = plan.apply_cutoff ? 0.0 : static_cast<double>(t.dcut[e]);
     for (int direction = 0; direction < (both ? 2 : 1); ++direction) {
       const int pair = direction == 0 ? t.pair[e] : t.pair_reverse[e];
-      ops::radial_mlp_forward(view, pair, emb.data(), both ? demb.data() : nullptr, out.data(),
-                              both ? dout.data() : nullptr, work.data());
+      // an edge between two atoms of one species: the reverse pair is the same pair, and
+      // out / dout still hold its values
+      if (direction == 0 || pair != t.pair[e])
+        ops::radial_mlp_forward(view, pair, emb.data(), both ? demb.data() : nullptr, out.data(),
+                                both ? dout.data() : nullptr, t.mlp_work.data());
       T* w = (direction == 0 ? t.weights : t.weights_reverse).data() + e * numel;
       for (size_t q = 0; q < numel; ++q) w[q] = static_cast<T>(out[q] * f);
       if (!both) continue;
