@@ -109,6 +109,21 @@ def structure(
     return atoms
 
 
+def converted_once(
+    cache: dict[str, tuple[Any, Path]], name: str, workdir: Path, **arch: Any
+) -> tuple[Any, Path]:
+    """(build_mace(**arch), its .e3f at workdir/<name>.e3f), built and converted on the first
+    call for `name` and taken from `cache` afterwards."""
+    if name not in cache:
+        from e3fuse.convert import mace as mace_convert
+
+        model = build_mace(**arch)
+        path = workdir / f"{name}.e3f"
+        mace_convert.convert(model, path)
+        cache[name] = (model, path)
+    return cache[name]
+
+
 def e3fuse_eval(
     path: Path,
     atoms: Any,

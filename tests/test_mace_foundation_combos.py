@@ -25,7 +25,7 @@ pytest.importorskip("mace.modules")
 
 from ase import Atoms  # noqa: E402
 from conftest import DEVICES  # noqa: E402
-from helpers_mace import build_mace, e3fuse_eval, structure  # noqa: E402
+from helpers_mace import converted_once, e3fuse_eval, structure  # noqa: E402
 
 from e3fuse import reference  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
@@ -61,12 +61,7 @@ def workdir(tmp_path_factory: Any) -> Path:
 
 
 def converted(name: str, workdir: Path) -> tuple[Any, Path]:
-    if name not in _MODELS:
-        model = build_mace(**COMBINATIONS[name], seed=3)
-        path = workdir / f"{name}.e3f"
-        mace_convert.convert(model, path)
-        _MODELS[name] = (model, path)
-    return _MODELS[name]
+    return converted_once(_MODELS, name, workdir, **COMBINATIONS[name], seed=3)
 
 
 def alloy(seed: int) -> Atoms:

@@ -20,7 +20,7 @@ pytest.importorskip("mace.modules")
 from ase import Atoms  # noqa: E402
 from conftest import DEVICES  # noqa: E402
 from helpers_mace import (  # noqa: E402
-    build_mace,
+    converted_once,
     e3fuse_eval,
     finite_difference_forces,
     finite_difference_stress,
@@ -64,12 +64,7 @@ def workdir(tmp_path_factory: Any) -> Path:
 
 
 def converted(name: str, workdir: Path) -> tuple[Any, Path]:
-    if name not in _CACHE:
-        model = build_mace(**VARIANTS[name], seed=1)
-        path = workdir / f"{name}.e3f"
-        mace_convert.convert(model, path)
-        _CACHE[name] = (model, path)
-    return _CACHE[name]
+    return converted_once(_CACHE, name, workdir, **VARIANTS[name], seed=1)
 
 
 def mixed_structure(seed: int = 0) -> Atoms:
