@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "cuda/conv.cuh"
@@ -1361,14 +1364,51 @@ int max_edge_chunk(bool backward, bool table) {
   return chosen > 0 ? chosen : table ? 16 : 8;
 }
 
-// Launches with the largest edge chunk (EC) whose workspace fits in shared memory.
-template <class T, int EC, class Launch>
-bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, size_t& bytes,
-                 Launch&& launch) {
+// Whether `bytes` of dynamic shared memory (beside the kernel's static shared memory) leave one
+// SM as many blocks of `kernel` as its registers and launch bounds allow; remembered per device,
+// kernel and size (the launch path asks every call).
+template <class Kernel>
+bool shared_keeps_occupancy(Kernel kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, size_t>, bool> known;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), bytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  int per_sm = 0, reserved = 0, register_blocks = 0;
+  check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+        "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device),
+        "cudaDeviceGetAttribute");
+  cudaFuncAttributes attributes{};
+  check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, kernel, kThreads, 0),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  const size_t per_block = bytes + attributes.sharedSizeBytes + static_cast<size_t>(reserved);
+  const bool keeps =
+      static_cast<size_t>(per_sm) / per_block >= static_cast<size_t>(register_blocks);
+  known.emplace(key, keeps);
+  return keeps;
+}
+
+// Launches with edge chunk EC if its workspace fits in shared memory and, when `full_occupancy`,
+// if shared memory leaves the SM as many blocks as the kernel's registers allow. A chunk that
+// costs a block per SM loses more than its fewer synchronizations gain: SevenNet-l3i5's
+// backward at 32,000 atoms, 16 edges (220.7 KB, 1 block per SM) against 4 (2 blocks), layer 1
+// 73.4 against 54.5 ms (H100, benchmarks/results/dy_projection_ab/).
+template <class T, int EC, class Pick, class Launch>
+bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, bool full_occupancy,
+                 size_t& bytes, Pick&& pick, Launch&& launch) {
   if (EC > max_edge_chunk(backward, conv.view.table != nullptr)) return false;
   bytes = smem_layout<T>(conv.view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
   if (bytes > shared_limit()) return false;
-  launch(std::integral_constant<int, EC>{}, bytes);
+  const auto kernel = pick(std::integral_constant<int, EC>{});
+  if (full_occupancy && !shared_keeps_occupancy(kernel, bytes)) return false;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes)),
+        "cudaFuncSetAttribute");
+  launch(kernel, bytes);
   return true;
 }
 
@@ -1379,15 +1419,20 @@ void check_row_alignment(const Conv<T>& conv, const T* rows) {
     throw Error("internal: convolution input rows not aligned for paired-channel loads");
 }
 
-// Tries chunks of 16, 8, 4 and 2 edges; `launch(ec, bytes)` starts the kernel.
-template <class T, class Launch>
+// The largest chunk of 16, 8, 4 or 2 edges that keeps the kernel's full occupancy, else the
+// largest that fits: `pick(ec)` is the kernel for chunk ec, `launch(kernel, bytes)` starts it.
+template <class T, class Pick, class Launch>
 void launch_largest_chunk(const Geometry<T>& geom, const Conv<T>& conv, bool backward,
-                          const char* what, const char* kernel, Launch&& launch) {
+                          const char* what, const char* kernel, Pick&& pick, Launch&& launch) {
+  static const bool for_occupancy = env_int("E3FUSE_CONV_CHUNK_FOR_OCCUPANCY", 1) != 0;
   size_t bytes = 0;
-  if (!launch_with<T, 16>(geom, conv, backward, bytes, launch) &&
-      !launch_with<T, 8>(geom, conv, backward, bytes, launch) &&
-      !launch_with<T, 4>(geom, conv, backward, bytes, launch) &&
-      !launch_with<T, 2>(geom, conv, backward, bytes, launch)) {
+  auto largest = [&](bool full) {
+    return launch_with<T, 16>(geom, conv, backward, full, bytes, pick, launch) ||
+           launch_with<T, 8>(geom, conv, backward, full, bytes, pick, launch) ||
+           launch_with<T, 4>(geom, conv, backward, full, bytes, pick, launch) ||
+           launch_with<T, 2>(geom, conv, backward, full, bytes, pick, launch);
+  };
+  if (!(for_occupancy && largest(true)) && !largest(false)) {
     throw Error(std::string("the ") + what + " does not fit in shared memory (" +
                 std::to_string(bytes) + " bytes for 2 edges)");
   }
@@ -1400,14 +1445,14 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
   if (g.num_nodes == 0) return;
   check_row_alignment(conv, x);
   launch_largest_chunk(
-      geom, conv, false, "convolution", "conv_forward_kernel", [&](auto ec, size_t smem) {
+      geom, conv, false, "convolution", "conv_forward_kernel",
+      [&](auto ec) {
         constexpr int EC = decltype(ec)::value;
-        auto kernel = !conv.view.table            ? conv_forward_kernel<T, EC, false, 3, false>
-                      : sparse_forward(conv.view) ? conv_forward_kernel<T, EC, true, 4, true>
-                                                  : conv_forward_kernel<T, EC, true, 4, false>;
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(smem)),
-              "cudaFuncSetAttribute");
+        return !conv.view.table            ? conv_forward_kernel<T, EC, false, 3, false>
+               : sparse_forward(conv.view) ? conv_forward_kernel<T, EC, true, 4, true>
+                                           : conv_forward_kernel<T, EC, true, 4, false>;
+      },
+      [&](auto kernel, size_t smem) {
         kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
       });
 }
@@ -1421,16 +1466,17 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
   check_row_alignment(conv, x);
   check_row_alignment(conv, grad_y);
   launch_largest_chunk(
-      geom, conv, true, "convolution backward", "conv_backward_kernel", [&](auto ec, size_t smem) {
+      geom, conv, true, "convolution backward", "conv_backward_kernel",
+      [&](auto ec) {
         constexpr int EC = decltype(ec)::value;
         auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2, 7>
                                       : conv_backward_kernel<T, EC, false, 2, 7>;
         if constexpr (std::is_same_v<T, float>) {
           if (three_backward_blocks<T>(conv.view)) kernel = conv_backward_kernel<T, EC, true, 3, 3>;
         }
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(smem)),
-              "cudaFuncSetAttribute");
+        return kernel;
+      },
+      [&](auto kernel, size_t smem) {
         kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x,
                                                         grad_y, grad_x, forces, atom_virials,
                                                         remote, error_node);
