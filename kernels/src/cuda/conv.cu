@@ -1395,8 +1395,8 @@ bool shared_keeps_occupancy(Kernel kernel, size_t bytes) {
 // Launches with edge chunk EC if its workspace fits in shared memory and, when `full_occupancy`,
 // if shared memory leaves the SM as many blocks as the kernel's registers allow. A chunk that
 // costs a block per SM loses more than its fewer synchronizations gain: SevenNet-l3i5's
-// backward at 32,000 atoms, 16 edges (220.7 KB, 1 block per SM) against 4 (2 blocks), layer 1
-// 73.4 against 54.5 ms (H100, benchmarks/results/dy_projection_ab/).
+// backward at 32,000 atoms, all layers, 235.2 ms with 16-edge chunks (220.7 KB, 1 block per SM
+// in layers 1-3) against 175.2 ms with this rule (H100, benchmarks/results/chunk_occupancy/).
 template <class T, int EC, class Pick, class Launch>
 bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, bool full_occupancy,
                  size_t& bytes, Pick&& pick, Launch&& launch) {
@@ -1424,7 +1424,6 @@ void check_row_alignment(const Conv<T>& conv, const T* rows) {
 template <class T, class Pick, class Launch>
 void launch_largest_chunk(const Geometry<T>& geom, const Conv<T>& conv, bool backward,
                           const char* what, const char* kernel, Pick&& pick, Launch&& launch) {
-  static const bool for_occupancy = env_int("E3FUSE_CONV_CHUNK_FOR_OCCUPANCY", 1) != 0;
   size_t bytes = 0;
   auto largest = [&](bool full) {
     return launch_with<T, 16>(geom, conv, backward, full, bytes, pick, launch) ||
@@ -1432,7 +1431,7 @@ void launch_largest_chunk(const Geometry<T>& geom, const Conv<T>& conv, bool bac
            launch_with<T, 4>(geom, conv, backward, full, bytes, pick, launch) ||
            launch_with<T, 2>(geom, conv, backward, full, bytes, pick, launch);
   };
-  if (!(for_occupancy && largest(true)) && !largest(false)) {
+  if (!largest(true) && !largest(false)) {
     throw Error(std::string("the ") + what + " does not fit in shared memory (" +
                 std::to_string(bytes) + " bytes for 2 edges)");
   }
