@@ -421,6 +421,7 @@ void PairE3fuse::init_style() {
   comm_forward = comm_reverse = (mode_ == Mode::EXCHANGE) ? engine_->halo_width() : 0;
 
   graph_logged_ = false;
+  graph_current_ = false;
   ghostneigh = (mode_ == Mode::SHELL) ? 1 : 0;
   // Under pair_style hybrid or hybrid/overlay, LAMMPS sizes its communication
   // buffers (Comm::init) and ghost neighbor cutoffs (Neighbor::init) from the
@@ -621,19 +622,23 @@ void PairE3fuse::build_shell_graph() {
 }
 
 /* ----------------------------------------------------------------------
-   exchange mode: nodes = local atoms (energy nodes), then the ghosts within a
-   cutoff of them, in the order first met. Local rows hold all their edges; a
-   ghost's row holds its edges to local atoms only (the transpose of the local
-   rows' edges to it): ghost-ghost edges carry no gradient of a local energy.
-   The graph is symmetric, as the engine needs.
+   exchange mode: nodes = local atoms (energy nodes), then the ghosts within
+   cutoff + skin of them, in the order first met. Local rows hold all their
+   edges; a ghost's row holds its edges to local atoms only (the transpose of
+   the local rows' edges to it): ghost-ghost edges carry no gradient of a local
+   energy. The graph is symmetric, as the engine needs. Built when LAMMPS
+   reneighbors, like its list: until the next reneighboring no atom comes
+   within the cutoff of one that is not its neighbor in the list, the ghosts and
+   the send lists stay, and the engine tests every edge against the cutoff.
 ------------------------------------------------------------------------- */
 
 void PairE3fuse::build_exchange_graph() {
   const int nlocal = atom->nlocal;
   double **x = atom->x;
   const int inum = add_local_nodes();
-  // local rows: the neighbors closer than the cutoff, as LAMMPS atom indices for now
-  const double cut2 = cutoff_ * cutoff_;
+  // local rows: the neighbors closer than cutoff + skin, as LAMMPS atom indices for now
+  const double reach = cutoff_ + neighbor->skin;
+  const double cut2 = reach * reach;
   build_rows<int>(
       list, node_atom_, host_threads(), row_offsets_,
       [&](int u, int j, int &target) {
@@ -676,8 +681,13 @@ void PairE3fuse::build_exchange_graph() {
       if (v >= inum) neighbors_[owned_edges + fill[v - inum]++] = u;
     }
 
+  update_node_positions();
+}
+
+void PairE3fuse::update_node_positions() {
+  double **x = atom->x;
   positions_.resize(3 * static_cast<size_t>(num_nodes_));
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(host_threads()) schedule(static)
   for (int64_t u = 0; u < num_nodes_; ++u)
     for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
 }
@@ -833,14 +843,16 @@ void PairE3fuse::finish() {
 /* ----------------------------------------------------------------------
    Once per run setup, rank 0 logs the size of its graph: in images mode the
    engine's neighbor list (edges within cutoff + skin), otherwise the graph
-   built from LAMMPS's list (edges within the cutoff).
+   built from LAMMPS's list (edges within cutoff + skin in exchange mode, within
+   the cutoff in shell mode).
 ------------------------------------------------------------------------- */
 
 void PairE3fuse::log_graph(int64_t num_local, int64_t num_ghosts, int64_t num_edges) {
   if (graph_logged_ || comm->me != 0) return;
   graph_logged_ = true;
-  const char *what =
-      mode_ == Mode::IMAGES ? " edges (engine neighbor list, cutoff + skin)" : " edges";
+  const char *what = mode_ == Mode::IMAGES     ? " edges (engine neighbor list, cutoff + skin)"
+                     : mode_ == Mode::EXCHANGE ? " edges (cutoff + skin)"
+                                               : " edges";
   utils::logmesg(lmp, "pair e3fuse: rank 0 graph: " + std::to_string(num_local) + " local atoms, " +
                           std::to_string(num_ghosts) + " ghost nodes, " +
                           std::to_string(num_edges) + what + "\n");
@@ -906,9 +918,12 @@ void PairE3fuse::compute(int eflag, int vflag) {
     pack_images_system(system);
   } else if (mode_ == Mode::SHELL) {
     build_shell_graph();
+  } else if (graph_current_ && neighbor->ago > 0) {
+    update_node_positions();
   } else {
     build_exchange_graph();
     find_border_nodes();
+    graph_current_ = true;
   }
   time_graph_ += platform::walltime() - start;
   ++num_computes_;

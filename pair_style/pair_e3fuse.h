@@ -11,7 +11,9 @@
    up to num_layers x cutoff away. Three ways of giving the engine that neighborhood:
      exchange: any number of ranks (the default with several). Ghosts are one
              cutoff (+ skin) thick, as for any pair style. The graph holds the
-             local atoms and the ghosts within a cutoff of them; after every
+             local atoms and the ghosts within cutoff + skin of them, built when
+             LAMMPS reneighbors and kept until it does again (the engine skips
+             the edges beyond the cutoff, as in images mode); after every
              interaction layer the ghosts' node features are refreshed from their
              owners by LAMMPS's forward communication, and in the force pass the
              adjoints gathered on ghosts go back to the owners by reverse
@@ -84,6 +86,7 @@ class PairE3fuse : public Pair {
   void pack_images_system(e3fuse::SystemView &system);
   void build_shell_graph();
   void build_exchange_graph();
+  void update_node_positions();
   int host_threads() const;
   void find_border_nodes();
   void halo_forward(int width, const double *border_rows, double *ghost_rows);
@@ -103,7 +106,8 @@ class PairE3fuse : public Pair {
   int num_threads_ = 0;
   Mode mode_requested_ = Mode::AUTO;
   Mode mode_ = Mode::IMAGES;
-  bool graph_logged_ = false;  // graph size logged once per run setup
+  bool graph_logged_ = false;   // graph size logged once per run setup
+  bool graph_current_ = false;  // exchange mode: the graph of LAMMPS's current neighbor list
 
   // model and engine (from pair_coeff)
   std::string model_path_;
@@ -114,8 +118,9 @@ class PairE3fuse : public Pair {
   std::vector<int> type_species_;           // per LAMMPS type (1-based); -1: NULL
   std::vector<std::string> type_elements_;  // per LAMMPS type (1-based)
 
-  // the graph handed to the engine, rebuilt at every compute() (exchange, shell); in
-  // images mode the engine's system (node_atom_, positions_, species_, cell_)
+  // the graph handed to the engine: rebuilt at every compute() in shell mode, at every
+  // reneighboring in exchange mode (graph_current_ until then: only positions change);
+  // in images mode the engine's system (node_atom_, positions_, species_, cell_)
   int64_t num_nodes_ = 0;
   std::vector<int> node_atom_;        // graph node -> LAMMPS atom index
   std::vector<int> atom_node_;        // LAMMPS atom index -> graph node or -1
