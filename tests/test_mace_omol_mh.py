@@ -260,6 +260,9 @@ def test_omol0_architecture(workdir: Path) -> None:
     arch, _store = mace_convert.extract(mace_convert.load_mace_model(model), {})
     assert "pair_repulsion" not in arch and "transform" not in arch["radial"]
     assert len(arch["layers"]) == 3
+    # the block's plain skip_tp is stored once, not once per species (83 copies at full
+    # width would be 3.5 GB of float64)
+    assert all(len(layer["skip"]["elements"]) == 1 for layer in arch["layers"])
     from e3fuse import _core
 
     file_model = _core.Model.load(str(converted("omol0", workdir)[1]))
