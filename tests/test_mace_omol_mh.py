@@ -30,8 +30,8 @@ mace's defaults; no embedding_specs. The released model has six heads from its m
 replay post-training (omat_pbe, mp_pbe_refit_add, oc20_usemppbe, matpes_r2scan, omol,
 spice_wB97M, as third-party code that loaded it lists them); this architecture with those
 heads and 89 elements holds 7.3 M parameters and buffers, 59 MB in float64, the size that
-third-party tools list for the released file. Here: 32 channels, edge irreps
-of 8, H / O / Cu / Au, the six heads (each its own E0s, scale and shift, readout column and
+third-party tools list for the released file. Here: 32 channels, edge irreps of 8,
+H / O / Cu / Au, the six heads (each its own E0s, scale and shift, readout column and
 readout MLP units). MACE-MH-0's settings are not published (mace-foundations has no script
 for it): not tested.
 
