@@ -78,8 +78,9 @@ def build_mace(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if scale_shift:
-                scale = [1.3, 0.7][: len(heads)] if heads else 1.3
-                shift = [0.2, -0.4][: len(heads)] if heads else 0.2
+                # per head (several heads): 1.3 .. 0.7 and 0.2 .. -0.4
+                scale = np.linspace(1.3, 0.7, len(heads)).tolist() if heads else 1.3
+                shift = np.linspace(0.2, -0.4, len(heads)).tolist() if heads else 0.2
                 model = mace_modules.ScaleShiftMACE(
                     atomic_inter_scale=scale, atomic_inter_shift=shift, **kwargs
                 )

@@ -152,7 +152,8 @@ int sc_block(Kernel kernel, int slots, size_t& bytes) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------
-// Element-dependent linear: the linear kernel with one table per species.
+// Element-dependent linear: the linear kernel with one table per species (one table shared
+// by all species: the plain linear kernel, no species).
 // ---------------------------------------------------------------------------------
 
 template <class T>
@@ -175,15 +176,16 @@ ElementLinear<T> make_element_linear(const cpu::ElementLinear<T>& host) {
 template <class T>
 void element_linear_forward(const ElementLinear<T>& lin, int64_t num_nodes, const int32_t* species,
                             const T* x, T* out, cudaStream_t stream) {
-  detail::run_linear_tables(lin.tables, lin.dim_in, lin.dim_out, false, num_nodes, species, false,
-                            x, out, stream);
+  detail::run_linear_tables(lin.tables, lin.dim_in, lin.dim_out, false, num_nodes,
+                            lin.num_species == 1 ? nullptr : species, false, x, out, stream);
 }
 
 template <class T>
 void element_linear_backward(const ElementLinear<T>& lin, int64_t num_nodes, const int32_t* species,
                              const T* grad_out, T* grad_x, bool accumulate, cudaStream_t stream) {
-  detail::run_linear_tables(lin.tables, lin.dim_in, lin.dim_out, true, num_nodes, species,
-                            accumulate, grad_out, grad_x, stream);
+  detail::run_linear_tables(lin.tables, lin.dim_in, lin.dim_out, true, num_nodes,
+                            lin.num_species == 1 ? nullptr : species, accumulate, grad_out, grad_x,
+                            stream);
 }
 
 // ---------------------------------------------------------------------------------

@@ -313,7 +313,8 @@ void build_common(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   }
 }
 
-ElementLinearPlan element_linear(PlanBuilder& b, const json::Value& v, int num_species);
+ElementLinearPlan element_linear(PlanBuilder& b, const json::Value& v, int num_species,
+                                 bool may_be_shared = false);
 
 void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   build_common(b, arch, plan);
@@ -357,12 +358,16 @@ void build_sevennet(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
   plan.shift = b.tensor(arch["shift"], {num_species});
 }
 
-ElementLinearPlan element_linear(PlanBuilder& b, const json::Value& v, int num_species) {
+// `may_be_shared`: one map for all species is allowed (ElementLinearPlan::shared).
+ElementLinearPlan element_linear(PlanBuilder& b, const json::Value& v, int num_species,
+                                 bool may_be_shared) {
   ElementLinearPlan plan;
   plan.in = b.irreps(v["irreps_in"]);
   plan.out = b.irreps(v["irreps_out"]);
-  if (v["elements"].size() != static_cast<size_t>(num_species))
-    b.fail("element linear at " + v.path() + ": one map per species expected");
+  const size_t maps = v["elements"].size();
+  if (maps != static_cast<size_t>(num_species) && !(may_be_shared && maps == 1))
+    b.fail("element linear at " + v.path() + ": one map per species expected" +
+           (may_be_shared ? " (or one for all)" : ""));
   for (const json::Value& e : v["elements"].array()) {
     LinearPlan lin = b.linear(e);
     if (lin.in.dim != plan.in.dim || lin.out.dim != plan.out.dim)
@@ -520,7 +525,7 @@ void build_mace(PlanBuilder& b, const json::Value& arch, ModelPlan& plan) {
     MaceLayer layer;
     layer.residual = lv["residual"].as_bool();
     layer.product_sc = lv["product_sc"].as_bool();
-    layer.skip = element_linear(b, lv["skip"], num_species);
+    layer.skip = element_linear(b, lv["skip"], num_species, /*may_be_shared=*/true);
     layer.linear_up = b.linear(lv["linear_up"]);
     layer.conv = b.conv(lv["conv"], plan.sh, num_species);
     layer.linear = b.linear(lv["linear"]);

@@ -413,13 +413,15 @@ def _gated_block(block: Any, name: str) -> dict[str, Any]:
     }
 
 
-def _shared_linear(lin: Any, name: str, store: TensorStore, num_elements: int) -> dict[str, Any]:
-    """A plain o3.Linear skip connection as the element-dependent one, the same for all."""
+def _shared_linear(lin: Any, name: str, store: TensorStore) -> dict[str, Any]:
+    """A plain o3.Linear skip connection as the element-dependent one with a single map,
+    shared by all species (ElementLinearPlan::shared; one copy in memory, not one per
+    species)."""
     desc = parts.linear(lin, name, store)
     return {
         "irreps_in": desc["irreps_in"],
         "irreps_out": desc["irreps_out"],
-        "elements": [desc] * num_elements,
+        "elements": [desc],
     }
 
 
@@ -440,7 +442,7 @@ def _nonlinear_layer(
         raise UnsupportedModel(f"{name}.density_fn: {density['dims'][-1]} outputs")
     return {
         "residual": True,
-        "skip": _shared_linear(inter.skip_tp, f"{name}.skip", store, num_elements),
+        "skip": _shared_linear(inter.skip_tp, f"{name}.skip", store),
         "linear_up": parts.linear(inter.linear_up, f"{name}.linear_up", store),
         "conv": conv,
         "linear": parts.linear(inter.linear_1, f"{name}.linear_1", store),
