@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 
 # 2: MACE pair repulsion, distance transforms, density blocks, system inputs, SevenNet
-# per-species self-connections (a version-1 reader would ignore them silently)
-FORMAT_VERSION = 2
+# per-species self-connections (a version-1 reader would ignore them silently); 3: a MACE
+# skip connection with one map shared by all species (non-linear blocks; a version-2
+# reader refuses it as malformed)
+FORMAT_VERSION = 3
 METADATA_KEY = "e3fuse"
 
 _DTYPES = {

@@ -13,7 +13,9 @@ namespace e3fuse {
 // version is refused with a message asking for a newer e3fuse. Version 2 added blocks a
 // version-1 reader would skip without a word (MACE pair_repulsion, radial transform and
 // apply_cutoff, density layers, joint_embedding; SevenNet per-species self-connections).
-constexpr int kModelFormatVersion = 2;
+// Version 3: a MACE skip connection may hold one map shared by all species (the
+// non-linear block's), which a version-2 reader refuses as malformed.
+constexpr int kModelFormatVersion = 3;
 
 struct ModelPlan;  // the internal execution plan (src/model/plan.h)
 
