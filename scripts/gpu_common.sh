@@ -128,3 +128,17 @@ gpu_build() {
   $PY -c 'import e3fuse._core as c, sys; sys.exit(0 if c.cuda_available() else 1)' ||
     die "e3fuse was built without a working CUDA backend (cuda_available() is false)"
 }
+
+# gpu_adhoc_env: for a one-off command on the GPU machine after one of the scripts above built
+# the package in this call or an earlier call on the same machine (e.g. the microbenchmark
+# under other E3FUSE_* settings):
+#   source scripts/gpu_common.sh && gpu_adhoc_env && python3 benchmarks/micro/conv_micro.py ...
+# sets REPO, STAGE, PY and LOG (unless set) the way the scripts do, and the carried packages.
+gpu_adhoc_env() {
+  REPO=${REPO:-$PWD}
+  STAGE=${STAGE:-/tmp/e3fuse-stage}
+  PY=${PY:-${PYTHON:-python3}}
+  LOG=${LOG:-/dev/null}
+  [[ -d $STAGE/e3fuse ]] || echo "gpu_adhoc_env: no staged package in $STAGE (run a build first)" >&2
+  gpu_setup_carry
+}
