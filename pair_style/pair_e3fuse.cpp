@@ -914,12 +914,14 @@ void PairE3fuse::compute(int eflag, int vflag) {
 
   const double start = platform::walltime();
   e3fuse::SystemView system;
+  bool same_edges = false;  // exchange mode between reneighborings
   if (mode_ == Mode::IMAGES) {
     pack_images_system(system);
   } else if (mode_ == Mode::SHELL) {
     build_shell_graph();
   } else if (graph_current_ && neighbor->ago > 0) {
     update_node_positions();
+    same_edges = true;
   } else {
     build_exchange_graph();
     find_border_nodes();
@@ -943,6 +945,7 @@ void PairE3fuse::compute(int eflag, int vflag) {
     g.species = species_.data();
     g.row_offsets = row_offsets_.data();
     g.neighbors = neighbors_.data();
+    g.same_edges_as_last = same_edges;
   }
 
   forces_.resize(3 * static_cast<size_t>(n));

@@ -572,6 +572,9 @@ struct Engine::Impl {
   double skin = 0.5;
   double min_distance = 0.1;
   int num_threads = 0;
+  // node and edge counts of the caller's last compute(GraphView), whose edges were checked
+  // (GraphView::same_edges_as_last); -1 after any other kind of call
+  int64_t last_graph_nodes = -1, last_graph_edges = -1;
 };
 
 Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision precision,
@@ -714,6 +717,12 @@ double expected_edges_per_atom(const SystemView& s, double radius) {
 #endif
 
 void Engine::compute(const SystemView& s, ComputeOutput& out) {
+  // the CPU path and regions evaluate graphs of their own: none is a caller's last graph
+  struct ForgetGraph {
+    Impl& impl;
+    ForgetGraph(Impl& i) : impl(i) { impl.last_graph_nodes = impl.last_graph_edges = -1; }
+    ~ForgetGraph() { impl.last_graph_nodes = impl.last_graph_edges = -1; }
+  } forget_graph(*impl_);
   if (s.num_atoms < 0) throw Error("invalid system: negative atom count");
   const int num_species = static_cast<int>(model_->atomic_numbers().size());
   check_atoms(s.num_atoms, s.species, s.positions, num_species);
@@ -834,9 +843,15 @@ void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo)
   const int num_species = static_cast<int>(model_->atomic_numbers().size());
   check_atoms(g.num_nodes, g.species, g.positions, num_species);
   const int64_t num_edges = g.num_nodes > 0 ? g.row_offsets[g.num_nodes] : 0;
-  for (int64_t e = 0; e < num_edges; ++e) {
-    if (g.neighbors[e] < 0 || g.neighbors[e] >= g.num_nodes)
-      throw Error("invalid graph: neighbor index out of range");
+  GraphView checked = g;
+  checked.same_edges_as_last = g.same_edges_as_last && impl_->last_graph_nodes == g.num_nodes &&
+                               impl_->last_graph_edges == num_edges;
+  impl_->last_graph_nodes = impl_->last_graph_edges = -1;
+  if (!checked.same_edges_as_last) {
+    for (int64_t e = 0; e < num_edges; ++e) {
+      if (g.neighbors[e] < 0 || g.neighbors[e] >= g.num_nodes)
+        throw Error("invalid graph: neighbor index out of range");
+    }
   }
   if (g.layer_rows) {
     for (int t = 0; t < model_->num_layers(); ++t) {
@@ -857,7 +872,9 @@ void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo)
   }
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) {
-    impl_->gpu->compute(g, out, halo);
+    impl_->gpu->compute(checked, out, halo);
+    impl_->last_graph_nodes = g.num_nodes;
+    impl_->last_graph_edges = num_edges;
     return;
   }
 #endif
@@ -877,6 +894,8 @@ void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo)
     throw;
   }
   omp_set_num_threads(saved);
+  impl_->last_graph_nodes = g.num_nodes;
+  impl_->last_graph_edges = num_edges;
 }
 
 // Built without iostreams: a process that also loads another C++ runtime (torch)

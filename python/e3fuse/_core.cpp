@@ -409,11 +409,13 @@ PYBIND11_MODULE(_core, m) {
       .def_static("device_bytes_peak", &Engine::device_bytes_peak)
       .def_static("reset_device_bytes_peak", &Engine::reset_device_bytes_peak)
       // Evaluate on an explicit CSR graph (no shifts): LAMMPS-like local + ghost input.
+      // same_edges_as_last: GraphView's promise that row_offsets and neighbors are those of
+      // this engine's previous compute_graph (only positions changed).
       .def(
           "compute_graph",
           [](Engine& engine, Array<double> positions, Array<int32_t> species,
              Array<int64_t> row_offsets, Array<int32_t> neighbors, int64_t num_energy_nodes,
-             bool forces, bool virial, bool atom_virials) {
+             bool forces, bool virial, bool atom_virials, bool same_edges_as_last) {
             const int64_t n = species.shape(0);
             check_shape(positions, {n, 3}, "positions");
             check_shape(row_offsets, {n + 1}, "row_offsets");
@@ -426,11 +428,12 @@ PYBIND11_MODULE(_core, m) {
             g.species = species.data();
             g.row_offsets = row_offsets.data();
             g.neighbors = neighbors.data();
+            g.same_edges_as_last = same_edges_as_last;
             return compute(engine, g, forces, virial, atom_virials);
           },
           py::arg("positions"), py::arg("species"), py::arg("row_offsets"), py::arg("neighbors"),
           py::arg("num_energy_nodes") = -1, py::arg("forces") = true, py::arg("virial") = true,
-          py::arg("atom_virials") = false);
+          py::arg("atom_virials") = false, py::arg("same_edges_as_last") = false);
 
   // Op-level probes (float64) used by the tests that compare each op with e3nn.
   py::class_<OpsProbe>(m, "OpsProbe")

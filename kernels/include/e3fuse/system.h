@@ -33,6 +33,13 @@ struct GraphView {
   // that every neighbor of a node in layer_rows[t] is in layer_rows[t - 1]. Ignored with
   // a halo exchange.
   const int64_t* layer_rows = nullptr;
+  // Optional: the caller promises that row_offsets, neighbors, shift_index and shifts hold
+  // what they held in its previous compute(GraphView) on this engine, with the same
+  // num_nodes (LAMMPS's list between reneighborings: only positions changed). The engine
+  // then neither checks the edges again nor, on the GPU, copies them again. It checks the
+  // promise only as far as the counts go: after any other kind of call, or with other node
+  // or edge counts, the graph is taken as new; a false promise otherwise gives wrong results.
+  bool same_edges_as_last = false;
 };
 
 // A whole system for Engine::compute(SystemView): the engine finds the neighbors

@@ -977,8 +977,15 @@ class BackendImpl : public Backend {
     const int64_t edges = n > 0 ? h.row_offsets[n] : 0;
     s.positions.upload(h.positions, 3 * n, st);
     s.species.upload(h.species, n, st);
-    s.row_offsets.upload(h.row_offsets, n + 1, st);
-    s.neighbors.upload(h.neighbors, edges, st);
+    // the edges of the caller's previous graph are still here (GraphView::same_edges_as_last)
+    const bool same_edges = h.same_edges_as_last && held_graph_nodes_ == n &&
+                            held_graph_edges_ == edges &&
+                            held_graph_shifts_ == (h.shift_index != nullptr);
+    held_graph_nodes_ = held_graph_edges_ = -1;  // until the uploads below are done
+    if (!same_edges) {
+      s.row_offsets.upload(h.row_offsets, n + 1, st);
+      s.neighbors.upload(h.neighbors, edges, st);
+    }
     GraphView g;
     g.num_nodes = n;
     g.num_energy_nodes = h.num_energy_nodes;
@@ -988,13 +995,18 @@ class BackendImpl : public Backend {
     g.row_offsets = s.row_offsets.data();
     g.neighbors = s.neighbors.data();
     if (h.shift_index) {
-      int32_t max_shift = -1;
-      for (int64_t e = 0; e < edges; ++e) max_shift = std::max(max_shift, h.shift_index[e]);
-      s.shift_index.upload(h.shift_index, edges, st);
-      s.shifts.upload(h.shifts, 3 * static_cast<size_t>(max_shift + 1), st);
+      if (!same_edges) {
+        int32_t max_shift = -1;
+        for (int64_t e = 0; e < edges; ++e) max_shift = std::max(max_shift, h.shift_index[e]);
+        s.shift_index.upload(h.shift_index, edges, st);
+        s.shifts.upload(h.shifts, 3 * static_cast<size_t>(max_shift + 1), st);
+      }
       g.shift_index = s.shift_index.data();
       g.shifts = s.shifts.data();
     }
+    held_graph_nodes_ = n;
+    held_graph_edges_ = edges;
+    held_graph_shifts_ = h.shift_index != nullptr;
     s.halo.bind(halo, n, h.num_energy_nodes, st);
     model_->prepare(h.species, n);
     run(g, out);
@@ -1164,6 +1176,10 @@ class BackendImpl : public Backend {
   std::unique_ptr<DeviceNeighborList> neighbors_;
   double neighbor_skin_ = -1.0;
   std::vector<double> energies_;
+  // what state_'s row_offsets / neighbors / shifts hold: the last compute(GraphView)'s
+  // counts, -1 while none or while an upload is unfinished
+  int64_t held_graph_nodes_ = -1, held_graph_edges_ = -1;
+  bool held_graph_shifts_ = false;
 };
 
 }  // namespace

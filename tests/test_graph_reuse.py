@@ -1,0 +1,105 @@
+"""GraphView::same_edges_as_last, what LAMMPS's comm exchange promises between
+reneighborings: the graph (every pair within cutoff + skin) is the one of the engine's last
+call and only the positions moved. The engine then neither checks the edges again nor, on
+the GPU, copies them again; it must give what a fresh engine gives on the same arrays, and
+take the promise only where the node and edge counts are those of its last graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import DEVICES
+
+from e3fuse import _core
+from e3fuse._core import E3fuseError
+
+
+def cluster(seed: int, n: int = 40) -> np.ndarray:
+    """n atoms on a jittered simple-cubic grid of 2.4 A (a cluster: the graph is open)."""
+    rng = np.random.default_rng(seed)
+    side = int(np.ceil(n ** (1 / 3)))
+    grid = np.stack(np.meshgrid(*[np.arange(side)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    return grid[:n] * 2.4 + rng.uniform(-0.2, 0.2, (n, 3))
+
+
+def pairs_within(positions: np.ndarray, reach: float) -> np.ndarray:
+    """Which pairs are closer than `reach` (a symmetric boolean matrix)."""
+    d = np.linalg.norm(positions[:, None] - positions[None], axis=-1)
+    np.fill_diagonal(d, np.inf)
+    return d < reach
+
+
+def csr(adjacent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Receiver-sorted CSR rows of a symmetric adjacency matrix."""
+    receivers, senders = np.nonzero(adjacent)
+    rows = np.zeros(len(adjacent) + 1, dtype=np.int64)
+    np.add.at(rows, receivers + 1, 1)
+    return np.cumsum(rows), senders.astype(np.int32)
+
+
+def engine_for(path: Path, device: str, dtype: str) -> tuple[object, np.ndarray]:
+    model = _core.Model.load(str(path))
+    species = np.array([model.species_of(z) for z in (29, 28, 8)] * 14, dtype=np.int32)[:40]
+    return _core.Engine(model, device, dtype), species
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_kept_graph_equals_fresh_engine(sevennet0_path: Path, device: str, dtype: str) -> None:
+    """Five steps on one graph built with a 1 A skin, atoms moving up to 0.3 A from where
+    it was built: each hinted call equals a fresh engine's call on the same arrays."""
+    kept, species = engine_for(sevennet0_path, device, dtype)
+    start = cluster(seed=5)
+    cutoff = _core.Model.load(str(sevennet0_path)).cutoff
+    rows, neighbors = csr(pairs_within(start, cutoff + 1.0))
+    skin_edges = int(pairs_within(start, cutoff + 1.0).sum() - pairs_within(start, cutoff).sum())
+    assert skin_edges > 0
+    kept.compute_graph(start, species, rows, neighbors, atom_virials=True)
+    rng = np.random.default_rng(7)
+    for step in range(5):
+        positions = start + rng.uniform(-0.3, 0.3, start.shape)
+        got = kept.compute_graph(
+            positions, species, rows, neighbors, atom_virials=True, same_edges_as_last=True
+        )
+        fresh, _ = engine_for(sevennet0_path, device, dtype)
+        want = fresh.compute_graph(positions, species, rows, neighbors, atom_virials=True)
+        for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+            assert np.array_equal(got[key], want[key]), (step, key)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_promise_taken_only_for_the_last_graph(sevennet0_path: Path, device: str) -> None:
+    """A hinted graph with other counts than the engine's last one is checked and copied as
+    new (its out-of-range neighbor is found), and after a compute_system (the engine's own
+    list) no earlier graph counts as the last one."""
+    engine, species = engine_for(sevennet0_path, device, "float64")
+    positions = cluster(seed=3)
+    cutoff = _core.Model.load(str(sevennet0_path)).cutoff
+    adjacent = pairs_within(positions, cutoff + 0.5)
+    rows, neighbors = csr(adjacent)
+    engine.compute_graph(positions, species, rows, neighbors)
+    fewer_rows, fewer = csr(pairs_within(positions, cutoff))
+    broken = fewer.copy()
+    broken[0] = 40
+    with pytest.raises(E3fuseError, match="out of range"):
+        engine.compute_graph(positions, species, fewer_rows, broken, same_edges_as_last=True)
+
+    engine.compute_graph(positions, species, rows, neighbors)
+    engine.compute_system(positions, species, np.eye(3) * 50.0, [False] * 3)
+    # same node and edge counts as the first graph, other edges: the pair (0, a) replaced by
+    # (1, b), b not a neighbor of 1
+    a = int(np.nonzero(adjacent[0])[0][0])
+    b = int(next(j for j in range(2, 40) if not adjacent[1, j]))
+    changed = adjacent.copy()
+    changed[0, a] = changed[a, 0] = False
+    changed[1, b] = changed[b, 1] = True
+    other_rows, other = csr(changed)
+    assert len(other) == len(neighbors)
+    got = engine.compute_graph(positions, species, other_rows, other, same_edges_as_last=True)
+    fresh, _ = engine_for(sevennet0_path, device, "float64")
+    want = fresh.compute_graph(positions, species, other_rows, other)
+    assert np.array_equal(got["forces"], want["forces"])
+    first = fresh.compute_graph(positions, species, rows, neighbors)
+    assert not np.array_equal(first["forces"], want["forces"])  # the graphs differ
