@@ -905,6 +905,36 @@ def test_device_cuda_comm_exchange(model: Path, family: str, tmp_path: Path) -> 
             compare(got, expected, len(atoms), f"{family} {name} np {ranks} (cuda, comm exchange)")
 
 
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+def test_device_cuda_nve_kept_graph(model: Path, tmp_path: Path) -> None:
+    """device cuda with comm exchange on 2 ranks and lists kept between reneighborings (the
+    edges stay on the GPU, GraphView::same_edges_as_last) follows the one-rank CPU
+    trajectory of SevenNet-0 in float64."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    path, atoms = family_case("sevennet", "bulk", model)
+    rows = {}
+    for ranks, style in (
+        (1, "precision float64"),
+        (2, "device cuda precision float64 comm exchange"),
+    ):
+        rows[ranks], _, out = nve_run(
+            path,
+            tmp_path / f"np{ranks}",
+            atoms,
+            10,
+            every=2,
+            ranks=ranks,
+            style=style,
+            extra=REBUILDS["kept"],
+        )
+        line = next(ln for ln in out.splitlines() if ln.startswith("Neighbor list builds"))
+        assert 2 <= int(line.split("=")[1]) < 10, line
+    difference = np.abs(rows[2][:, 1:] - rows[1][:, 1:]) / np.abs(rows[1][:, 1:])
+    print(f"\nSevenNet-0 NVE, cuda np 2 (kept lists) vs cpu np 1: {difference.max():.1e}")
+    assert difference.max() < 1e-10
+
+
 # --------------------------------------------------------------------------------------
 # A MACE model with ZBL pair repulsion (random weights, built with mace-torch: the
 # conversion and the Python engine against mace-torch are in test_mace_zbl.py)
