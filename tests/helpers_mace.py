@@ -94,6 +94,29 @@ def build_mace(
     return model.eval()
 
 
+def omol_specs(emb_dim: int) -> dict[str, dict[str, Any]]:
+    """mace-foundations mace_omol/mace-omol.sh's embedding_specs (both inputs categorical,
+    spin first), with embeddings of `emb_dim` (the released model: its channel count)."""
+    return {
+        "total_spin": {
+            "type": "categorical",
+            "per": "graph",
+            "in_dim": 1,
+            "emb_dim": emb_dim,
+            "num_classes": 101,
+            "offset": 0,
+        },
+        "total_charge": {
+            "type": "categorical",
+            "per": "graph",
+            "in_dim": 1,
+            "emb_dim": emb_dim,
+            "num_classes": 201,
+            "offset": 100,
+        },
+    }
+
+
 def structure(
     elements: tuple[int, ...], seed: int = 0, repeat: int = 2, cubic: bool = False
 ) -> Any:

@@ -53,7 +53,7 @@ pytest.importorskip("mace.modules")
 
 from ase import Atoms  # noqa: E402
 from conftest import DEVICES  # noqa: E402
-from helpers_mace import build_mace, e3fuse_eval, structure  # noqa: E402
+from helpers_mace import build_mace, e3fuse_eval, omol_specs, structure  # noqa: E402
 
 from e3fuse import reference  # noqa: E402
 from e3fuse.calculator import Calculator  # noqa: E402
@@ -65,24 +65,7 @@ OMOL_ELEMENTS = (1, 6, 7, 8)
 # mace_omol/omol-statistics-linear.json: E0s of H, C, N, O (eV), mean and std
 OMOL_E0 = (-15.9900036, -1037.16785, -1490.37815, -2047.59259)
 OMOL_SHIFT, OMOL_SCALE = 0.1021, 1.5151
-OMOL_SPECS = {
-    "total_spin": {
-        "type": "categorical",
-        "per": "graph",
-        "in_dim": 1,
-        "emb_dim": CHANNELS,
-        "num_classes": 101,
-        "offset": 0,
-    },
-    "total_charge": {
-        "type": "categorical",
-        "per": "graph",
-        "in_dim": 1,
-        "emb_dim": CHANNELS,
-        "num_classes": 201,
-        "offset": 100,
-    },
-}
+OMOL_SPECS = omol_specs(CHANNELS)
 MH1_ELEMENTS = (1, 8, 29, 79)
 MH1_HEADS = [
     "omat_pbe",

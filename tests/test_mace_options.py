@@ -26,6 +26,7 @@ from helpers_mace import (  # noqa: E402
     e3fuse_eval,
     finite_difference_forces,
     finite_difference_stress,
+    omol_specs,
     structure,
 )
 
@@ -210,26 +211,8 @@ EMBEDDING_SPECS = {
 }
 
 
-# mace-foundations mace_omol/mace-omol.sh's specs (embedding sizes reduced): both inputs
-# categorical, spin first
-OMOL_SPECS = {
-    "total_spin": {
-        "type": "categorical",
-        "per": "graph",
-        "in_dim": 1,
-        "emb_dim": 8,
-        "num_classes": 101,
-        "offset": 0,
-    },
-    "total_charge": {
-        "type": "categorical",
-        "per": "graph",
-        "in_dim": 1,
-        "emb_dim": 8,
-        "num_classes": 201,
-        "offset": 100,
-    },
-}
+# mace-foundations mace_omol/mace-omol.sh's specs, embedding sizes reduced
+OMOL_SPECS = omol_specs(8)
 
 
 def embedding_model(
