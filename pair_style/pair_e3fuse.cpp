@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -190,6 +191,11 @@ void PairE3fuse::settings(int narg, char **arg) {
     error->all(FLERR, "pair_style e3fuse requires 'units metal' (eV, Angstrom, ps), not 'units {}'",
                update->unit_style);
 
+  // what the engine was built with: a pair_style that changes only charge, spin or comm
+  // keeps it (and its radial tables), switched to the new per-system inputs
+  const std::string old_device = device_name_, old_precision = precision_name_,
+                    old_radial = radial_name_;
+  const int old_gpu = gpu_index_, old_threads = num_threads_;
   device_name_ = "cpu";
   gpu_index_ = -1;
   precision_name_.clear();
@@ -255,7 +261,18 @@ void PairE3fuse::settings(int narg, char **arg) {
   }
   if (precision_name_.empty()) precision_name_ = device_name_ == "cpu" ? "float64" : "float32";
 
-  // a new pair_style invalidates the engine: pair_coeff must follow
+  if (engine_ && device_name_ == old_device && gpu_index_ == old_gpu &&
+      precision_name_ == old_precision && radial_name_ == old_radial &&
+      num_threads_ == old_threads) {
+    try {
+      const std::vector<double> values = system_input_values(*model_);
+      if (!values.empty()) engine_->set_system_inputs(values);
+    } catch (std::exception &e) {
+      error->all(FLERR, "pair e3fuse: model '{}': {}", model_path_, e.what());
+    }
+    return;
+  }
+  // other settings invalidate the engine: pair_coeff must follow
   engine_.reset();
   model_.reset();
 }
@@ -292,27 +309,45 @@ int PairE3fuse::choose_gpu() {
    mace's defaults for those not given; a keyword the model has no input for is an error.
 ------------------------------------------------------------------------- */
 
-std::shared_ptr<const e3fuse::Model> PairE3fuse::with_system_inputs(
-    std::shared_ptr<const e3fuse::Model> model) {
-  const std::vector<e3fuse::Model::SystemInput> inputs = model->system_inputs();
-  for (const auto& kv : system_inputs_) {
+std::vector<double> PairE3fuse::system_input_values(const e3fuse::Model &model) {
+  const std::vector<e3fuse::Model::SystemInput> inputs = model.system_inputs();
+  for (const auto &kv : system_inputs_) {
     bool known = false;
-    for (const auto& in : inputs) known = known || in.key == kv.first;
+    for (const auto &in : inputs) known = known || in.key == kv.first;
     if (!known)
       throw std::runtime_error("pair_style keyword '" + kv.first +
                                "' given, but the model has no such per-system input");
   }
-  if (inputs.empty()) return model;
   std::vector<double> values;
   std::string used;
-  for (const auto& in : inputs) {
+  for (const auto &in : inputs) {
     const auto given = system_inputs_.find(in.key);
     values.push_back(given != system_inputs_.end() ? given->second : in.default_value);
     used += " " + in.key + " " + std::to_string(values.back()) +
             (given != system_inputs_.end() ? "" : " (default)");
   }
-  if (comm->me == 0) utils::logmesg(lmp, "pair e3fuse: per-system inputs:" + used + "\n");
-  return model->with_system_inputs(values);
+  if (!values.empty() && comm->me == 0)
+    utils::logmesg(lmp, "pair e3fuse: per-system inputs:" + used + "\n");
+  return values;
+}
+
+std::shared_ptr<const e3fuse::Model> PairE3fuse::with_system_inputs(
+    std::shared_ptr<const e3fuse::Model> model) {
+  const std::vector<double> values = system_input_values(*model);
+  return values.empty() ? model : model->with_system_inputs(values);
+}
+
+/* ----------------------------------------------------------------------
+   What identifies the model file's contents for reuse (size and modification time).
+------------------------------------------------------------------------- */
+
+std::string PairE3fuse::file_stamp(const std::string &path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  if (error) return "";
+  const auto time = std::filesystem::last_write_time(path, error);
+  if (error) return "";
+  return std::to_string(size) + "@" + std::to_string(time.time_since_epoch().count());
 }
 
 /* ----------------------------------------------------------------------
@@ -330,17 +365,28 @@ void PairE3fuse::coeff(int narg, char **arg) {
     error->all(FLERR, "pair_coeff for e3fuse must start with '* *'");
   if (!allocated) allocate();
 
+  // the engine kept by pair_style (its settings unchanged, per-system inputs switched)
+  // serves the same, unchanged file; any other pair_coeff loads the model
+  const std::string stamp = file_stamp(arg[2]);
+  const bool reuse = engine_ && model_path_ == arg[2] && !stamp.empty() && stamp == model_stamp_;
   model_path_ = arg[2];
-  const int gpu = choose_gpu();
-  try {
-    model_ = with_system_inputs(e3fuse::Model::load(model_path_));
-    engine_ = std::make_unique<e3fuse::Engine>(
-        model_, e3fuse::parse_device(device_name_), e3fuse::parse_precision(precision_name_),
-        num_threads_, gpu, e3fuse::parse_radial(radial_name_));
-  } catch (std::exception &e) {
-    engine_.reset();
-    model_.reset();
-    error->all(FLERR, "pair e3fuse: cannot use model '{}': {}", model_path_, e.what());
+  if (reuse) {
+    if (comm->me == 0)
+      utils::logmesg(lmp, "pair e3fuse: model " + model_path_ + " unchanged: engine reused\n");
+  } else {
+    const int gpu = choose_gpu();
+    try {
+      engine_.reset();  // the old engine's memory (GPU) before the new one's
+      model_ = with_system_inputs(e3fuse::Model::load(model_path_));
+      engine_ = std::make_unique<e3fuse::Engine>(
+          model_, e3fuse::parse_device(device_name_), e3fuse::parse_precision(precision_name_),
+          num_threads_, gpu, e3fuse::parse_radial(radial_name_));
+      model_stamp_ = stamp;
+    } catch (std::exception &e) {
+      engine_.reset();
+      model_.reset();
+      error->all(FLERR, "pair e3fuse: cannot use model '{}': {}", model_path_, e.what());
+    }
   }
   cutoff_ = model_->cutoff();
   num_layers_ = model_->num_layers();

@@ -102,7 +102,9 @@ class PairE3fuse : public Pair {
   std::string precision_name_;  // empty: float64 on cpu, float32 on cuda
   std::string radial_name_ = "auto";
   std::map<std::string, double> system_inputs_;  // pair_style charge / spin keywords
+  std::vector<double> system_input_values(const e3fuse::Model &);
   std::shared_ptr<const e3fuse::Model> with_system_inputs(std::shared_ptr<const e3fuse::Model>);
+  static std::string file_stamp(const std::string &path);
   int num_threads_ = 0;
   Mode mode_requested_ = Mode::AUTO;
   Mode mode_ = Mode::IMAGES;
@@ -111,6 +113,7 @@ class PairE3fuse : public Pair {
 
   // model and engine (from pair_coeff)
   std::string model_path_;
+  std::string model_stamp_;  // file_stamp of model_path_ when it was loaded
   std::shared_ptr<const e3fuse::Model> model_;
   std::unique_ptr<e3fuse::Engine> engine_;
   double cutoff_ = 0.0;

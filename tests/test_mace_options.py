@@ -251,8 +251,8 @@ def test_embedding_specs_match_mace_torch(
     readout: bool, specs: dict[str, Any], device: str, tmp_path: Path
 ) -> None:
     """Total charge and spin from atoms.info (mace's keys 'charge' and 'spin'; absent:
-    mace's defaults 0 and 1), one calculator over several values (the engine is rebuilt
-    when they change)."""
+    mace's defaults 0 and 1), one calculator over several values (its engine switches
+    them in place: Engine.set_system_inputs, tests/test_system_inputs.py)."""
     model = embedding_model(readout, specs=specs, scale_shift=readout or specs is OMOL_SPECS)
     path = tmp_path / "embedding.e3f"
     mace_convert.convert(model, path)

@@ -27,6 +27,7 @@
 #include "e3fuse/error.h"
 #include "e3fuse/neighbors.h"
 #include "model/plan.h"
+#include "model/system_inputs.h"
 #include "neighbors/lattice.h"
 #include "ops/activation.h"
 #include "regions.h"
@@ -339,6 +340,13 @@ class MaceRunner {
     }
   }
 
+  // Engine::set_system_inputs: the species embedding and e0 of other per-system inputs
+  // (converted to T as make_typed_plan converts the plan's).
+  void set_system_inputs(const SystemInputFold& fold) {
+    geom_.embedding.assign(fold.embedding.begin(), fold.embedding.end());
+    e0_ = fold.e0;
+  }
+
   void run(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {
     const int64_t n = g.num_nodes;
     const int num_layers = static_cast<int>(layers_.size());
@@ -575,6 +583,7 @@ struct Engine::Impl {
   // node and edge counts of the caller's last compute(GraphView), whose edges were checked
   // (GraphView::same_edges_as_last); -1 after any other kind of call
   int64_t last_graph_nodes = -1, last_graph_edges = -1;
+  std::vector<double> system_input_values;  // see Engine::set_system_inputs
 };
 
 Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision precision,
@@ -598,6 +607,7 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
                 ": evaluate it through Model::with_system_inputs");
   }
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
+  impl_->system_input_values = model_->plan().joint_embedding.values;
   const bool tables = radial_ == Radial::table;
   if (family == "mace") check_nonlinear_blocks(model_->plan(), tables, device);
   if (device == Device::cuda) {
@@ -639,6 +649,21 @@ void check_atoms(int64_t n, const int32_t* species, const double* positions, int
 }
 
 }  // namespace
+
+void Engine::set_system_inputs(const std::vector<double>& values) {
+  // computed, and checked, before anything changes
+  const SystemInputFold fold = fold_system_inputs(model_->plan(), values);
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) impl_->gpu->set_system_inputs(fold.embedding, fold.e0);
+#endif
+  if (impl_->mace64) impl_->mace64->set_system_inputs(fold);
+  if (impl_->mace32) impl_->mace32->set_system_inputs(fold);
+  impl_->system_input_values = values;
+}
+
+const std::vector<double>& Engine::system_input_values() const {
+  return impl_->system_input_values;
+}
 
 void Engine::set_neighbor_skin(double skin) {
   if (!(skin >= 0.0)) throw Error("the neighbor-list skin must be >= 0");

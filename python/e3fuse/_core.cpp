@@ -397,6 +397,9 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("positions"), py::arg("species"), py::arg("cell"), py::arg("pbc"),
           py::arg("forces") = true, py::arg("virial") = true, py::arg("atom_virials") = false)
+      // per-system inputs (MACE embedding_specs): other values without a new engine
+      .def("set_system_inputs", &Engine::set_system_inputs, py::arg("values"))
+      .def_property_readonly("system_input_values", &Engine::system_input_values)
       .def("set_neighbor_skin", &Engine::set_neighbor_skin)
       .def("set_min_distance", &Engine::set_min_distance)
       .def_property_readonly("num_neighbor_builds", &Engine::num_neighbor_builds)

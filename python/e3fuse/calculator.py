@@ -68,7 +68,10 @@ class Calculator(AseCalculator):
 
     Models with per-system inputs (MACE embedding_specs) read them from ``atoms.info``
     under mace's keys, with mace's defaults: total charge ``"charge"`` (0) and total spin
-    ``"spin"`` (1); a change of them counts as a change of the system.
+    ``"spin"`` (1); a change of them counts as a change of the system. Changing them
+    switches the calculator's engine to the new values (``Engine.set_system_inputs``),
+    which recomputes only the species embedding and reference energies: the engine,
+    its radial tables and its neighbor list are kept.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress", "stresses"]
@@ -108,9 +111,9 @@ class Calculator(AseCalculator):
         self._engine_args = (device, dtype, num_threads, radial)
         self._engine_settings = (float(skin), float(min_distance), int(region_atoms))
         # per-system inputs (MACE embedding_specs: total charge, spin) from atoms.info, with
-        # mace's keys and defaults; the engine is rebuilt when their values change
+        # mace's keys and defaults; the engine starts at the defaults and is switched to
+        # other values in place (Engine.set_system_inputs)
         self.system_inputs = list(self.file_model.system_inputs)
-        self._input_values: list[float] | None = None
         self._make_engine([default for _, _, default in self.system_inputs])
         self._species_key: bytes | None = None
         self._species = np.zeros(0, dtype=np.int32)
@@ -120,7 +123,6 @@ class Calculator(AseCalculator):
             self.model = self.file_model.with_system_inputs(input_values)
         else:
             self.model = self.file_model
-        self._input_values = input_values
         from . import _core
 
         self.engine = _core.Engine(self.model, *self._engine_args)
@@ -199,8 +201,8 @@ class Calculator(AseCalculator):
             raise PropertyNotImplementedError("stress is only defined for fully periodic systems")
         if self.system_inputs:
             values = self._system_input_values(atoms)
-            if values != self._input_values:
-                self._make_engine(values)
+            if values != list(self.engine.system_input_values):
+                self.engine.set_system_inputs(values)
         species = self._species_of(atoms.numbers)
         positions = np.ascontiguousarray(atoms.positions, dtype=np.float64)
         cell = np.ascontiguousarray(atoms.cell.array, dtype=np.float64)

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "e3fuse/model.h"
 #include "e3fuse/system.h"
@@ -121,6 +122,18 @@ class Engine {
   static size_t device_bytes_in_use();
   static size_t device_bytes_peak();
   static void reset_device_bytes_peak();
+
+  // Models with per-system inputs (mace's embedding_specs: total charge, spin; see
+  // Model::with_system_inputs): switches the engine to other values, values[i] of
+  // model().system_inputs()[i]. Only what they change is recomputed (the species
+  // embedding and reference energies); radial tables, the neighbor list and device
+  // buffers are kept, and the results are those of an engine built for the new values.
+  // Throws Error, keeping the current values, on a model without such inputs, a wrong
+  // count or a value outside a categorical input's classes.
+  void set_system_inputs(const std::vector<double>& values);
+  // The values in use (those model() was folded with until set_system_inputs; empty
+  // for a model without per-system inputs).
+  const std::vector<double>& system_input_values() const;
 
   const Model& model() const { return *model_; }
   Device device() const { return device_; }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "e3fuse/engine.h"
 #include "e3fuse/system.h"
@@ -33,6 +34,10 @@ class Backend {
   virtual int64_t num_neighbor_builds() const = 0;
   virtual int64_t num_neighbor_edges() const = 0;
   virtual std::string device_name() const = 0;
+  // Engine::set_system_inputs: the species embedding [num_species][dim] and e0 of other
+  // per-system inputs (MACE), uploaded before this call returns.
+  virtual void set_system_inputs(const std::vector<double>& embedding,
+                                 const std::vector<double>& e0) = 0;
 };
 
 // Throws Error when no GPU can be used. gpu: device index, -1 for the current device.

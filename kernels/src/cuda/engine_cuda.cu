@@ -380,6 +380,11 @@ class Model {
   // Called with the host's species of the next call's nodes before run (MACE builds the
   // radial tables of the species pairs it meets; see cpu::Conv::pair_tables).
   virtual void prepare(const int32_t* /*species*/, int64_t /*n*/) {}
+  // The species embedding and e0 of other per-system inputs (see Backend).
+  virtual void set_system_inputs(const std::vector<double>& /*embedding*/,
+                                 const std::vector<double>& /*e0*/, cudaStream_t /*stream*/) {
+    throw Error("internal: this model has no per-system inputs");
+  }
   // Bytes of the node tensors run() holds per node for a graph of n nodes (single GPU):
   // the sum of the widths it resizes its arrays to, kept next to run() so the two agree.
   virtual size_t node_bytes(int64_t n, bool want_grad) const = 0;
@@ -659,6 +664,15 @@ class MaceModel : public Model {
     scale_ = plan.mace_scale;
     shift_ = plan.mace_shift;
     pair_.upload(plan);
+  }
+
+  // Same sizes: uploaded in place (converted to T as make_typed_plan converts the plan's).
+  void set_system_inputs(const std::vector<double>& embedding, const std::vector<double>& e0,
+                         cudaStream_t stream) override {
+    const std::vector<T> typed(embedding.begin(), embedding.end());
+    embedding_.upload(typed.data(), typed.size(), stream);
+    e0_.upload(e0.data(), e0.size(), stream);
+    check(cudaStreamSynchronize(stream), "uploading the per-system inputs");
   }
 
   void prepare(const int32_t* species, int64_t n) override {
@@ -1061,6 +1075,11 @@ class BackendImpl : public Backend {
   int64_t num_neighbor_edges() const override { return neighbors_ ? neighbors_->num_edges() : 0; }
   std::string device_name() const override {
     return name_ + " (GPU " + std::to_string(device_) + ")";
+  }
+  void set_system_inputs(const std::vector<double>& embedding,
+                         const std::vector<double>& e0) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    model_->set_system_inputs(embedding, e0, state_.stream());
   }
 
  private:

@@ -253,6 +253,8 @@ struct JointEmbeddingPlan {
   LinearPlan readout;  // embedding_dim scalars -> 1 (the selected head)
   bool folded = false;
   std::vector<double> values;  // folded values, in input order
+  // folded: the species embedding and e0 without the inputs (for refolding other values)
+  std::vector<double> base_embedding, base_e0;
 };
 
 // MACE's ZBL pair repulsion (mace-torch ZBLBasis, pair_repulsion=True); the formula is in

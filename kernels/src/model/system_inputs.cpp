@@ -2,13 +2,14 @@
 // GenericJointEmbedding in mace/modules/embeddings.py): their embedding v is the same
 // for every atom of a system, so a model copy with v added to the species embedding
 // and the embedding readout's energy added to e0 evaluates them exactly.
+#include "model/system_inputs.h"
+
 #include <cmath>
 #include <cstdio>
 #include <string>
 
 #include "e3fuse/error.h"
 #include "e3fuse/model.h"
-#include "model/plan.h"
 
 namespace e3fuse {
 
@@ -70,10 +71,9 @@ bool Model::needs_system_inputs() const {
   return !plan_->joint_embedding.inputs.empty() && !plan_->joint_embedding.folded;
 }
 
-std::shared_ptr<const Model> Model::with_system_inputs(const std::vector<double>& values) const {
-  const JointEmbeddingPlan& je = plan_->joint_embedding;
+SystemInputFold fold_system_inputs(const ModelPlan& plan, const std::vector<double>& values) {
+  const JointEmbeddingPlan& je = plan.joint_embedding;
   if (je.inputs.empty()) throw Error("the model has no per-system inputs");
-  if (je.folded) throw Error("the model's per-system inputs are already set");
   if (values.size() != je.inputs.size())
     throw Error("the model has " + std::to_string(je.inputs.size()) + " per-system inputs, got " +
                 std::to_string(values.size()) + " values");
@@ -83,21 +83,36 @@ std::shared_ptr<const Model> Model::with_system_inputs(const std::vector<double>
     const std::vector<double> e = embed_input(je.inputs[i], values[i]);
     concat.insert(concat.end(), e.begin(), e.end());
   }
-  const int dim = plan_->embedding_dim;
+  const int dim = plan.embedding_dim;
   std::vector<double> v(static_cast<size_t>(dim));
   for (int d = 0; d < dim; ++d) {
     double acc = 0.0;
     for (size_t k = 0; k < concat.size(); ++k) acc += concat[k] * je.projection[k * dim + d];
     v[d] = silu(acc);
   }
-  auto plan = std::make_unique<ModelPlan>(*plan_);
-  const size_t num_species = plan->atomic_numbers.size();
+  SystemInputFold fold;
+  fold.embedding = je.folded ? je.base_embedding : plan.embedding;
+  fold.e0 = je.folded ? je.base_e0 : plan.e0;
+  const size_t num_species = plan.atomic_numbers.size();
   for (size_t s = 0; s < num_species; ++s) {
-    double* row = &plan->embedding[s * dim];
+    double* row = &fold.embedding[s * dim];
     for (int d = 0; d < dim; ++d) row[d] += v[d];
     // MACE.forward: e0 += embedding_readout(node_feats), unscaled, once per atom
-    if (je.has_readout) plan->e0[s] += scalar_linear(je.readout, row);
+    if (je.has_readout) fold.e0[s] += scalar_linear(je.readout, row);
   }
+  return fold;
+}
+
+std::shared_ptr<const Model> Model::with_system_inputs(const std::vector<double>& values) const {
+  const JointEmbeddingPlan& je = plan_->joint_embedding;
+  if (je.inputs.empty()) throw Error("the model has no per-system inputs");
+  if (je.folded) throw Error("the model's per-system inputs are already set");
+  SystemInputFold fold = fold_system_inputs(*plan_, values);
+  auto plan = std::make_unique<ModelPlan>(*plan_);
+  plan->joint_embedding.base_embedding = std::move(plan->embedding);
+  plan->joint_embedding.base_e0 = std::move(plan->e0);
+  plan->embedding = std::move(fold.embedding);
+  plan->e0 = std::move(fold.e0);
   plan->joint_embedding.folded = true;
   plan->joint_embedding.values = values;
   std::shared_ptr<Model> model(new Model());
