@@ -334,3 +334,9 @@ def test_unsupported_embedding_specs_are_refused_by_name(tmp_path: Path) -> None
     model = build_mace("8x0e", max_ell=1, correlation=1, seed=3, embedding_specs=specs)
     with pytest.raises(mace_convert.UnsupportedModel, match="embedding_specs \\(total_charge\\)"):
         mace_convert.convert(model, tmp_path / "per-atom.e3f")
+    # empty specs: a joint embedding without inputs, which mace-torch cannot evaluate either;
+    # refused before any file is written
+    empty = build_mace("8x0e", max_ell=1, correlation=1, seed=3, embedding_specs={})
+    with pytest.raises(mace_convert.UnsupportedModel, match="embedding_specs is empty"):
+        mace_convert.convert(empty, tmp_path / "empty.e3f")
+    assert not (tmp_path / "empty.e3f").exists()

@@ -550,6 +550,8 @@ def _joint_embedding(
     embedders, the projection and the readout (see JointEmbeddingPlan in plan.h)."""
     joint = model.joint_embedding
     specs = dict(model.embedding_specs)
+    if not specs:  # mace-torch's own forward fails on it (torch.cat of no embeddings)
+        raise UnsupportedModel("embedding_specs is empty: the joint embedding has no inputs")
     named = f"embedding_specs ({', '.join(specs)})"
     if type(joint).__name__ != "GenericJointEmbedding":
         raise UnsupportedModel(f"{named}: {type(joint).__name__} is not supported")
