@@ -991,11 +991,10 @@ class BackendImpl : public Backend {
     const int64_t edges = n > 0 ? h.row_offsets[n] : 0;
     s.positions.upload(h.positions, 3 * n, st);
     s.species.upload(h.species, n, st);
-    // the edges of the caller's previous graph are still here (GraphView::same_edges_as_last)
-    const bool same_edges = h.same_edges_as_last && held_graph_nodes_ == n &&
-                            held_graph_edges_ == edges &&
-                            held_graph_shifts_ == (h.shift_index != nullptr);
-    held_graph_nodes_ = held_graph_edges_ = -1;  // until the uploads below are done
+    // the edges of the caller's previous graph are still here: Engine::compute, this
+    // method's only caller, passes GraphView::same_edges_as_last on only after a
+    // compute(GraphView) with the same counts and no other kind of call since
+    const bool same_edges = h.same_edges_as_last;
     if (!same_edges) {
       s.row_offsets.upload(h.row_offsets, n + 1, st);
       s.neighbors.upload(h.neighbors, edges, st);
@@ -1018,9 +1017,6 @@ class BackendImpl : public Backend {
       g.shift_index = s.shift_index.data();
       g.shifts = s.shifts.data();
     }
-    held_graph_nodes_ = n;
-    held_graph_edges_ = edges;
-    held_graph_shifts_ = h.shift_index != nullptr;
     s.halo.bind(halo, n, h.num_energy_nodes, st);
     model_->prepare(h.species, n);
     run(g, out);
@@ -1195,10 +1191,6 @@ class BackendImpl : public Backend {
   std::unique_ptr<DeviceNeighborList> neighbors_;
   double neighbor_skin_ = -1.0;
   std::vector<double> energies_;
-  // what state_'s row_offsets / neighbors / shifts hold: the last compute(GraphView)'s
-  // counts, -1 while none or while an upload is unfinished
-  int64_t held_graph_nodes_ = -1, held_graph_edges_ = -1;
-  bool held_graph_shifts_ = false;
 };
 
 }  // namespace
