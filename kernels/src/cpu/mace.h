@@ -15,7 +15,10 @@ namespace e3fuse::cpu {
 template <class T>
 struct ElementLinear {
   int64_t dim_in = 0, dim_out = 0;
-  std::vector<Linear<T>> per_species;
+  std::vector<Linear<T>> per_species;  // or one map shared by all (ElementLinearPlan::shared)
+  const Linear<T>& of_species(int32_t s) const {
+    return per_species[per_species.size() == 1 ? 0 : static_cast<size_t>(s)];
+  }
 };
 
 template <class T>

@@ -46,8 +46,7 @@ void element_linear_forward(const ElementLinear<T>& lin, int64_t num_nodes, cons
     for (int64_t n = 0; n < num_nodes; ++n) {
       T* on = out + n * lin.dim_out;
       std::fill(on, on + lin.dim_out, T(0));
-      linear_row(lin.per_species[lin.per_species.size() == 1 ? 0 : species[n]], x + n * lin.dim_in,
-                 on, xm, acc);
+      linear_row(lin.of_species(species[n]), x + n * lin.dim_in, on, xm, acc);
     }
   }
 }
@@ -63,8 +62,7 @@ void element_linear_backward(const ElementLinear<T>& lin, int64_t num_nodes, con
     for (int64_t n = 0; n < num_nodes; ++n) {
       T* xn = grad_x + n * lin.dim_in;
       if (!accumulate) std::fill(xn, xn + lin.dim_in, T(0));
-      linear_row_transpose(lin.per_species[lin.per_species.size() == 1 ? 0 : species[n]],
-                           grad_out + n * lin.dim_out, xn, gm);
+      linear_row_transpose(lin.of_species(species[n]), grad_out + n * lin.dim_out, xn, gm);
     }
   }
 }

@@ -104,9 +104,7 @@ SystemInputFold fold_system_inputs(const ModelPlan& plan, const std::vector<doub
 }
 
 std::shared_ptr<const Model> Model::with_system_inputs(const std::vector<double>& values) const {
-  const JointEmbeddingPlan& je = plan_->joint_embedding;
-  if (je.inputs.empty()) throw Error("the model has no per-system inputs");
-  if (je.folded) throw Error("the model's per-system inputs are already set");
+  if (plan_->joint_embedding.folded) throw Error("the model's per-system inputs are already set");
   SystemInputFold fold = fold_system_inputs(*plan_, values);
   auto plan = std::make_unique<ModelPlan>(*plan_);
   plan->joint_embedding.base_embedding = std::move(plan->embedding);
