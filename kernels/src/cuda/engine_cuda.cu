@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -462,30 +463,33 @@ class StepGraphs {
   // expected now and then; any other failure (an error thrown, a call that capture does not
   // allow) turns graphs off for this engine, with a warning.
   cudaGraph_t capture(cudaStream_t stream, const std::function<void()>& enqueue) {
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-          "cudaStreamBeginCapture");
-    bool grows = false;
     std::string failure;
-    allocations_forbidden() = true;
-    try {
-      enqueue();
-    } catch (const AllocationDuringCapture&) {
-      grows = true;
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    allocations_forbidden() = false;
+    bool grows = false;
     cudaGraph_t graph = nullptr;
-    const cudaError_t status = cudaStreamEndCapture(stream, &graph);
-    if (status != cudaSuccess && failure.empty() && !grows)
-      failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(status);
-    if (status == cudaSuccess && !grows && failure.empty()) return graph;
+    const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (begin != cudaSuccess) {
+      failure = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(begin);
+    } else {
+      allocations_forbidden() = true;
+      try {
+        enqueue();
+      } catch (const AllocationDuringCapture&) {
+        grows = true;
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      allocations_forbidden() = false;
+      const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+      if (end != cudaSuccess && failure.empty() && !grows)
+        failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+      if (end == cudaSuccess && !grows && failure.empty()) return graph;
+    }
     cudaGetLastError();
     if (graph) cudaGraphDestroy(graph);
     if (!failure.empty()) {
       broken_ = true;
       e3fuse::log(LogLevel::warning, "e3fuse: capturing a CUDA graph failed (" + failure +
-                                         "); this engine runs without");
+                                         "); this engine runs without CUDA graphs");
     }
     return nullptr;
   }
@@ -1326,16 +1330,34 @@ class BackendImpl : public Backend {
       graphs_.run(*graph_key, st, enqueue);
     else
       enqueue();
-    energies_.resize(n);
-    int64_t errors[2] = {0, 0};
-    s.energies.download(energies_.data(), n, st);
-    s.error_node.download(errors, 2, st);
-    if (out.forces) s.forces.download(out.forces, 3 * n, st);
-    if (out.atom_virials) s.atom_virials.download(out.atom_virials, 9 * n, st);
-    if (out.virial) s.virial.download(out.virial, 9, st);
+    // The results come back through page-locked memory (asynchronous copies, one wait):
+    // energies [n], the two error words, then forces [3n], per-atom virials [9n] and the
+    // virial [9] where asked for.
+    const size_t N = static_cast<size_t>(n);
+    double* const staged = results_.reserve(N + 2 + (out.forces ? 3 * N : 0) +
+                                            (out.atom_virials ? 9 * N : 0) + (out.virial ? 9 : 0));
+    double* at = staged + N + 2;
+    s.energies.download(staged, N, st);
+    check(cudaMemcpyAsync(staged + N, s.error_node.data(), 2 * sizeof(int64_t),
+                          cudaMemcpyDeviceToHost, st),
+          "download");
+    const auto stage = [&](const DeviceArray<double>& from, double* to, size_t count) {
+      if (!to) return static_cast<const double*>(nullptr);
+      from.download(at, count, st);
+      at += count;
+      return static_cast<const double*>(at - count);
+    };
+    const double* forces = stage(s.forces, out.forces, 3 * N);
+    const double* atom_virials = stage(s.atom_virials, out.atom_virials, 9 * N);
+    const double* virial = stage(s.virial, out.virial, 9);
     s.profiler.end(st);
     check(cudaStreamSynchronize(st), "the GPU computation");
     s.profiler.collect();
+    int64_t errors[2] = {0, 0};
+    std::memcpy(errors, staged + N, sizeof(errors));
+    if (forces) std::copy(forces, forces + 3 * N, out.forces);
+    if (atom_virials) std::copy(atom_virials, atom_virials + 9 * N, out.atom_virials);
+    if (virial) std::copy(virial, virial + 9, out.virial);
     if (after_sync) after_sync();
     if (errors[0] > 0) {
       throw Error("two atoms are at the same position (atom " + std::to_string(errors[0] - 1) +
@@ -1348,9 +1370,9 @@ class BackendImpl : public Backend {
                   "range here");
     }
     double energy = 0.0;
-    for (int64_t i = 0; i < n; ++i) energy += energies_[i];
+    for (int64_t i = 0; i < n; ++i) energy += staged[i];
     out.energy = energy;
-    if (out.atom_energies) std::copy(energies_.begin(), energies_.end(), out.atom_energies);
+    if (out.atom_energies) std::copy(staged, staged + N, out.atom_energies);
   }
 
   // A rank with an empty graph still takes part in every (collective) exchange.
@@ -1388,8 +1410,8 @@ class BackendImpl : public Backend {
   DeviceState state_;
   std::unique_ptr<DeviceNeighborList> neighbors_;
   double neighbor_skin_ = -1.0;
-  std::vector<double> energies_;
-  StepGraphs graphs_;  // compute_system's device work (declared last: destroyed first)
+  PinnedBuffer results_;  // run()'s results on their way to the caller
+  StepGraphs graphs_;     // compute_system's device work (declared last: destroyed first)
 };
 
 }  // namespace
