@@ -270,3 +270,57 @@ def test_no_graphs_on_the_cpu(sevennet0_path: Path) -> None:
         calc.reset()
         atoms.get_forces()
     assert calc.engine.num_graph_replays == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graphs_survive_calls_on_explicit_graphs(
+    sevennet0_path: Path, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compute_graph calls (LAMMPS's path: never a CUDA graph) on as many atoms between
+    compute_system calls use the same device arrays; the compute_system calls after them
+    still replay and still give what they give without graphs."""
+    model = _core.Model.load(str(sevennet0_path))
+    p0 = cluster(seed=8)
+    species = np.array([model.species_of(z) for z in (29, 28, 8)] * 14, dtype=np.int32)[:40]
+    distances = np.linalg.norm(p0[:, None] - p0[None], axis=-1)
+    np.fill_diagonal(distances, np.inf)
+    receivers, senders = np.nonzero(distances < model.cutoff)
+    rows = np.concatenate([[0], np.cumsum(np.bincount(receivers, minlength=40))]).astype(np.int64)
+    senders = senders.astype(np.int32)
+    rng = np.random.default_rng(4)
+    outcomes = {}
+    for graphs in (True, False):
+        monkeypatch.setenv("E3FUSE_CUDA_GRAPH", "1" if graphs else "0")
+        engine = _core.Engine(model, device, "float32")
+        results = []
+        for step in range(8):
+            positions = p0 + rng.uniform(-0.02, 0.02, p0.shape) if step % 2 else p0
+            if step in (3, 6):
+                results.append(engine.compute_graph(positions, species, rows, senders))
+            results.append(engine.compute_system(positions, species, np.eye(3) * 50.0, [False] * 3))
+        outcomes[graphs] = (results, int(engine.num_graph_replays))
+        rng = np.random.default_rng(4)
+    got, replays = outcomes[True]
+    want, _ = outcomes[False]
+    for step, (a, b) in enumerate(zip(got, want)):
+        for key in b:
+            assert np.array_equal(np.array(a[key]), np.array(b[key])), f"call {step}: {key}"
+    if device == "cuda":
+        assert replays >= 4, replays
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_graphs_while_profiling(
+    sevennet0_path: Path, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E3FUSE_PROFILE=1 times the stages with events between them: those calls run
+    without graphs."""
+    monkeypatch.setenv("E3FUSE_PROFILE", "1")
+    model = _core.Model.load(str(sevennet0_path))
+    engine = _core.Engine(model, device, "float32")
+    positions = cluster(seed=2)
+    species = np.full(40, model.species_of(29), dtype=np.int32)
+    for _ in range(3):
+        engine.compute_system(positions, species, np.eye(3) * 50.0, [False] * 3)
+    assert engine.num_graph_replays == 0
+    del engine
