@@ -446,11 +446,14 @@ class StepGraphs {
   };
   static constexpr size_t kGraphs = 4;
 
-  // key's entry, else a new one while there are fewer than kGraphs, else the least recently
-  // used (its executable graph may take the new one's arguments).
+  // key's entry; else that of the same sizes (of an earlier neighbor-list build, never
+  // replayed again: its executable graph takes the new one's arguments); else a new one while
+  // there are fewer than kGraphs; else the least recently used.
   Entry& slot(const Key& key) {
     for (Entry& e : entries_)
       if (e.key == key) return e;
+    for (Entry& e : entries_)
+      if (e.key.same_sizes(key)) return e;
     if (entries_.size() < kGraphs) return entries_.emplace_back();
     Entry* oldest = &entries_.front();
     for (Entry& e : entries_)
