@@ -1222,9 +1222,10 @@ class BackendImpl : public Backend {
     s.halo.bind(nullptr, n, n, st);
     model_->prepare(sys.species, n);
     // The call's device work may be a CUDA graph (StepGraphs): not for regions (each call
-    // is another system) nor while profiling (events between the stages).
+    // is another system, with a list built for it) nor while profiling (events between the
+    // stages).
     StepGraphs::Key key;
-    const bool graph = !layer_rows && !s.profiler.enabled() && StepGraphs::enabled();
+    const bool graph = !rebuild && !layer_rows && !s.profiler.enabled() && StepGraphs::enabled();
     if (graph) {
       key.nodes = n;
       key.energy_nodes = num_energy_nodes;
