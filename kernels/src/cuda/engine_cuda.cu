@@ -390,7 +390,12 @@ class StepGraphs {
     for (Entry& e : entries_) {
       if (e.generation != generation) e.valid = false;  // an array may have moved
       if (e.valid && e.key == key) {
-        check(cudaGraphLaunch(e.exec, stream), "cudaGraphLaunch");
+        const cudaError_t status = cudaGraphLaunch(e.exec, stream);
+        if (status != cudaSuccess) {
+          give_up("cudaGraphLaunch", status);
+          enqueue();
+          return;
+        }
         e.used = ++uses_;
         ++replays_;
         return;
@@ -419,12 +424,17 @@ class StepGraphs {
     cudaError_t status = cudaSuccess;
     if (!e.exec) status = cudaGraphInstantiate(&e.exec, graph, 0);
     cudaGraphDestroy(graph);
-    check(status, "cudaGraphInstantiate");
+    if (status != cudaSuccess) e.exec = nullptr;
+    if (status == cudaSuccess) status = cudaGraphLaunch(e.exec, stream);
+    if (status != cudaSuccess) {  // nothing of the call ran
+      give_up("cudaGraphInstantiate or cudaGraphLaunch", status);
+      enqueue();
+      return;
+    }
     e.key = key;
     e.generation = generation;
     e.valid = true;
     e.used = ++uses_;
-    check(cudaGraphLaunch(e.exec, stream), "cudaGraphLaunch");
   }
 
   // Drops every graph (a launch argument held by value changed, e.g. new radial tables).
@@ -445,6 +455,15 @@ class StepGraphs {
     int64_t used = 0;
   };
   static constexpr size_t kGraphs = 4;
+
+  // After a failure no launch ran: graphs are dropped and turned off for this engine.
+  void give_up(const std::string& what, cudaError_t status) {
+    cudaGetLastError();
+    clear();
+    broken_ = true;
+    e3fuse::log(LogLevel::warning, "e3fuse: " + what + " failed (" + cudaGetErrorString(status) +
+                                       "); this engine runs without CUDA graphs");
+  }
 
   // key's entry; else that of the same sizes (of an earlier neighbor-list build, never
   // replayed again: its executable graph takes the new one's arguments); else a new one while
