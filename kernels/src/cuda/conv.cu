@@ -1405,9 +1405,7 @@ bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, bo
   if (bytes > shared_limit()) return false;
   const auto kernel = pick(std::integral_constant<int, EC>{});
   if (full_occupancy && !shared_keeps_occupancy(kernel, bytes)) return false;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes)),
-        "cudaFuncSetAttribute");
+  raise_dynamic_shared_limit(reinterpret_cast<const void*>(kernel), bytes, "cudaFuncSetAttribute");
   launch(kernel, bytes);
   return true;
 }

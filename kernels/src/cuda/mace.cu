@@ -143,9 +143,8 @@ int sc_block(Kernel kernel, int slots, size_t& bytes) {
     bytes = static_cast<size_t>(slots) * threads * sizeof(T);
     if (bytes <= kDefaultSharedBytes) return threads;
   }
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes)),
-        "symmetric contraction: shared memory per block");
+  raise_dynamic_shared_limit(reinterpret_cast<const void*>(kernel), bytes,
+                             "symmetric contraction: shared memory per block");
   return 32;
 }
 
