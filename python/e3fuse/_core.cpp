@@ -40,6 +40,16 @@ void check_shape(const py::array& a, std::vector<py::ssize_t> shape, const char*
   if (!ok) throw Error(std::string(what) + " has the wrong shape");
 }
 
+void engine_compute(Engine& engine, const GraphView& g, ComputeOutput& out) {
+  engine.compute(g, out);
+}
+void engine_compute(Engine& engine, const SystemView& s, ComputeOutput& out) {
+  engine.compute(s, out);
+}
+void engine_compute(Engine& engine, const NodesView& nodes, ComputeOutput& out) {
+  engine.compute(nodes, out, nullptr);
+}
+
 template <class Input>
 py::dict compute_with(Engine& engine, const Input& input, int64_t n, bool forces, bool virial,
                       bool atom_virials) {
@@ -52,7 +62,7 @@ py::dict compute_with(Engine& engine, const Input& input, int64_t n, bool forces
   if (atom_virials) out.atom_virials = av.mutable_data();
   {
     py::gil_scoped_release release;
-    engine.compute(input, out);
+    engine_compute(engine, input, out);
   }
   py::dict result;
   result["energy"] = out.energy;
@@ -436,7 +446,37 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("positions"), py::arg("species"), py::arg("row_offsets"), py::arg("neighbors"),
           py::arg("num_energy_nodes") = -1, py::arg("forces") = true, py::arg("virial") = true,
-          py::arg("atom_virials") = false, py::arg("same_edges_as_last") = false);
+          py::arg("atom_virials") = false, py::arg("same_edges_as_last") = false)
+      // Evaluate nodes whose edges the engine finds (NodesView, without a halo exchange):
+      // nodes [0, num_owned) owned (-1: all), the others ghosts without ghost-ghost edges.
+      .def(
+          "compute_nodes",
+          [](Engine& engine, Array<double> positions, Array<int32_t> species, int64_t num_owned,
+             bool forces, bool virial, bool atom_virials, bool same_nodes_as_last) {
+            const int64_t n = species.shape(0);
+            check_shape(positions, {n, 3}, "positions");
+            NodesView nodes;
+            nodes.num_nodes = n;
+            nodes.num_owned = num_owned < 0 ? n : num_owned;
+            nodes.positions = positions.data();
+            nodes.species = species.data();
+            nodes.same_nodes_as_last = same_nodes_as_last;
+            return compute_with(engine, nodes, n, forces, virial, atom_virials);
+          },
+          py::arg("positions"), py::arg("species"), py::arg("num_owned") = -1,
+          py::arg("forces") = true, py::arg("virial") = true, py::arg("atom_virials") = false,
+          py::arg("same_nodes_as_last") = false)
+      // (row_offsets, neighbors) of the edges the last compute_nodes found.
+      .def("node_graph", [](const Engine& engine) {
+        std::vector<int64_t> row_offsets;
+        std::vector<int32_t> neighbors;
+        engine.node_graph(row_offsets, neighbors);
+        Array<int64_t> ro(static_cast<int64_t>(row_offsets.size()));
+        Array<int32_t> nb(static_cast<int64_t>(neighbors.size()));
+        std::copy(row_offsets.begin(), row_offsets.end(), ro.mutable_data());
+        std::copy(neighbors.begin(), neighbors.end(), nb.mutable_data());
+        return py::make_tuple(ro, nb);
+      });
 
   // Op-level probes (float64) used by the tests that compare each op with e3nn.
   py::class_<OpsProbe>(m, "OpsProbe")
