@@ -310,6 +310,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<double, double>(), py::arg("cutoff"), py::arg("skin") = 0.0)
       .def("set_min_distance", &NeighborList::set_min_distance)
       .def("invalidate", &NeighborList::invalidate)
+      .def_property("num_owned", &NeighborList::num_owned, &NeighborList::set_num_owned,
+                    "pairs of two atoms past the first num_owned are left out; -1: none")
       .def_property_readonly("num_builds", &NeighborList::num_builds)
       .def_property_readonly("num_edges", &NeighborList::num_edges)
       .def_property_readonly("cutoff", &NeighborList::cutoff)
