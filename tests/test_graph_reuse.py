@@ -6,6 +6,7 @@ take the promise only where the node and edge counts are those of its last graph
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -206,3 +207,82 @@ def test_nodes_bad_counts(sevennet0_path: Path) -> None:
     engine, species = node_engine(sevennet0_path, "cpu", "float64")
     with pytest.raises(E3fuseError, match="num_owned"):
         engine.compute_nodes(cluster(seed=1), species, num_owned=41)
+
+
+def periodic_nodes(positions: np.ndarray, length: float, reach: float) -> tuple[np.ndarray, ...]:
+    """The atoms of a cubic periodic cell as owned nodes and, as ghosts, their images
+    closer than `reach` to the box around them (what comm exchange gives one rank that
+    owns the whole cell): (owners of the ghosts, their image shifts)."""
+    lo, hi = positions.min(0), positions.max(0)
+    owners, shifts = [], []
+    for shift in itertools.product((-1, 0, 1), repeat=3):
+        if shift == (0, 0, 0):
+            continue
+        image = positions + np.array(shift) * length
+        away = np.maximum(np.maximum(lo - image, 0.0), image - hi)
+        near = np.nonzero((away**2).sum(1) < reach**2)[0]
+        owners.append(near)
+        shifts.append(np.tile(np.array(shift) * length, (len(near), 1)))
+    return np.concatenate(owners).astype(np.int32), np.concatenate(shifts)
+
+
+def fold(values: np.ndarray, owners: np.ndarray, n: int) -> np.ndarray:
+    """Per-node values of owned nodes plus those of their ghosts (reverse communication)."""
+    folded = values[:n].copy()
+    np.add.at(folded, owners, values[n:])
+    return folded
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nodes_with_halo_equal_the_periodic_system(sevennet0_path: Path, device: str) -> None:
+    """One rank owning a whole periodic cell (40 atoms, 9.6 A) with its periodic images as
+    ghosts and a halo exchange in the process: compute_nodes gives compute_system's
+    energies, forces, virial and per-atom virials once the ghosts' forces and virials are
+    added to their owners, to float64 rounding; over three steps with the nodes promised
+    the same (edges found once), each equal, bitwise, to compute_graph with the same
+    halo on the graph the engine found."""
+    engine, species = node_engine(sevennet0_path, device, "float64")
+    system, _ = node_engine(sevennet0_path, device, "float64")
+    length = 9.6
+    start = cluster(seed=4)
+    cutoff = _core.Model.load(str(sevennet0_path)).cutoff
+    owners, shifts = periodic_nodes(start, length, cutoff + SKIN)
+    n = len(start)
+    all_species = np.concatenate([species, species[owners]])
+    rng = np.random.default_rng(1)
+    for step in range(3):
+        positions = start + (rng.uniform(-0.25, 0.25, start.shape) if step else 0.0)
+        nodes = np.concatenate([positions, positions[owners] + shifts])
+        got = engine.compute_nodes(
+            nodes,
+            all_species,
+            num_owned=n,
+            atom_virials=True,
+            same_nodes_as_last=step > 0,
+            ghost_owners=owners,
+        )
+        assert engine.num_neighbor_builds == 1
+        want = system.compute_system(
+            positions, species, np.eye(3) * length, [True] * 3, atom_virials=True
+        )
+        assert abs(got["energy"] - want["energy"]) < 1e-10
+        np.testing.assert_allclose(got["energies"][:n], want["energies"], atol=1e-12)
+        assert np.all(got["energies"][n:] == 0.0)
+        np.testing.assert_allclose(fold(got["forces"], owners, n), want["forces"], atol=1e-11)
+        np.testing.assert_allclose(got["virial"], want["virial"], atol=1e-10)
+        np.testing.assert_allclose(
+            fold(got["atom_virials"], owners, n), want["atom_virials"], atol=1e-11
+        )
+        rows, neighbors = engine.node_graph()
+        fresh, _ = engine_for(sevennet0_path, device, "float64")
+        explicit = fresh.compute_graph(
+            nodes,
+            all_species,
+            rows,
+            neighbors,
+            num_energy_nodes=n,
+            atom_virials=True,
+            ghost_owners=owners,
+        )
+        for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+            assert np.array_equal(got[key], explicit[key]), (step, key)

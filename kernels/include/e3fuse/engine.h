@@ -124,8 +124,9 @@ class Engine {
   void set_region_atoms(int64_t max_atoms);
   int64_t region_atoms() const;
   int num_regions() const;  // regions of the last compute(SystemView); 1: one pass
+  // Of the neighbor list of the last compute(SystemView) or compute(NodesView):
   int64_t num_neighbor_builds() const;
-  int64_t num_neighbor_edges() const;  // of the current list, skin included
+  int64_t num_neighbor_edges() const;  // skin included
   double neighbor_skin() const;
 
   // Device memory held by this process's e3fuse arrays (0 on the CPU): now and peak.
