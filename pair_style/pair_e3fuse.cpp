@@ -94,36 +94,6 @@ void parallel_copy(double *dst, const double *src, size_t count, int threads) {
   }
 }
 
-// CSR rows of graph nodes 0 .. node_atom.size()-1 from LAMMPS's neighbor list,
-// in two passes split over threads: count the edges of each row, then fill them.
-// edge(u, j, target) says whether neighbor atom j of node u is an edge and sets its
-// Target; grow(num_edges) sizes the caller's edge arrays; store(e, target) writes edge e.
-template <class Target, class Edge, class Grow, class Store>
-void build_rows(const NeighList *list, const std::vector<int> &node_atom, int threads,
-                std::vector<int64_t> &row_offsets, Edge edge, Grow grow, Store store) {
-  const int rows = static_cast<int>(node_atom.size());
-  row_offsets.assign(static_cast<size_t>(rows) + 1, 0);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int u = 0; u < rows; ++u) {
-    const int i = node_atom[u];
-    int64_t count = 0;
-    Target target;
-    for (int jj = 0; jj < list->numneigh[i]; ++jj)
-      count += edge(u, list->firstneigh[i][jj] & NEIGHMASK, target);
-    row_offsets[u + 1] = count;
-  }
-  for (int u = 0; u < rows; ++u) row_offsets[u + 1] += row_offsets[u];
-  grow(static_cast<size_t>(row_offsets[rows]));
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int u = 0; u < rows; ++u) {
-    const int i = node_atom[u];
-    int64_t e = row_offsets[u];
-    Target target;
-    for (int jj = 0; jj < list->numneigh[i]; ++jj)
-      if (edge(u, list->firstneigh[i][jj] & NEIGHMASK, target)) store(e++, target);
-  }
-}
-
 std::string format_double(double value) {
   std::ostringstream s;
   s << value;
@@ -481,17 +451,16 @@ void PairE3fuse::init_style() {
     hybrid->comm_reverse = std::max(hybrid->comm_reverse, comm_reverse);
     if (ghostneigh) hybrid->ghostneigh = 1;
   }
-  if (mode_ == Mode::IMAGES) {
-    // no LAMMPS neighbor list: the engine keeps its own, with LAMMPS's skin
+  if (mode_ == Mode::SHELL) {
+    neighbor->add_request(this, NeighConst::REQ_FULL | NeighConst::REQ_GHOST);
+  } else {
+    // no LAMMPS neighbor list: the engine finds the edges itself (images: over the periodic
+    // box; exchange: over the local and ghost atoms), with LAMMPS's skin
     try {
       engine_->set_neighbor_skin(neighbor->skin);
     } catch (std::exception &e) {
       error->all(FLERR, "pair e3fuse: {}", e.what());
     }
-  } else {
-    int flags = NeighConst::REQ_FULL;
-    if (mode_ == Mode::SHELL) flags |= NeighConst::REQ_GHOST;
-    neighbor->add_request(this, flags);
   }
 
   if (mode_ == Mode::SHELL) {
@@ -539,6 +508,7 @@ double PairE3fuse::init_one(int i, int j) {
 int PairE3fuse::add_local_nodes() {
   const int nall = atom->nlocal + atom->nghost;
   const int inum = list->inum;
+  num_local_ = inum;
   atom_node_.assign(nall, -1);
   node_atom_.resize(inum);
   for (int ii = 0; ii < inum; ++ii) {
@@ -668,66 +638,59 @@ void PairE3fuse::build_shell_graph() {
 }
 
 /* ----------------------------------------------------------------------
-   exchange mode: nodes = local atoms (energy nodes), then the ghosts within
-   cutoff + skin of them, in the order first met. Local rows hold all their
-   edges; a ghost's row holds its edges to local atoms only (the transpose of
-   the local rows' edges to it): ghost-ghost edges carry no gradient of a local
-   energy. The graph is symmetric, as the engine needs. Built when LAMMPS
-   reneighbors, like its list: until the next reneighboring no atom comes
-   within the cutoff of one that is not its neighbor in the list, the ghosts and
-   the send lists stay, and the engine tests every edge against the cutoff.
+   exchange mode: nodes = the local atoms of the model's types (the energy
+   nodes), then the ghosts of those types that can come within cutoff + skin of
+   one: those within that distance of the bounding box of the local atoms. The
+   engine finds the edges itself (e3fuse::NodesView): the pairs closer than
+   cutoff + skin with a local atom at one end at least, with its own cell list
+   on the device it runs on. Chosen when LAMMPS reneighbors, like its lists:
+   until the next reneighboring no atom moves more than skin / 2, the ghosts
+   and the send lists stay, and the engine keeps its edges and tests every one
+   against the cutoff.
 ------------------------------------------------------------------------- */
 
-void PairE3fuse::build_exchange_graph() {
+void PairE3fuse::add_exchange_nodes() {
   const int nlocal = atom->nlocal;
+  const int nall = nlocal + atom->nghost;
+  const int *type = atom->type;
   double **x = atom->x;
-  const int inum = add_local_nodes();
-  // local rows: the neighbors closer than cutoff + skin, as LAMMPS atom indices for now
-  const double reach = cutoff_ + neighbor->skin;
-  const double cut2 = reach * reach;
-  build_rows<int>(
-      list, node_atom_, host_threads(), row_offsets_,
-      [&](int u, int j, int &target) {
-        const int i = node_atom_[u];
-        const double dx = x[j][0] - x[i][0], dy = x[j][1] - x[i][1], dz = x[j][2] - x[i][2];
-        target = j;
-        return dx * dx + dy * dy + dz * dz < cut2;
-      },
-      [&](size_t num_edges) { neighbors_.resize(num_edges); },
-      [&](int64_t e, int j) { neighbors_[e] = j; });
-
-  // ghosts become nodes in the order first met along the rows
-  for (size_t e = 0; e < neighbors_.size(); ++e) {
-    const int j = neighbors_[e];
-    if (atom_node_[j] >= 0) continue;
-    if (j < nlocal)
-      error->one(FLERR, "pair e3fuse (comm exchange): local neighbor atom {} is not in the list",
-                 j);
-    atom_node_[j] = static_cast<int>(node_atom_.size());
-    node_atom_.push_back(j);
-  }
-  const int threads = host_threads();
-  const auto owned_edges = static_cast<int64_t>(neighbors_.size());
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t e = 0; e < owned_edges; ++e) neighbors_[e] = atom_node_[neighbors_[e]];
-
-  num_nodes_ = static_cast<int64_t>(node_atom_.size());
-  row_offsets_.resize(static_cast<size_t>(num_nodes_) + 1);
-  // ghost rows by counting sort of the local -> ghost edges
-  std::vector<int64_t> fill(static_cast<size_t>(num_nodes_ - inum) + 1, 0);
-  for (int64_t e = 0; e < owned_edges; ++e)
-    if (neighbors_[e] >= inum) ++fill[neighbors_[e] - inum + 1];
-  for (size_t g = 1; g < fill.size(); ++g) fill[g] += fill[g - 1];
-  for (int64_t v = inum; v < num_nodes_; ++v)
-    row_offsets_[v + 1] = owned_edges + fill[v - inum + 1];
-  neighbors_.resize(static_cast<size_t>(row_offsets_[num_nodes_]));
-  for (int u = 0; u < inum; ++u)
-    for (int64_t e = row_offsets_[u]; e < row_offsets_[u + 1]; ++e) {
-      const int v = neighbors_[e];
-      if (v >= inum) neighbors_[owned_edges + fill[v - inum]++] = u;
+  const bool substyle = force->pair != this;
+  auto species_of = [&](int i) {
+    const int t = type[i];
+    return (t >= 1 && t < static_cast<int>(type_species_.size())) ? type_species_[t] : -1;
+  };
+  node_atom_.clear();
+  double lo[3] = {0.0, 0.0, 0.0}, hi[3] = {0.0, 0.0, 0.0};
+  for (int i = 0; i < nlocal; ++i) {
+    if (species_of(i) < 0) {
+      if (substyle) continue;  // pair_style hybrid gives this type to another style
+      error->one(FLERR,
+                 "pair e3fuse: atom ID {} has atom type {}, which pair_coeff maps to NULL (no "
+                 "element of the model)",
+                 atom_id(i), type[i]);
     }
-
-  update_node_positions();
+    for (int a = 0; a < 3; ++a) {
+      lo[a] = node_atom_.empty() ? x[i][a] : std::min(lo[a], x[i][a]);
+      hi[a] = node_atom_.empty() ? x[i][a] : std::max(hi[a], x[i][a]);
+    }
+    node_atom_.push_back(i);
+  }
+  num_local_ = static_cast<int>(node_atom_.size());
+  // ghosts farther than cutoff + skin from the box of the local atoms never become
+  // neighbors before the next reneighboring (under pair_style hybrid, LAMMPS's ghost shell
+  // is as thick as the longest cutoff of all sub-styles)
+  const double reach = cutoff_ + neighbor->skin;
+  const double reach2 = reach * reach;
+  for (int i = nlocal; i < nall && num_local_ > 0; ++i) {
+    if (species_of(i) < 0) continue;  // an error on its owner, or another style's
+    double d2 = 0.0;  // squared distance from the box
+    for (int a = 0; a < 3; ++a) {
+      const double d = std::max({lo[a] - x[i][a], 0.0, x[i][a] - hi[a]});
+      d2 += d * d;
+    }
+    if (d2 < reach2) node_atom_.push_back(i);
+  }
+  num_nodes_ = static_cast<int64_t>(node_atom_.size());
 }
 
 void PairE3fuse::update_node_positions() {
@@ -756,7 +719,7 @@ void PairE3fuse::find_border_nodes() {
   comm->forward_comm(this, 1);
   border_slot_.assign(nlocal, -1);
   border_nodes_.clear();
-  for (int u = 0; u < list->inum; ++u) {
+  for (int u = 0; u < num_local_; ++u) {
     const int i = node_atom_[u];
     if (!sent_[i]) continue;
     border_slot_[i] = static_cast<int>(border_nodes_.size());
@@ -773,7 +736,7 @@ void PairE3fuse::halo_forward(int width, const double *border_rows, double *ghos
   border_rows_ = border_rows;
   ghost_stage_.resize(static_cast<size_t>(atom->nghost) * w);
   comm->forward_comm(this, width);
-  const int inum = list->inum;
+  const int inum = num_local_;
 #pragma omp parallel for num_threads(host_threads()) schedule(static)
   for (int64_t u = inum; u < num_nodes_; ++u)
     std::memcpy(ghost_rows + (u - inum) * w, &ghost_stage_[(node_atom_[u] - nlocal) * w],
@@ -793,7 +756,7 @@ void PairE3fuse::halo_reverse(int width, const double *ghost_rows, double *borde
   parallel_copy(border_sums, nullptr, border_nodes_.size() * w, threads);
   ghost_stage_.resize(static_cast<size_t>(atom->nghost) * w);
   parallel_copy(ghost_stage_.data(), nullptr, ghost_stage_.size(), threads);
-  const int inum = list->inum;
+  const int inum = num_local_;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t u = inum; u < num_nodes_; ++u)
     std::memcpy(&ghost_stage_[(node_atom_[u] - nlocal) * w], ghost_rows + (u - inum) * w,
@@ -887,18 +850,16 @@ void PairE3fuse::finish() {
 }
 
 /* ----------------------------------------------------------------------
-   Once per run setup, rank 0 logs the size of its graph: in images mode the
-   engine's neighbor list (edges within cutoff + skin), otherwise the graph
-   built from LAMMPS's list (edges within cutoff + skin in exchange mode, within
-   the cutoff in shell mode).
+   Once per run setup, rank 0 logs the size of its graph: in images and
+   exchange modes the engine's neighbor list (edges within cutoff + skin), in
+   shell mode the graph built from LAMMPS's list (edges within the cutoff).
 ------------------------------------------------------------------------- */
 
 void PairE3fuse::log_graph(int64_t num_local, int64_t num_ghosts, int64_t num_edges) {
   if (graph_logged_ || comm->me != 0) return;
   graph_logged_ = true;
-  const char *what = mode_ == Mode::IMAGES     ? " edges (engine neighbor list, cutoff + skin)"
-                     : mode_ == Mode::EXCHANGE ? " edges (cutoff + skin)"
-                                               : " edges";
+  const char *what =
+      mode_ == Mode::SHELL ? " edges" : " edges (engine neighbor list, cutoff + skin)";
   utils::logmesg(lmp, "pair e3fuse: rank 0 graph: " + std::to_string(num_local) + " local atoms, " +
                           std::to_string(num_ghosts) + " ghost nodes, " +
                           std::to_string(num_edges) + what + "\n");
@@ -960,30 +921,32 @@ void PairE3fuse::compute(int eflag, int vflag) {
 
   const double start = platform::walltime();
   e3fuse::SystemView system;
-  bool same_edges = false;  // exchange mode between reneighborings
+  bool same_nodes = false;  // exchange mode between reneighborings
   if (mode_ == Mode::IMAGES) {
     pack_images_system(system);
   } else if (mode_ == Mode::SHELL) {
     build_shell_graph();
   } else if (graph_current_ && neighbor->ago > 0) {
     update_node_positions();
-    same_edges = true;
+    same_nodes = true;
   } else {
-    build_exchange_graph();
+    add_exchange_nodes();
+    update_node_positions();
     find_border_nodes();
     graph_current_ = true;
   }
   time_graph_ += platform::walltime() - start;
   ++num_computes_;
   const int64_t n = num_nodes_;
-  const int64_t num_local = mode_ == Mode::IMAGES ? n : list->inum;
+  const int64_t num_local = mode_ == Mode::IMAGES ? n : num_local_;
   // in exchange mode every rank takes part in the engine's exchanges, atoms or not
   if (n == 0 && mode_ != Mode::EXCHANGE) {
     log_graph(0, 0, 0);
     return;
   }
   e3fuse::GraphView g;
-  if (mode_ != Mode::IMAGES) {
+  e3fuse::NodesView nodes;
+  if (mode_ == Mode::SHELL) {
     check_species(n);
     g.num_nodes = n;
     g.num_energy_nodes = num_local;
@@ -991,7 +954,13 @@ void PairE3fuse::compute(int eflag, int vflag) {
     g.species = species_.data();
     g.row_offsets = row_offsets_.data();
     g.neighbors = neighbors_.data();
-    g.same_edges_as_last = same_edges;
+  } else if (mode_ == Mode::EXCHANGE) {
+    check_species(n);
+    nodes.num_nodes = n;
+    nodes.num_owned = num_local;
+    nodes.positions = positions_.data();
+    nodes.species = species_.data();
+    nodes.same_nodes_as_last = same_nodes;
   }
 
   forces_.resize(3 * static_cast<size_t>(n));
@@ -1007,16 +976,18 @@ void PairE3fuse::compute(int eflag, int vflag) {
   try {
     if (mode_ == Mode::IMAGES)
       engine_->compute(system, out);
+    else if (mode_ == Mode::EXCHANGE)
+      engine_->compute(nodes, out, halo_.get());
     else
-      engine_->compute(g, out, mode_ == Mode::EXCHANGE ? halo_.get() : nullptr);
+      engine_->compute(g, out, nullptr);
   } catch (std::exception &e) {
     error->one(FLERR, "pair e3fuse: {}", with_atom_ids(e.what()));
   }
   time_engine_ += platform::walltime() - engine_start;
-  if (mode_ == Mode::IMAGES)
-    log_graph(n, 0, engine_->num_neighbor_edges());
-  else
+  if (mode_ == Mode::SHELL)
     log_graph(num_local, n - num_local, static_cast<int64_t>(neighbors_.size()));
+  else
+    log_graph(num_local, n - num_local, engine_->num_neighbor_edges());
 
   double **f = atom->f;
   for (int64_t u = 0; u < n; ++u) {

@@ -11,9 +11,11 @@
    up to num_layers x cutoff away. Three ways of giving the engine that neighborhood:
      exchange: any number of ranks (the default with several). Ghosts are one
              cutoff (+ skin) thick, as for any pair style. The graph holds the
-             local atoms and the ghosts within cutoff + skin of them, built when
-             LAMMPS reneighbors and kept until it does again (the engine skips
-             the edges beyond the cutoff, as in images mode); after every
+             local atoms and the ghosts; the engine finds its edges (pairs within
+             cutoff + skin with a local atom at one end) with its own cell list,
+             on the GPU for device cuda, when LAMMPS reneighbors and keeps them
+             until it does again (skipping the edges beyond the cutoff, as in
+             images mode); no LAMMPS neighbor list is requested; after every
              interaction layer the ghosts' node features are refreshed from their
              owners by LAMMPS's forward communication, and in the force pass the
              adjoints gathered on ghosts go back to the owners by reverse
@@ -85,7 +87,7 @@ class PairE3fuse : public Pair {
   int add_local_nodes();
   void pack_images_system(e3fuse::SystemView &system);
   void build_shell_graph();
-  void build_exchange_graph();
+  void add_exchange_nodes();
   void update_node_positions();
   int host_threads() const;
   void find_border_nodes();
@@ -109,7 +111,7 @@ class PairE3fuse : public Pair {
   Mode mode_requested_ = Mode::AUTO;
   Mode mode_ = Mode::IMAGES;
   bool graph_logged_ = false;   // graph size logged once per run setup
-  bool graph_current_ = false;  // exchange mode: the graph of LAMMPS's current neighbor list
+  bool graph_current_ = false;  // exchange mode: the nodes of LAMMPS's current ghosts
 
   // model and engine (from pair_coeff)
   std::string model_path_;
@@ -121,10 +123,12 @@ class PairE3fuse : public Pair {
   std::vector<int> type_species_;           // per LAMMPS type (1-based); -1: NULL
   std::vector<std::string> type_elements_;  // per LAMMPS type (1-based)
 
-  // the graph handed to the engine: rebuilt at every compute() in shell mode, at every
-  // reneighboring in exchange mode (graph_current_ until then: only positions change);
-  // in images mode the engine's system (node_atom_, positions_, species_, cell_)
+  // the graph handed to the engine: rebuilt at every compute() in shell mode; in exchange
+  // mode its nodes, chosen at every reneighboring (graph_current_ until then: only
+  // positions change), the engine finding the edges; in images mode the engine's system
+  // (node_atom_, positions_, species_, cell_)
   int64_t num_nodes_ = 0;
+  int num_local_ = 0;                 // nodes [0, num_local_) are local atoms (exchange, shell)
   std::vector<int> node_atom_;        // graph node -> LAMMPS atom index
   std::vector<int> atom_node_;        // LAMMPS atom index -> graph node or -1
   std::vector<int> hop_;              // LAMMPS atom index -> hops from a local atom (shell)

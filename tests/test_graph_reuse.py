@@ -6,6 +6,7 @@ take the promise only where the node and edge counts are those of its last graph
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,185 @@ def test_promise_taken_only_for_the_last_graph(sevennet0_path: Path, device: str
     assert np.array_equal(got["forces"], want["forces"])
     first = fresh.compute_graph(positions, species, rows, neighbors)
     assert not np.array_equal(first["forces"], want["forces"])  # the graphs differ
+
+
+# --------------------------------------------------------------------------------------
+# Engine::compute(NodesView): the engine finds the edges of owned nodes and ghosts itself
+# (pair_style e3fuse comm exchange) and keeps them while the caller promises the same nodes
+# --------------------------------------------------------------------------------------
+
+OWNED = 25  # of the 40 cluster atoms; the others are ghosts
+SKIN = 1.0
+
+
+def owned_pairs_within(positions: np.ndarray, reach: float, owned: int) -> np.ndarray:
+    """pairs_within without the ghost-ghost pairs (nodes past `owned` are ghosts)."""
+    adjacent = pairs_within(positions, reach)
+    adjacent[owned:, owned:] = False
+    return adjacent
+
+
+def node_engine(path: Path, device: str, dtype: str) -> tuple[object, np.ndarray]:
+    engine, species = engine_for(path, device, dtype)
+    engine.set_neighbor_skin(SKIN)
+    return engine, species
+
+
+@pytest.mark.parametrize("owned", [OWNED, 40, 0])
+@pytest.mark.parametrize("device", DEVICES)
+def test_node_graph_edges(sevennet0_path: Path, device: str, owned: int) -> None:
+    """The edges found are the pairs closer than cutoff + skin with an owned node at one end
+    (no ghost-ghost pairs), in symmetric CSR rows; on the CPU each row sorted by sender."""
+    engine, species = node_engine(sevennet0_path, device, "float64")
+    positions = cluster(seed=11)
+    cutoff = _core.Model.load(str(sevennet0_path)).cutoff
+    engine.compute_nodes(positions, species, num_owned=owned)
+    rows, neighbors = engine.node_graph()
+    assert engine.num_neighbor_edges == len(neighbors)
+    found = np.zeros((40, 40), dtype=bool)
+    for i in range(40):
+        row = neighbors[rows[i] : rows[i + 1]]
+        assert len(set(row.tolist())) == len(row)
+        if device == "cpu":
+            assert np.all(np.diff(row) > 0)
+        found[i, row] = True
+    assert np.array_equal(found, owned_pairs_within(positions, cutoff + SKIN, owned))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_node_graph_equals_explicit_graph(sevennet0_path: Path, device: str, dtype: str) -> None:
+    """compute_nodes on 25 owned nodes and 15 ghosts, then four steps with the nodes promised
+    the same and atoms moving up to 0.43 A (below skin / 2): the edges are found once, and
+    every step equals a fresh engine's compute_graph on the graph they form, bitwise (the
+    CPU rows are the numpy CSR's, sorted by sender). A step without the promise, and one
+    that moves an atom past skin / 2 with it, find them again."""
+    kept, species = node_engine(sevennet0_path, device, dtype)
+    start = cluster(seed=5)
+    rng = np.random.default_rng(9)
+    for step in range(5):
+        positions = start + (rng.uniform(-0.25, 0.25, start.shape) if step else 0.0)
+        got = kept.compute_nodes(
+            positions, species, num_owned=OWNED, atom_virials=True, same_nodes_as_last=step > 0
+        )
+        assert kept.num_neighbor_builds == 1, step
+        rows, neighbors = kept.node_graph()
+        if device == "cpu":
+            cutoff = _core.Model.load(str(sevennet0_path)).cutoff
+            want_rows, want_neighbors = csr(owned_pairs_within(start, cutoff + SKIN, OWNED))
+            assert np.array_equal(rows, want_rows) and np.array_equal(neighbors, want_neighbors)
+        fresh, _ = engine_for(sevennet0_path, device, dtype)
+        want = fresh.compute_graph(
+            positions, species, rows, neighbors, num_energy_nodes=OWNED, atom_virials=True
+        )
+        for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+            assert np.array_equal(got[key], want[key]), (step, key)
+    kept.compute_nodes(positions, species, num_owned=OWNED)
+    assert kept.num_neighbor_builds == 2
+    moved = positions.copy()
+    moved[3] += [0.6, 0.0, 0.0]
+    kept.compute_nodes(moved, species, num_owned=OWNED, same_nodes_as_last=True)
+    assert kept.num_neighbor_builds == 3
+    # other counts than the last call's: the promise is not taken
+    kept.compute_nodes(positions, species, num_owned=OWNED - 1, same_nodes_as_last=True)
+    assert kept.num_neighbor_builds == 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nodes_all_owned_equal_the_open_system(sevennet0_path: Path, device: str) -> None:
+    """Every node owned: the open cluster, as compute_system evaluates it with its own list."""
+    engine, species = node_engine(sevennet0_path, device, "float64")
+    positions = cluster(seed=2)
+    got = engine.compute_nodes(positions, species, atom_virials=True)
+    system, _ = node_engine(sevennet0_path, device, "float64")
+    want = system.compute_system(
+        positions, species, np.eye(3) * 50.0, [False] * 3, atom_virials=True
+    )
+    for key in ("energies", "forces", "virial", "atom_virials"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-12, atol=1e-12, err_msg=key)
+    assert abs(got["energy"] - want["energy"]) < 1e-10
+
+
+def test_nodes_bad_counts(sevennet0_path: Path) -> None:
+    engine, species = node_engine(sevennet0_path, "cpu", "float64")
+    with pytest.raises(E3fuseError, match="num_owned"):
+        engine.compute_nodes(cluster(seed=1), species, num_owned=41)
+
+
+def periodic_nodes(positions: np.ndarray, length: float, reach: float) -> tuple[np.ndarray, ...]:
+    """The atoms of a cubic periodic cell as owned nodes and, as ghosts, their images
+    closer than `reach` to the box around them (what comm exchange gives one rank that
+    owns the whole cell): (owners of the ghosts, their image shifts)."""
+    lo, hi = positions.min(0), positions.max(0)
+    owners, shifts = [], []
+    for shift in itertools.product((-1, 0, 1), repeat=3):
+        if shift == (0, 0, 0):
+            continue
+        image = positions + np.array(shift) * length
+        away = np.maximum(np.maximum(lo - image, 0.0), image - hi)
+        near = np.nonzero((away**2).sum(1) < reach**2)[0]
+        owners.append(near)
+        shifts.append(np.tile(np.array(shift) * length, (len(near), 1)))
+    return np.concatenate(owners).astype(np.int32), np.concatenate(shifts)
+
+
+def fold(values: np.ndarray, owners: np.ndarray, n: int) -> np.ndarray:
+    """Per-node values of owned nodes plus those of their ghosts (reverse communication)."""
+    folded = values[:n].copy()
+    np.add.at(folded, owners, values[n:])
+    return folded
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nodes_with_halo_equal_the_periodic_system(sevennet0_path: Path, device: str) -> None:
+    """One rank owning a whole periodic cell (40 atoms, 9.6 A) with its periodic images as
+    ghosts and a halo exchange in the process: compute_nodes gives compute_system's
+    energies, forces, virial and per-atom virials once the ghosts' forces and virials are
+    added to their owners, to float64 rounding; over three steps with the nodes promised
+    the same (edges found once), each equal, bitwise, to compute_graph with the same
+    halo on the graph the engine found."""
+    engine, species = node_engine(sevennet0_path, device, "float64")
+    system, _ = node_engine(sevennet0_path, device, "float64")
+    length = 9.6
+    start = cluster(seed=4)
+    cutoff = _core.Model.load(str(sevennet0_path)).cutoff
+    owners, shifts = periodic_nodes(start, length, cutoff + SKIN)
+    n = len(start)
+    all_species = np.concatenate([species, species[owners]])
+    rng = np.random.default_rng(1)
+    for step in range(3):
+        positions = start + (rng.uniform(-0.25, 0.25, start.shape) if step else 0.0)
+        nodes = np.concatenate([positions, positions[owners] + shifts])
+        got = engine.compute_nodes(
+            nodes,
+            all_species,
+            num_owned=n,
+            atom_virials=True,
+            same_nodes_as_last=step > 0,
+            ghost_owners=owners,
+        )
+        assert engine.num_neighbor_builds == 1
+        want = system.compute_system(
+            positions, species, np.eye(3) * length, [True] * 3, atom_virials=True
+        )
+        assert abs(got["energy"] - want["energy"]) < 1e-10
+        np.testing.assert_allclose(got["energies"][:n], want["energies"], atol=1e-12)
+        assert np.all(got["energies"][n:] == 0.0)
+        np.testing.assert_allclose(fold(got["forces"], owners, n), want["forces"], atol=1e-11)
+        np.testing.assert_allclose(got["virial"], want["virial"], atol=1e-10)
+        np.testing.assert_allclose(
+            fold(got["atom_virials"], owners, n), want["atom_virials"], atol=1e-11
+        )
+        rows, neighbors = engine.node_graph()
+        fresh, _ = engine_for(sevennet0_path, device, "float64")
+        explicit = fresh.compute_graph(
+            nodes,
+            all_species,
+            rows,
+            neighbors,
+            num_energy_nodes=n,
+            atom_virials=True,
+            ghost_owners=owners,
+        )
+        for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+            assert np.array_equal(got[key], explicit[key]), (step, key)

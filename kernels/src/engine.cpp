@@ -575,6 +575,10 @@ struct Engine::Impl {
 #endif
   std::unique_ptr<NeighborList> neighbors;         // compute(SystemView) on the CPU
   std::unique_ptr<NeighborList> region_neighbors;  // the same, one region at a time
+  std::unique_ptr<NeighborList> node_neighbors;    // compute(NodesView) on the CPU
+  // node and owned counts of the last compute(NodesView) (NodesView::same_nodes_as_last)
+  int64_t last_nodes = -1, last_owned = -1;
+  bool nodes_last = false;  // the last list built or used was compute(NodesView)'s
   int64_t region_atoms = 0;
   int num_regions = 1;
   double skin = 0.5;
@@ -648,6 +652,16 @@ void check_atoms(int64_t n, const int32_t* species, const double* positions, int
   }
 }
 
+// Border nodes of a halo exchange must be owned nodes.
+void check_border_nodes(const HaloExchange* halo, int64_t num_owned) {
+  if (!halo) return;
+  const int32_t* border = halo->border_nodes();
+  for (int64_t r = 0; r < halo->num_border_nodes(); ++r)
+    if (border[r] < 0 || border[r] >= num_owned)
+      throw Error("invalid halo exchange: border node " + std::to_string(border[r]) +
+                  " is not an owned node");
+}
+
 }  // namespace
 
 void Engine::set_system_inputs(const std::vector<double>& values) {
@@ -676,14 +690,18 @@ int64_t Engine::num_neighbor_builds() const {
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) return impl_->gpu->num_neighbor_builds();
 #endif
-  return impl_->neighbors ? impl_->neighbors->num_builds() : 0;
+  const NeighborList* list =
+      impl_->nodes_last ? impl_->node_neighbors.get() : impl_->neighbors.get();
+  return list ? list->num_builds() : 0;
 }
 
 int64_t Engine::num_neighbor_edges() const {
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) return impl_->gpu->num_neighbor_edges();
 #endif
-  return impl_->neighbors ? impl_->neighbors->num_edges() : 0;
+  const NeighborList* list =
+      impl_->nodes_last ? impl_->node_neighbors.get() : impl_->neighbors.get();
+  return list ? list->num_edges() : 0;
 }
 
 double Engine::neighbor_skin() const { return impl_->skin; }
@@ -756,6 +774,7 @@ void Engine::compute(const SystemView& s, ComputeOutput& out) {
     ~ForgetGraph() { impl.last_graph_nodes = impl.last_graph_edges = -1; }
   } forget_graph(*impl_);
   if (s.num_atoms < 0) throw Error("invalid system: negative atom count");
+  impl_->nodes_last = false;
   const int num_species = static_cast<int>(model_->atomic_numbers().size());
   check_atoms(s.num_atoms, s.species, s.positions, num_species);
   int64_t max_atoms = impl_->region_atoms;
@@ -895,13 +914,7 @@ void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo)
             "between num_energy_nodes and num_nodes");
     }
   }
-  if (halo) {
-    const int32_t* border = halo->border_nodes();
-    for (int64_t r = 0; r < halo->num_border_nodes(); ++r)
-      if (border[r] < 0 || border[r] >= g.num_energy_nodes)
-        throw Error("invalid halo exchange: border node " + std::to_string(border[r]) +
-                    " is not an owned node");
-  }
+  check_border_nodes(halo, g.num_energy_nodes);
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) {
     impl_->gpu->compute(checked, out, halo);
@@ -910,6 +923,61 @@ void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo)
     return;
   }
 #endif
+  run_cpu(g, out, halo);
+  impl_->last_graph_nodes = g.num_nodes;
+  impl_->last_graph_edges = num_edges;
+}
+
+void Engine::compute(const NodesView& nodes, ComputeOutput& out, HaloExchange* halo) {
+  // none of the caller's graphs is the last one now (GraphView::same_edges_as_last)
+  impl_->last_graph_nodes = impl_->last_graph_edges = -1;
+  if (nodes.num_nodes < 0 || nodes.num_owned < 0 || nodes.num_owned > nodes.num_nodes)
+    throw Error("invalid nodes: counts (num_owned must lie between 0 and num_nodes)");
+  const int num_species = static_cast<int>(model_->atomic_numbers().size());
+  check_atoms(nodes.num_nodes, nodes.species, nodes.positions, num_species);
+  check_border_nodes(halo, nodes.num_owned);
+  const bool keep_edges = nodes.same_nodes_as_last && impl_->last_nodes == nodes.num_nodes &&
+                          impl_->last_owned == nodes.num_owned;
+  impl_->last_nodes = impl_->last_owned = -1;
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) {
+    impl_->gpu->compute_nodes(nodes, impl_->skin, impl_->min_distance, !keep_edges, out, halo);
+    impl_->last_nodes = nodes.num_nodes;
+    impl_->last_owned = nodes.num_owned;
+    return;
+  }
+#endif
+  if (!impl_->node_neighbors || impl_->node_neighbors->skin() != impl_->skin)
+    impl_->node_neighbors = std::make_unique<NeighborList>(model_->cutoff(), impl_->skin);
+  NeighborList& list = *impl_->node_neighbors;
+  impl_->nodes_last = true;
+  list.set_min_distance(impl_->min_distance);
+  list.set_num_owned(nodes.num_owned);
+  if (!keep_edges) list.invalidate();
+  const bool open[3] = {false, false, false};
+  list.update(nodes.num_nodes, nodes.positions, nullptr, open);
+  GraphView g = list.view(nodes.positions, nodes.species);
+  g.num_energy_nodes = nodes.num_owned;
+  g.shift_index = nullptr;  // open: every shift is zero
+  g.shifts = nullptr;
+  run_cpu(g, out, halo);
+  impl_->last_nodes = nodes.num_nodes;
+  impl_->last_owned = nodes.num_owned;
+}
+
+void Engine::node_graph(std::vector<int64_t>& row_offsets, std::vector<int32_t>& neighbors) const {
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) {
+    impl_->gpu->node_graph(row_offsets, neighbors);
+    return;
+  }
+#endif
+  if (!impl_->node_neighbors) throw Error("node_graph: no compute(NodesView) yet");
+  row_offsets = impl_->node_neighbors->row_offsets();
+  neighbors = impl_->node_neighbors->neighbors();
+}
+
+void Engine::run_cpu(const GraphView& g, ComputeOutput& out, HaloExchange* halo) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(impl_->num_threads);
   try {
@@ -926,8 +994,6 @@ void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo)
     throw;
   }
   omp_set_num_threads(saved);
-  impl_->last_graph_nodes = g.num_nodes;
-  impl_->last_graph_edges = num_edges;
 }
 
 // Built without iostreams: a process that also loads another C++ runtime (torch)

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,71 @@ void check_shape(const py::array& a, std::vector<py::ssize_t> shape, const char*
   if (!ok) throw Error(std::string(what) + " has the wrong shape");
 }
 
+// A halo exchange within one process (tests): ghost g, node num_owned + g, is a copy of
+// owned node owners[g], as a periodic image of a rank's own atom is in pair_style e3fuse
+// comm exchange.
+class ImageHalo : public HaloExchange {
+ public:
+  explicit ImageHalo(const Array<int32_t>& owners) {
+    std::vector<int32_t> slot;  // owner -> border row or -1
+    for (py::ssize_t g = 0; g < owners.size(); ++g) {
+      const int32_t o = owners.data()[g];
+      if (o < 0) throw Error("ghost_owners: negative owner " + std::to_string(o));
+      if (static_cast<size_t>(o) >= slot.size()) slot.resize(o + 1, -1);
+      if (slot[o] < 0) {
+        slot[o] = static_cast<int32_t>(border_.size());
+        border_.push_back(o);
+      }
+      ghost_slot_.push_back(slot[o]);
+    }
+  }
+  int64_t num_border_nodes() const override { return static_cast<int64_t>(border_.size()); }
+  const int32_t* border_nodes() const override { return border_.data(); }
+  void forward(int width, const double* border_rows, double* ghost_rows) override {
+    const size_t w = static_cast<size_t>(width);
+    for (size_t g = 0; g < ghost_slot_.size(); ++g)
+      std::memcpy(ghost_rows + g * w, border_rows + ghost_slot_[g] * w, w * sizeof(double));
+  }
+  void reverse(int width, const double* ghost_rows, double* border_sums) override {
+    const size_t w = static_cast<size_t>(width);
+    std::fill(border_sums, border_sums + border_.size() * w, 0.0);
+    for (size_t g = 0; g < ghost_slot_.size(); ++g)
+      for (size_t q = 0; q < w; ++q) border_sums[ghost_slot_[g] * w + q] += ghost_rows[g * w + q];
+  }
+
+ private:
+  std::vector<int32_t> border_, ghost_slot_;
+};
+
+// An input with an optional halo exchange (null: none).
+template <class View>
+struct WithHalo {
+  View view;
+  HaloExchange* halo;
+};
+
+void engine_compute(Engine& engine, const GraphView& g, ComputeOutput& out) {
+  engine.compute(g, out);
+}
+void engine_compute(Engine& engine, const WithHalo<GraphView>& g, ComputeOutput& out) {
+  engine.compute(g.view, out, g.halo);
+}
+void engine_compute(Engine& engine, const SystemView& s, ComputeOutput& out) {
+  engine.compute(s, out);
+}
+void engine_compute(Engine& engine, const WithHalo<NodesView>& nodes, ComputeOutput& out) {
+  engine.compute(nodes.view, out, nodes.halo);
+}
+
+// The halo of ghost_owners (see ImageHalo) for nodes [num_owned, n), or none.
+std::unique_ptr<ImageHalo> image_halo(const std::optional<Array<int32_t>>& ghost_owners, int64_t n,
+                                      int64_t num_owned) {
+  if (!ghost_owners) return nullptr;
+  if (ghost_owners->ndim() != 1 || ghost_owners->shape(0) != n - num_owned)
+    throw Error("ghost_owners needs one owner per ghost (num_nodes - num_owned)");
+  return std::make_unique<ImageHalo>(*ghost_owners);
+}
+
 template <class Input>
 py::dict compute_with(Engine& engine, const Input& input, int64_t n, bool forces, bool virial,
                       bool atom_virials) {
@@ -52,7 +119,7 @@ py::dict compute_with(Engine& engine, const Input& input, int64_t n, bool forces
   if (atom_virials) out.atom_virials = av.mutable_data();
   {
     py::gil_scoped_release release;
-    engine.compute(input, out);
+    engine_compute(engine, input, out);
   }
   py::dict result;
   result["energy"] = out.energy;
@@ -300,6 +367,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<double, double>(), py::arg("cutoff"), py::arg("skin") = 0.0)
       .def("set_min_distance", &NeighborList::set_min_distance)
       .def("invalidate", &NeighborList::invalidate)
+      .def_property("num_owned", &NeighborList::num_owned, &NeighborList::set_num_owned,
+                    "pairs of two atoms past the first num_owned are left out; -1: none")
       .def_property_readonly("num_builds", &NeighborList::num_builds)
       .def_property_readonly("num_edges", &NeighborList::num_edges)
       .def_property_readonly("cutoff", &NeighborList::cutoff)
@@ -419,7 +488,8 @@ PYBIND11_MODULE(_core, m) {
           "compute_graph",
           [](Engine& engine, Array<double> positions, Array<int32_t> species,
              Array<int64_t> row_offsets, Array<int32_t> neighbors, int64_t num_energy_nodes,
-             bool forces, bool virial, bool atom_virials, bool same_edges_as_last) {
+             bool forces, bool virial, bool atom_virials, bool same_edges_as_last,
+             std::optional<Array<int32_t>> ghost_owners) {
             const int64_t n = species.shape(0);
             check_shape(positions, {n, 3}, "positions");
             check_shape(row_offsets, {n + 1}, "row_offsets");
@@ -433,11 +503,49 @@ PYBIND11_MODULE(_core, m) {
             g.row_offsets = row_offsets.data();
             g.neighbors = neighbors.data();
             g.same_edges_as_last = same_edges_as_last;
-            return compute(engine, g, forces, virial, atom_virials);
+            const auto halo = image_halo(ghost_owners, n, g.num_energy_nodes);
+            return compute_with(engine, WithHalo<GraphView>{g, halo.get()}, n, forces, virial,
+                                atom_virials);
           },
           py::arg("positions"), py::arg("species"), py::arg("row_offsets"), py::arg("neighbors"),
           py::arg("num_energy_nodes") = -1, py::arg("forces") = true, py::arg("virial") = true,
-          py::arg("atom_virials") = false, py::arg("same_edges_as_last") = false);
+          py::arg("atom_virials") = false, py::arg("same_edges_as_last") = false,
+          py::arg("ghost_owners") = py::none())
+      // Evaluate nodes whose edges the engine finds (NodesView): nodes [0, num_owned) owned
+      // (-1: all), the others ghosts without ghost-ghost edges.
+      // ghost_owners (compute_graph and compute_nodes): the owned node each ghost copies, a
+      // halo exchange within this process (ImageHalo); none: no halo exchange.
+      .def(
+          "compute_nodes",
+          [](Engine& engine, Array<double> positions, Array<int32_t> species, int64_t num_owned,
+             bool forces, bool virial, bool atom_virials, bool same_nodes_as_last,
+             std::optional<Array<int32_t>> ghost_owners) {
+            const int64_t n = species.shape(0);
+            check_shape(positions, {n, 3}, "positions");
+            NodesView nodes;
+            nodes.num_nodes = n;
+            nodes.num_owned = num_owned < 0 ? n : num_owned;
+            nodes.positions = positions.data();
+            nodes.species = species.data();
+            nodes.same_nodes_as_last = same_nodes_as_last;
+            const auto halo = image_halo(ghost_owners, n, nodes.num_owned);
+            return compute_with(engine, WithHalo<NodesView>{nodes, halo.get()}, n, forces, virial,
+                                atom_virials);
+          },
+          py::arg("positions"), py::arg("species"), py::arg("num_owned") = -1,
+          py::arg("forces") = true, py::arg("virial") = true, py::arg("atom_virials") = false,
+          py::arg("same_nodes_as_last") = false, py::arg("ghost_owners") = py::none())
+      // (row_offsets, neighbors) of the edges the last compute_nodes found.
+      .def("node_graph", [](const Engine& engine) {
+        std::vector<int64_t> row_offsets;
+        std::vector<int32_t> neighbors;
+        engine.node_graph(row_offsets, neighbors);
+        Array<int64_t> ro(static_cast<int64_t>(row_offsets.size()));
+        Array<int32_t> nb(static_cast<int64_t>(neighbors.size()));
+        std::copy(row_offsets.begin(), row_offsets.end(), ro.mutable_data());
+        std::copy(neighbors.begin(), neighbors.end(), nb.mutable_data());
+        return py::make_tuple(ro, nb);
+      });
 
   // Op-level probes (float64) used by the tests that compare each op with e3nn.
   py::class_<OpsProbe>(m, "OpsProbe")

@@ -92,6 +92,16 @@ class Engine {
   // With a halo exchange (see HaloExchange): energies of owned nodes, forces and
   // per-atom virials of all nodes (ghosts' still to be reverse-communicated).
   void compute(const GraphView& graph, ComputeOutput& output, HaloExchange* halo);
+  // Nodes whose edges the engine finds itself (see NodesView): the owned nodes' energies,
+  // every node's forces and per-atom virials, as compute(GraphView, output, halo) gives them
+  // for that graph. The edges are kept between calls (NodesView::same_nodes_as_last).
+  // halo null: the graph is evaluated as it is, every node's features from its own edges
+  // (an open system when every node is owned; with ghosts, what compute(GraphView) gives
+  // on this graph, which has no ghost-ghost edges).
+  void compute(const NodesView& nodes, ComputeOutput& output, HaloExchange* halo);
+  // The edges found by the last compute(NodesView) (copied from the GPU for device cuda):
+  // row_offsets (num_nodes + 1) and neighbors, the CSR rows GraphView describes.
+  void node_graph(std::vector<int64_t>& row_offsets, std::vector<int32_t>& neighbors) const;
   // The most values per node one halo exchange moves (the widest input of layers
   // 1 .. L-1; 0 for a one-layer model, which exchanges nothing).
   int halo_width() const;
@@ -114,8 +124,9 @@ class Engine {
   void set_region_atoms(int64_t max_atoms);
   int64_t region_atoms() const;
   int num_regions() const;  // regions of the last compute(SystemView); 1: one pass
+  // Of the neighbor list of the last compute(SystemView) or compute(NodesView):
   int64_t num_neighbor_builds() const;
-  int64_t num_neighbor_edges() const;  // of the current list, skin included
+  int64_t num_neighbor_edges() const;  // skin included
   // compute(SystemView) calls on the GPU whose device work was a replayed CUDA graph (0 on
   // the CPU): the launches of a call with the sizes and outputs of an earlier one.
   int64_t num_graph_replays() const;
@@ -149,6 +160,7 @@ class Engine {
                        ComputeOutput& output);
   void compute_region(const SystemView& region, int64_t num_owned, const int64_t* layer_rows,
                       ComputeOutput& output);
+  void run_cpu(const GraphView& graph, ComputeOutput& output, HaloExchange* halo);
 
   struct Impl;
   std::shared_ptr<const Model> model_;

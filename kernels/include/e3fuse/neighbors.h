@@ -31,6 +31,14 @@ class NeighborList {
   // Forces the next update() to rebuild.
   void invalidate() { valid_ = false; }
 
+  // Owned atoms and ghosts (pair_style e3fuse comm exchange, Engine::compute(NodesView)):
+  // with num_owned >= 0, only edges with the receiver or the sender among atoms
+  // [0, num_owned) are kept, so the rows of atoms past them hold their edges to those
+  // atoms only (ghost-ghost pairs are left out; the list stays symmetric). -1 (the
+  // default): every pair. A change forces the next update() to rebuild.
+  void set_num_owned(int64_t num_owned);
+  int64_t num_owned() const { return num_owned_; }
+
   // A view of the current list for the given positions and species.
   GraphView view(const double* positions, const int32_t* species) const;
 
@@ -53,6 +61,7 @@ class NeighborList {
   double cutoff_;
   double skin_;
   double min_distance_ = 1e-4;
+  int64_t num_owned_ = -1;
   bool valid_ = false;
   int64_t num_builds_ = 0;
   int64_t num_atoms_ = 0;

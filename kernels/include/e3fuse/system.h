@@ -42,6 +42,29 @@ struct GraphView {
   bool same_edges_as_last = false;
 };
 
+// Nodes without edges for Engine::compute(NodesView): the engine finds the edges
+// itself, as pair_style e3fuse comm exchange needs them. Nodes [0, num_owned) are a
+// rank's own atoms (the energy nodes), the others ghosts: explicit copies of atoms
+// owned elsewhere or of periodic images, so the system is open (no shifts). Edges
+// join pairs closer than the model's cutoff + the engine's neighbor skin with an
+// owned node at one end at least (the graph GraphView describes for a halo
+// exchange: owned rows hold all their edges, a ghost's row its edges to owned
+// nodes), found with the engine's neighbor list on the device it runs on and kept
+// on that device between calls.
+struct NodesView {
+  int64_t num_nodes = 0;
+  int64_t num_owned = 0;
+  const double* positions = nullptr;  // num_nodes x 3
+  const int32_t* species = nullptr;   // model species index per node
+  // The caller's promise that the nodes are those of its previous compute(NodesView) on
+  // this engine, in the same order, and that only their positions changed (LAMMPS between
+  // reneighborings). The engine then keeps the edges it found, unless some node moved
+  // more than skin / 2 since they were found. Without it (the default), or with other node
+  // or owned counts than that call's, the edges are found again. A false promise gives
+  // wrong results.
+  bool same_nodes_as_last = false;
+};
+
 // A whole system for Engine::compute(SystemView): the engine finds the neighbors
 // itself (on the device it runs on) and keeps the list between calls. Positions
 // are used as given (never wrapped); cell rows are the lattice vectors, only rows

@@ -27,6 +27,13 @@ class Backend {
   virtual void compute_system(const SystemView& system, double skin, double min_distance,
                               ComputeOutput& out, int64_t num_energy_nodes, bool rebuild,
                               const int64_t* layer_rows) = 0;
+  // Nodes of an open system whose edges are found on the GPU (see NodesView), with radius
+  // cutoff + skin, and kept until rebuild or until a node moved more than skin / 2.
+  virtual void compute_nodes(const NodesView& nodes, double skin, double min_distance, bool rebuild,
+                             ComputeOutput& out, HaloExchange* halo) = 0;
+  // The edges of the last compute_nodes, copied to the host.
+  virtual void node_graph(std::vector<int64_t>& row_offsets,
+                          std::vector<int32_t>& neighbors) const = 0;
   // The most atoms one compute_system call can take now on this GPU (estimated: free
   // memory plus what this backend's per-call arrays hold, over the bytes per atom of a
   // system with edges_per_atom edges per atom).

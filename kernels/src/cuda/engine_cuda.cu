@@ -1234,6 +1234,7 @@ class BackendImpl : public Backend {
     s.species.upload(sys.species, n, st);
     s.profiler.mark("neighbor list", st);
     neighbors_->update(n, s.positions.data(), sys.cell, sys.pbc, min_distance, st, sys.positions);
+    last_list_ = neighbors_.get();
     GraphView g = neighbors_->view(s.positions.data(), s.species.data());
     g.num_nodes = n;
     g.num_energy_nodes = num_energy_nodes;
@@ -1266,6 +1267,51 @@ class BackendImpl : public Backend {
                 out.forces || out.virial || out.atom_virials, out.atom_virials || out.virial));
   }
 
+  void compute_nodes(const NodesView& nodes, double skin, double min_distance, bool rebuild,
+                     ComputeOutput& out, HaloExchange* halo) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceState& s = state_;
+    const cudaStream_t st = s.stream();
+    const int64_t n = nodes.num_nodes;
+    if (!node_neighbors_ || node_neighbors_->skin() != skin)
+      node_neighbors_ = std::make_unique<DeviceNeighborList>(cutoff_, skin);
+    node_neighbors_->set_num_owned(nodes.num_owned);
+    if (rebuild) node_neighbors_->invalidate();
+    s.positions.upload(nodes.positions, 3 * n, st);
+    s.species.upload(nodes.species, n, st);
+    s.profiler.mark("neighbor list", st);
+    const bool open[3] = {false, false, false};
+    node_neighbors_->update(n, s.positions.data(), nullptr, open, min_distance, st,
+                            nodes.positions);
+    last_list_ = node_neighbors_.get();
+    GraphView g = node_neighbors_->view(s.positions.data(), s.species.data());
+    g.num_energy_nodes = nodes.num_owned;
+    g.shift_index = nullptr;  // open: every shift is zero
+    g.shifts = nullptr;
+    s.halo.bind(halo, n, nodes.num_owned, st);
+    model_->prepare(nodes.species, n);
+    run(g, out, [&] { node_neighbors_->finish_checks(s.positions.data(), st); });
+  }
+
+  void node_graph(std::vector<int64_t>& row_offsets,
+                  std::vector<int32_t>& neighbors) const override {
+    if (!node_neighbors_) throw Error("node_graph: no compute(NodesView) yet");
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    const int64_t n = node_neighbors_->num_atoms();
+    const int64_t edges = node_neighbors_->num_edges();
+    row_offsets.resize(n + 1);
+    neighbors.resize(edges);
+    const cudaStream_t st = state_.stream();
+    check(cudaMemcpyAsync(row_offsets.data(), node_neighbors_->row_offsets(),
+                          (n + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, st),
+          "node graph download");
+    if (edges > 0)
+      check(cudaMemcpyAsync(neighbors.data(), node_neighbors_->neighbors(), edges * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, st),
+            "node graph download");
+    check(cudaStreamSynchronize(st), "node graph download");
+  }
+
   int64_t max_atoms(double edges_per_atom, bool want_grad, bool want_virial) const override {
     check(cudaSetDevice(device_), "cudaSetDevice");
     size_t free = 0, total = 0;
@@ -1281,8 +1327,8 @@ class BackendImpl : public Backend {
         static_cast<int64_t>(budget / call_bytes_per_atom(edges_per_atom, want_grad, want_virial)));
   }
 
-  int64_t num_neighbor_builds() const override { return neighbors_ ? neighbors_->num_builds() : 0; }
-  int64_t num_neighbor_edges() const override { return neighbors_ ? neighbors_->num_edges() : 0; }
+  int64_t num_neighbor_builds() const override { return last_list_ ? last_list_->num_builds() : 0; }
+  int64_t num_neighbor_edges() const override { return last_list_ ? last_list_->num_edges() : 0; }
   std::string device_name() const override {
     return name_ + " (GPU " + std::to_string(device_) + ")";
   }
@@ -1433,6 +1479,8 @@ class BackendImpl : public Backend {
   DeviceState state_;
   std::unique_ptr<DeviceNeighborList> neighbors_;
   double neighbor_skin_ = -1.0;
+  std::unique_ptr<DeviceNeighborList> node_neighbors_;  // compute_nodes
+  const DeviceNeighborList* last_list_ = nullptr;       // of the last compute_system or _nodes
   PinnedBuffer results_;  // run()'s results on their way to the caller
   StepGraphs graphs_;     // compute_system's device work (declared last: destroyed first)
 };

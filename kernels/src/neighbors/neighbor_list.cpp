@@ -19,6 +19,7 @@
 //      decisions for i <- j (n) and j <- i (-n) agree.
 //   5. Distinct shifts are numbered ((0,0,0) first, the rest in lexicographic
 //      order) and rows are written in CSR form sorted by (j, n).
+// With set_num_owned(k), step 4 also drops the pairs of two atoms past the first k.
 //
 // The O(N) steps run serially; the scan, the CSR copy and the minimum-distance
 // check run on OpenMP threads, and the list is the same for any number of them.
@@ -392,6 +393,12 @@ NeighborList::NeighborList(double cutoff, double skin) : cutoff_(cutoff), skin_(
   check_cutoff_and_skin(cutoff, skin);
 }
 
+void NeighborList::set_num_owned(int64_t num_owned) {
+  if (num_owned < -1) throw Error("the number of owned atoms must be >= 0 (-1: every atom)");
+  if (num_owned != num_owned_) valid_ = false;
+  num_owned_ = num_owned;
+}
+
 bool NeighborList::update(int64_t num_atoms, const double* positions, const double* cell,
                           const bool pbc[3]) {
   bool periodic[3];
@@ -399,6 +406,10 @@ bool NeighborList::update(int64_t num_atoms, const double* positions, const doub
   check_update_arguments(num_atoms, positions, cell, pbc, periodic, cell_copy);
   check_finite_positions(num_atoms, positions);
 
+  if (num_owned_ > num_atoms) {
+    throw Error("more owned atoms (" + std::to_string(num_owned_) + ") than atoms (" +
+                std::to_string(num_atoms) + ")");
+  }
   const bool rebuild =
       !valid_ || num_atoms != num_atoms_ || periodic[0] != pbc_[0] || periodic[1] != pbc_[1] ||
       periodic[2] != pbc_[2] || std::memcmp(cell_copy, cell_, sizeof(cell_)) != 0 ||
@@ -648,6 +659,8 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
   // between need the exact test.
   const double margin = search - radius;
   const double inner = std::max(0.0, radius - margin);
+  // pairs of two atoms past the first `owned` are left out (set_num_owned)
+  const uint64_t owned = num_owned_ < 0 ? uint64_t{1} << 32 : static_cast<uint64_t>(num_owned_);
   const double inner2 = inner * inner;
   const int num_threads = NumThreads(n);
   std::vector<ScanOutput> out(num_threads);
@@ -720,13 +733,16 @@ void NeighborList::build(int64_t num_atoms, const double* positions, const doubl
                                     inner2, search2, candidates, count);
         }
 
-        // Drop the atom itself, decide the marked candidates on the edge vector
-        // as the engine computes it, and complete the shift codes.
+        // Drop the atom itself (and, in a ghost's row, the other ghosts), decide the
+        // marked candidates on the edge vector as the engine computes it, and complete
+        // the shift codes.
         const double* xi = positions + 3 * i;
         const int64_t row_code = dense ? receiver_code[i] : 0;
+        const bool ghost_row = static_cast<uint64_t>(i) >= owned;
         int64_t kept = 0;
         for (int64_t c = 0; c < count; ++c) {
           uint64_t key = candidates[c];
+          if (ghost_row && (key >> 32) >= owned) continue;
           if (key & kNeedsExactTest) {
             key &= ~kNeedsExactTest;
             if (key == self_key) continue;

@@ -74,6 +74,7 @@ struct BinParams {
 
 struct SearchParams {
   int64_t n;
+  int64_t owned;  // pairs of two atoms >= owned are left out (NeighborList::set_num_owned)
   int nb[3];
   int reach[3];  // stencil half-width S along each direction
   int periodic[3];
@@ -307,6 +308,7 @@ __global__ void __launch_bounds__(kBlock)
             const int n1 = m1 - sorted_wrap[n + q] + wi1;
             const int n2 = m2 - sorted_wrap[2 * n + q] + wi2;
             if (j == i && n0 == 0 && n1 == 0 && n2 == 0) continue;
+            if (i >= p.owned && j >= p.owned) continue;
             const int code = ((n0 + p.K[0]) * span1 + (n1 + p.K[1])) * span2 + (n2 + p.K[2]);
             const double* s = table + 3 * static_cast<int64_t>(code);
             // v = (x_j - x_i) + shift, |v|^2 = (vx^2 + vy^2) + vz^2, without
@@ -397,6 +399,12 @@ DeviceNeighborList::DeviceNeighborList(double cutoff, double skin) : cutoff_(cut
   check_cutoff_and_skin(cutoff, skin);
 }
 
+void DeviceNeighborList::set_num_owned(int64_t num_owned) {
+  if (num_owned < -1) throw Error("the number of owned atoms must be >= 0 (-1: every atom)");
+  if (num_owned != num_owned_) valid_ = false;
+  num_owned_ = num_owned;
+}
+
 DeviceNeighborList::~DeviceNeighborList() {
   if (pending_status_) cudaFreeHost(pending_status_);
 }
@@ -432,6 +440,10 @@ bool DeviceNeighborList::update(int64_t num_atoms, const double* positions, cons
   double cell_copy[9];
   check_update_arguments(num_atoms, positions, cell, pbc, periodic, cell_copy);
   check_pending_ = false;
+  if (num_owned_ > num_atoms) {
+    throw Error("more owned atoms (" + std::to_string(num_owned_) + ") than atoms (" +
+                std::to_string(num_atoms) + ")");
+  }
 
   const int64_t n = num_atoms;
   bool rebuild = !valid_ || n != num_atoms_ || periodic[0] != pbc_[0] || periodic[1] != pbc_[1] ||
@@ -657,6 +669,7 @@ void DeviceNeighborList::build(const double* positions, cudaStream_t stream) {
   SearchParams sp;
   BinParams bp;
   sp.n = n;
+  sp.owned = num_owned_ < 0 ? n : num_owned_;
   sp.radius2 = radius * radius;
   int K[3];
   int64_t image_box = 1;

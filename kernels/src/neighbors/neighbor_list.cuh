@@ -6,7 +6,8 @@
 // v = positions[j] - positions[i] + n . cell, decided on the edge vector exactly
 // as the engine computes it from the shift table, so the list is symmetric
 // (i <- j with n implies j <- i with -n). Receiver-sorted CSR; the order within
-// a row is deterministic but not the CPU's.
+// a row is deterministic but not the CPU's. With set_num_owned, pairs of two
+// atoms past the owned ones are left out, as on the CPU.
 //
 // Per edge: neighbor (int32) + shift_index (int32), 8 bytes. shift_index
 // encodes the integer image n = (n0, n1, n2) as
@@ -68,6 +69,9 @@ class DeviceNeighborList {
   // once the stream has been synchronized after update().
   void finish_checks(const double* positions, cudaStream_t stream);
   void invalidate() { valid_ = false; }
+  // Owned atoms and ghosts: see NeighborList::set_num_owned (-1: every pair).
+  void set_num_owned(int64_t num_owned);
+  int64_t num_owned() const { return num_owned_; }
 
   // Device pointers: row_offsets (n + 1), neighbors, shift_index (per edge),
   // shifts (3 doubles per table entry); positions and species as passed.
@@ -97,6 +101,7 @@ class DeviceNeighborList {
 
   double cutoff_;
   double skin_;
+  int64_t num_owned_ = -1;
   bool valid_ = false;
   int64_t num_atoms_ = 0;
   int64_t num_edges_ = 0;
