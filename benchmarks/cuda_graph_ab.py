@@ -48,9 +48,16 @@ def model_path(name: str, models_dir: Path) -> Path:
 
     if name in mace_models.HIDDEN:
         return mace_models.model_files(name, models_dir)[1]
-    from bench_cpu import model_file
+    # a SevenNet pretrained name, converted once (not through bench_cpu, whose import puts the
+    # source tree's python/ first on sys.path, before the built package)
+    path = models_dir / f"{name}.e3f"
+    if not path.exists():
+        from e3fuse import cli
 
-    return model_file(name, models_dir)
+        models_dir.mkdir(parents=True, exist_ok=True)
+        if cli.main(["convert", "sevennet", name, "-o", str(path)]) != 0:
+            raise RuntimeError(f"converting {name} failed")
+    return path
 
 
 def worker(path: str, atoms_count: int, calls: int, warmup: int, device: str) -> dict[str, Any]:
