@@ -706,13 +706,6 @@ int64_t Engine::num_neighbor_edges() const {
 
 double Engine::neighbor_skin() const { return impl_->skin; }
 
-int64_t Engine::num_graph_replays() const {
-#ifdef E3FUSE_WITH_CUDA
-  if (impl_->gpu) return impl_->gpu->num_graph_replays();
-#endif
-  return 0;
-}
-
 size_t Engine::device_bytes_in_use() {
 #ifdef E3FUSE_WITH_CUDA
   return cuda::device_bytes_in_use();

@@ -127,9 +127,6 @@ class Engine {
   // Of the neighbor list of the last compute(SystemView) or compute(NodesView):
   int64_t num_neighbor_builds() const;
   int64_t num_neighbor_edges() const;  // skin included
-  // compute(SystemView) calls on the GPU whose device work was a replayed CUDA graph (0 on
-  // the CPU): the launches of a call with the sizes and outputs of an earlier one.
-  int64_t num_graph_replays() const;
   double neighbor_skin() const;
 
   // Device memory held by this process's e3fuse arrays (0 on the CPU): now and peak.

@@ -91,8 +91,8 @@ __host__ __device__ __forceinline__ void with_int_constant(int v, F&& f) {
 }
 
 // Raises `kernel`'s limit of dynamic shared memory on the current device to `bytes` when it is
-// lower; never lowers it. A kernel launched with several sizes (one per layer) keeps a limit
-// that fits all of them, as the launches recorded in a CUDA graph and replayed later need.
+// lower; never lowers it, so a kernel launched with several sizes (one per layer) sets its
+// attribute once per size increase instead of at every launch.
 inline void raise_dynamic_shared_limit(const void* kernel, size_t bytes, const char* what) {
   static std::mutex mutex;
   static std::map<std::pair<int, const void*>, size_t> limits;
@@ -125,24 +125,7 @@ struct DeviceBytes {
     }
   }
   static void remove(size_t bytes) { in_use() -= bytes; }
-  // cudaMalloc and cudaFree calls of DeviceArrays so far: while it has not changed, every
-  // device array still lives where it lived (what a captured CUDA graph's launches point into).
-  static std::atomic<uint64_t>& generation() {
-    static std::atomic<uint64_t> value{0};
-    return value;
-  }
 };
-
-// While a CUDA graph is being captured on this thread, a DeviceArray that would have to
-// allocate throws AllocationDuringCapture instead (before freeing anything): the capture is
-// then dropped and the call's work enqueued anew without a graph.
-struct AllocationDuringCapture : Error {
-  AllocationDuringCapture() : Error("internal: a device array allocates during graph capture") {}
-};
-inline bool& allocations_forbidden() {
-  static thread_local bool forbidden = false;
-  return forbidden;
-}
 
 // A device array that grows and never shrinks (capacity reused between steps).
 template <class T>
@@ -172,7 +155,6 @@ class DeviceArray {
   // Resizes without keeping the contents.
   void resize(size_t n) {
     if (n > capacity_) {
-      if (allocations_forbidden()) throw AllocationDuringCapture();
       release();
       if (n > 0) {
         const cudaError_t status = cudaMalloc(&ptr_, n * sizeof(T));
@@ -185,7 +167,6 @@ class DeviceArray {
                       " bytes already held by e3fuse");
         }
         DeviceBytes::add(n * sizeof(T));
-        ++DeviceBytes::generation();
       }
       capacity_ = n;
     }
@@ -214,7 +195,6 @@ class DeviceArray {
     if (ptr_) {
       cudaFree(ptr_);
       DeviceBytes::remove(capacity_ * sizeof(T));
-      ++DeviceBytes::generation();
     }
     ptr_ = nullptr;
     size_ = capacity_ = 0;

@@ -285,7 +285,6 @@ class StageProfiler {
                    100.0 * t.ms / (sum > 0 ? sum : 1), static_cast<long long>(t.count));
     for (auto& e : pool_) cudaEventDestroy(e);
   }
-  bool enabled() const { return enabled_; }
   void begin_call() {
     if (enabled_) ++calls_;
   }
@@ -338,190 +337,6 @@ class StageProfiler {
   std::map<std::string, Total> totals_;
 };
 
-// The device work of a compute_system call (everything Model::run and the kernels after it
-// enqueue between the position upload and the result downloads) as a CUDA graph, replayed
-// with one launch while the call's launch configuration stays. A graph records its launches'
-// arguments: sizes, flags and the address of every device array. It is replayed only for a
-// call of the same Key (sizes, neighbor-list build and edge count, outputs asked for) with no
-// device array allocated or freed since its capture (DeviceBytes::generation unchanged: every
-// array is where it was). What the arrays hold (positions, species, edges, per-system inputs) is
-// read at replay; radial tables that MACE adds for new species pairs change arguments
-// (Model::tables_version is part of the key). A call of a new key runs without a graph (its arrays
-// may grow), unless a recent key had the same node-level sizes (a neighbor-list rebuild): then, as
-// for a key met again, its work is captured (nothing runs while capturing) and launched as the
-// graph; a capture that would allocate is dropped and the call runs without a graph. The graphs of
-// a few recent keys are kept, so that interleaved energy-only and force calls both replay.
-// E3FUSE_CUDA_GRAPH=0 turns graphs off (read every call; kept to measure both).
-class StepGraphs {
- public:
-  struct Key {
-    int64_t nodes = 0, energy_nodes = 0, recompute_from = 0, tables_version = 0;
-    bool want_grad = false, want_virial = false, virial_sum = false, split_virials = false;
-    int64_t edges = 0, builds = 0;
-    // the same node-level sizes, outputs and tables: the same launches (edges are read from
-    // the arrays)
-    bool same_sizes(const Key& o) const {
-      return nodes == o.nodes && energy_nodes == o.energy_nodes &&
-             recompute_from == o.recompute_from && tables_version == o.tables_version &&
-             want_grad == o.want_grad && want_virial == o.want_virial &&
-             virial_sum == o.virial_sum && split_virials == o.split_virials;
-    }
-    bool operator==(const Key& o) const {
-      return same_sizes(o) && edges == o.edges && builds == o.builds;
-    }
-  };
-
-  StepGraphs() = default;
-  StepGraphs(const StepGraphs&) = delete;
-  StepGraphs& operator=(const StepGraphs&) = delete;
-  ~StepGraphs() { clear(); }
-
-  static bool enabled() { return env_int("E3FUSE_CUDA_GRAPH", 1) != 0; }
-
-  // Enqueues the call's device work on `stream`: by replaying key's graph, by capturing
-  // and launching a new one, or by running enqueue() itself.
-  void run(const Key& key, cudaStream_t stream, const std::function<void()>& enqueue) {
-    if (broken_) {
-      enqueue();
-      return;
-    }
-    const uint64_t generation = DeviceBytes::generation().load();
-    bool capturable = false;
-    for (Entry& e : entries_) {
-      if (e.generation != generation) e.valid = false;  // an array may have moved
-      if (e.valid && e.key == key) {
-        const cudaError_t status = cudaGraphLaunch(e.exec, stream);
-        if (status != cudaSuccess) {
-          give_up("cudaGraphLaunch", status);
-          enqueue();
-          return;
-        }
-        e.used = ++uses_;
-        ++replays_;
-        return;
-      }
-    }
-    for (const Key& k : seen_) capturable = capturable || k.same_sizes(key);
-    if (std::find(seen_.begin(), seen_.end(), key) == seen_.end()) {
-      seen_.push_back(key);
-      if (seen_.size() > kGraphs) seen_.erase(seen_.begin());
-    }
-    cudaGraph_t graph = capturable ? capture(stream, enqueue) : nullptr;
-    if (!graph) {
-      enqueue();
-      return;
-    }
-    Entry& e = slot(key);
-    // an executable graph of the same launches (another edge count) only takes new arguments
-    if (e.exec) {
-      cudaGraphExecUpdateResultInfo info{};
-      if (cudaGraphExecUpdate(e.exec, graph, &info) != cudaSuccess) {
-        cudaGetLastError();
-        cudaGraphExecDestroy(e.exec);
-        e.exec = nullptr;
-      }
-    }
-    cudaError_t status = cudaSuccess;
-    if (!e.exec) status = cudaGraphInstantiate(&e.exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (status != cudaSuccess) e.exec = nullptr;
-    if (status == cudaSuccess) status = cudaGraphLaunch(e.exec, stream);
-    if (status != cudaSuccess) {  // nothing of the call ran
-      give_up("cudaGraphInstantiate or cudaGraphLaunch", status);
-      enqueue();
-      return;
-    }
-    e.key = key;
-    e.generation = generation;
-    e.valid = true;
-    e.used = ++uses_;
-  }
-
-  // Drops every graph (a launch argument held by value changed, e.g. new radial tables).
-  void clear() {
-    for (Entry& e : entries_)
-      if (e.exec) cudaGraphExecDestroy(e.exec);
-    entries_.clear();
-    seen_.clear();
-  }
-  int64_t replays() const { return replays_; }
-
- private:
-  struct Entry {
-    Key key;
-    cudaGraphExec_t exec = nullptr;
-    uint64_t generation = 0;
-    bool valid = false;
-    int64_t used = 0;
-  };
-  static constexpr size_t kGraphs = 4;
-
-  // After a failure no launch ran: graphs are dropped and turned off for this engine.
-  void give_up(const std::string& what, cudaError_t status) {
-    cudaGetLastError();
-    clear();
-    broken_ = true;
-    e3fuse::log(LogLevel::warning, "e3fuse: " + what + " failed (" + cudaGetErrorString(status) +
-                                       "); this engine runs without CUDA graphs");
-  }
-
-  // key's entry; else that of the same sizes (of an earlier neighbor-list build, never
-  // replayed again: its executable graph takes the new one's arguments); else a new one while
-  // there are fewer than kGraphs; else the least recently used.
-  Entry& slot(const Key& key) {
-    for (Entry& e : entries_)
-      if (e.key == key) return e;
-    for (Entry& e : entries_)
-      if (e.key.same_sizes(key)) return e;
-    if (entries_.size() < kGraphs) return entries_.emplace_back();
-    Entry* oldest = &entries_.front();
-    for (Entry& e : entries_)
-      if (e.used < oldest->used) oldest = &e;
-    return *oldest;
-  }
-
-  // The graph of enqueue()'s work on stream (nothing runs), or null when it could not be
-  // captured; the caller then runs enqueue() itself. A device array that had to grow is
-  // expected now and then; any other failure (an error thrown, a call that capture does not
-  // allow) turns graphs off for this engine, with a warning.
-  cudaGraph_t capture(cudaStream_t stream, const std::function<void()>& enqueue) {
-    std::string failure;
-    bool grows = false;
-    cudaGraph_t graph = nullptr;
-    const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    if (begin != cudaSuccess) {
-      failure = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(begin);
-    } else {
-      allocations_forbidden() = true;
-      try {
-        enqueue();
-      } catch (const AllocationDuringCapture&) {
-        grows = true;
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-      allocations_forbidden() = false;
-      const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-      if (end != cudaSuccess && failure.empty() && !grows)
-        failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
-      if (end == cudaSuccess && !grows && failure.empty()) return graph;
-    }
-    cudaGetLastError();
-    if (graph) cudaGraphDestroy(graph);
-    if (!failure.empty()) {
-      broken_ = true;
-      e3fuse::log(LogLevel::warning, "e3fuse: capturing a CUDA graph failed (" + failure +
-                                         "); this engine runs without CUDA graphs");
-    }
-    return nullptr;
-  }
-
-  std::vector<Entry> entries_;
-  std::vector<Key> seen_;  // the keys of the last calls
-  int64_t uses_ = 0, replays_ = 0;
-  bool broken_ = false;  // a capture failed other than by an array growing
-};
-
 // What every runner keeps on the device: the graph it was given, outputs, flags.
 class DeviceState {
  public:
@@ -566,9 +381,6 @@ class Model {
   // Called with the host's species of the next call's nodes before run (MACE builds the
   // radial tables of the species pairs it meets; see cpu::Conv::pair_tables).
   virtual void prepare(const int32_t* /*species*/, int64_t /*n*/) {}
-  // Counts the changes of launch arguments held by value (new radial tables in prepare):
-  // CUDA graphs captured before a change are stale.
-  int64_t tables_version() const { return tables_version_; }
   // The species embedding and e0 of other per-system inputs (see Backend).
   virtual void set_system_inputs(const std::vector<double>& /*embedding*/,
                                  const std::vector<double>& /*e0*/, cudaStream_t /*stream*/) {
@@ -577,9 +389,6 @@ class Model {
   // Bytes of the node tensors run() holds per node for a graph of n nodes (single GPU):
   // the sum of the widths it resizes its arrays to, kept next to run() so the two agree.
   virtual size_t node_bytes(int64_t n, bool want_grad) const = 0;
-
- protected:
-  int64_t tables_version_ = 0;
 };
 
 template <class T>
@@ -869,15 +678,11 @@ class MaceModel : public Model {
 
   void prepare(const int32_t* species, int64_t n) override {
     for (size_t t = 0; t < host_convs_.size(); ++t)  // all layers have pair tables, or none
-      if (cpu::ensure_pair_tables(host_convs_[t], n, species)) {
+      if (cpu::ensure_pair_tables(host_convs_[t], n, species))
         upload_pair_tables(layers_[t].conv, host_convs_[t]);
-        ++tables_version_;
-      }
     for (size_t t = 0; t < host_densities_.size(); ++t)
-      if (cpu::ensure_density_tables(host_densities_[t], n, species)) {
+      if (cpu::ensure_density_tables(host_densities_[t], n, species))
         upload_density_tables(layers_[t].edge_density, host_densities_[t]);
-        ++tables_version_;
-      }
   }
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
@@ -1227,7 +1032,6 @@ class BackendImpl : public Backend {
     if (!neighbors_ || neighbor_skin_ != skin) {
       neighbors_ = std::make_unique<DeviceNeighborList>(cutoff_, skin);
       neighbor_skin_ = skin;
-      graphs_.clear();
     }
     if (rebuild) neighbors_->invalidate();
     s.positions.upload(sys.positions, 3 * n, st);
@@ -1241,25 +1045,8 @@ class BackendImpl : public Backend {
     g.layer_rows = layer_rows;
     s.halo.bind(nullptr, n, n, st);
     model_->prepare(sys.species, n);
-    // The call's device work may be a CUDA graph (StepGraphs): not for regions (each call
-    // is another system, with a list built for it) nor while profiling (events between the
-    // stages).
-    StepGraphs::Key key;
-    const bool graph = !rebuild && !layer_rows && !s.profiler.enabled() && StepGraphs::enabled();
-    if (graph) {
-      key.nodes = n;
-      key.energy_nodes = num_energy_nodes;
-      key.recompute_from = recompute_from_nodes();
-      key.want_grad = out.forces || out.virial || out.atom_virials;
-      key.want_virial = out.virial || out.atom_virials;
-      key.virial_sum = out.virial != nullptr;
-      key.split_virials = out.atom_virials != nullptr;
-      key.edges = neighbors_->num_edges();
-      key.builds = neighbors_->num_builds();
-      key.tables_version = model_->tables_version();
-    }
     // a minimum-distance check left in flight by update() is reported before the model's own
-    run(g, out, [&] { neighbors_->finish_checks(s.positions.data(), st); }, graph ? &key : nullptr);
+    run(g, out, [&] { neighbors_->finish_checks(s.positions.data(), st); });
     largest_call_bytes_ = std::max(
         largest_call_bytes_,
         n * call_bytes_per_atom(
@@ -1336,9 +1123,7 @@ class BackendImpl : public Backend {
                          const std::vector<double>& e0) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
     model_->set_system_inputs(embedding, e0, state_.stream());
-    graphs_.clear();  // uploaded in place, read at replay: dropped all the same
   }
-  int64_t num_graph_replays() const override { return graphs_.replays(); }
 
  private:
   template <class T>
@@ -1350,9 +1135,7 @@ class BackendImpl : public Backend {
   }
 
   // after_sync: called once the step's results are on the host, before its errors are read.
-  // graph_key: the device work may be a CUDA graph of this key (StepGraphs); null: not.
-  void run(const GraphView& g, ComputeOutput& out, const std::function<void()>& after_sync = {},
-           const StepGraphs::Key* graph_key = nullptr) {
+  void run(const GraphView& g, ComputeOutput& out, const std::function<void()>& after_sync = {}) {
     DeviceState& s = state_;
     const cudaStream_t st = s.stream();
     const int64_t n = g.num_nodes;
@@ -1365,40 +1148,33 @@ class BackendImpl : public Backend {
       if (s.halo.active()) empty_exchanges(want_grad);
       return;
     }
+    s.energies.resize(n);
+    s.error_node.zero(st);
+    if (want_grad) {
+      s.forces.resize(3 * n);
+      s.forces.zero(st);
+      s.remote_forces.resize(2 * 3 * n);
+      s.remote_forces.zero(st);
+    }
+    if (want_virial) {
+      s.atom_virials.resize(9 * n);
+      s.atom_virials.zero(st);
+    }
     s.split_virials = out.atom_virials != nullptr;
-    // from here to the downloads: device work only (what a CUDA graph holds)
-    auto enqueue = [&] {
-      s.energies.resize(n);
-      s.error_node.zero(st);
-      if (want_grad) {
-        s.forces.resize(3 * n);
-        s.forces.zero(st);
-        s.remote_forces.resize(2 * 3 * n);
-        s.remote_forces.zero(st);
-      }
-      if (want_virial) {
-        s.atom_virials.resize(9 * n);
-        s.atom_virials.zero(st);
-      }
-      if (s.split_virials) {
-        s.remote_virials.resize(2 * 9 * n);
-        s.remote_virials.zero(st);
-      }
-      model_->run(g, want_grad, want_virial, s);
-      s.profiler.mark("virial, copies", st);
-      if (want_grad)
-        add_remote_forces(n, s.remote(), s.forces.data(),
-                          want_virial ? s.atom_virials.data() : nullptr, st);
-      if (out.virial) {
-        virial_sum_kernel<<<1, kThreads, 0, st>>>(n, s.atom_virials.data(), s.virial.data());
-        check_launch("virial_sum_kernel");
-      }
-    };
+    if (s.split_virials) {
+      s.remote_virials.resize(2 * 9 * n);
+      s.remote_virials.zero(st);
+    }
     s.profiler.begin_call();
-    if (graph_key)
-      graphs_.run(*graph_key, st, enqueue);
-    else
-      enqueue();
+    model_->run(g, want_grad, want_virial, s);
+    s.profiler.mark("virial, copies", st);
+    if (want_grad)
+      add_remote_forces(n, s.remote(), s.forces.data(),
+                        want_virial ? s.atom_virials.data() : nullptr, st);
+    if (out.virial) {
+      virial_sum_kernel<<<1, kThreads, 0, st>>>(n, s.atom_virials.data(), s.virial.data());
+      check_launch("virial_sum_kernel");
+    }
     // The results come back through page-locked memory (asynchronous copies, one wait):
     // energies [n], the two error words, then forces [3n], per-atom virials [9n] and the
     // virial [9] where asked for.
@@ -1482,7 +1258,6 @@ class BackendImpl : public Backend {
   std::unique_ptr<DeviceNeighborList> node_neighbors_;  // compute_nodes
   const DeviceNeighborList* last_list_ = nullptr;       // of the last compute_system or _nodes
   PinnedBuffer results_;  // run()'s results on their way to the caller
-  StepGraphs graphs_;     // compute_system's device work (declared last: destroyed first)
 };
 
 }  // namespace
