@@ -13,6 +13,7 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "atom.h"
 #include "comm.h"
@@ -44,7 +45,13 @@ class PairE3fuse::Halo : public e3fuse::HaloExchange {
   void forward(int width, const double *border_rows, double *ghost_rows) override {
     pair_->halo_forward(width, border_rows, ghost_rows);
   }
+  void forward(int width, const float *border_rows, float *ghost_rows) override {
+    pair_->halo_forward(width, border_rows, ghost_rows);
+  }
   void reverse(int width, const double *ghost_rows, double *border_sums) override {
+    pair_->halo_reverse(width, ghost_rows, border_sums);
+  }
+  void reverse(int width, const float *ghost_rows, float *border_sums) override {
     pair_->halo_reverse(width, ghost_rows, border_sums);
   }
 
@@ -715,7 +722,7 @@ void PairE3fuse::find_border_nodes() {
   const int nlocal = atom->nlocal;
   sent_.assign(nlocal, 0);
   phase_ = Phase::DISCOVER;
-  halo_width_ = 1;
+  set_halo_rows<double>(1);
   comm->forward_comm(this, 1);
   border_slot_.assign(nlocal, -1);
   border_nodes_.clear();
@@ -727,50 +734,69 @@ void PairE3fuse::find_border_nodes() {
   }
 }
 
-void PairE3fuse::halo_forward(int width, const double *border_rows, double *ghost_rows) {
+/* Rows of `width` values of T (the engine's precision) travel as they are: in
+   LAMMPS's double buffers a float row takes ceil(width / 2) slots. */
+
+template <class T> void PairE3fuse::set_halo_rows(int width) {
+  halo_width_ = width;
+  halo_float_ = std::is_same<T, float>::value;
+  halo_row_bytes_ = static_cast<size_t>(width) * sizeof(T);
+  halo_slots_ = static_cast<int>((halo_row_bytes_ + sizeof(double) - 1) / sizeof(double));
+}
+
+template <class T>
+void PairE3fuse::halo_forward(int width, const T *border_rows, T *ghost_rows) {
   const double start = platform::walltime();
   const int nlocal = atom->nlocal;
-  const size_t w = static_cast<size_t>(width);
+  set_halo_rows<T>(width);
+  const size_t w = static_cast<size_t>(width), slots = static_cast<size_t>(halo_slots_);
   phase_ = Phase::FORWARD;
-  halo_width_ = width;
-  border_rows_ = border_rows;
-  ghost_stage_.resize(static_cast<size_t>(atom->nghost) * w);
-  comm->forward_comm(this, width);
+  border_rows_ = reinterpret_cast<const char *>(border_rows);
+  ghost_stage_.resize(static_cast<size_t>(atom->nghost) * slots);
+  comm->forward_comm(this, halo_slots_);
   const int inum = num_local_;
 #pragma omp parallel for num_threads(host_threads()) schedule(static)
   for (int64_t u = inum; u < num_nodes_; ++u)
-    std::memcpy(ghost_rows + (u - inum) * w, &ghost_stage_[(node_atom_[u] - nlocal) * w],
-                w * sizeof(double));
+    std::memcpy(ghost_rows + (u - inum) * w, &ghost_stage_[(node_atom_[u] - nlocal) * slots],
+                halo_row_bytes_);
   border_rows_ = nullptr;
   time_halo_ += platform::walltime() - start;
 }
 
-void PairE3fuse::halo_reverse(int width, const double *ghost_rows, double *border_sums) {
+template <class T>
+void PairE3fuse::halo_reverse(int width, const T *ghost_rows, T *border_sums) {
   const double start = platform::walltime();
   const int nlocal = atom->nlocal;
-  const size_t w = static_cast<size_t>(width);
+  set_halo_rows<T>(width);
+  const size_t w = static_cast<size_t>(width), slots = static_cast<size_t>(halo_slots_);
   phase_ = Phase::REVERSE;
-  halo_width_ = width;
-  border_sums_ = border_sums;
+  border_sums_ = reinterpret_cast<char *>(border_sums);
   const int threads = host_threads();
-  parallel_copy(border_sums, nullptr, border_nodes_.size() * w, threads);
-  ghost_stage_.resize(static_cast<size_t>(atom->nghost) * w);
+  std::fill(border_sums, border_sums + border_nodes_.size() * w, T(0));
+  ghost_stage_.resize(static_cast<size_t>(atom->nghost) * slots);
   parallel_copy(ghost_stage_.data(), nullptr, ghost_stage_.size(), threads);
   const int inum = num_local_;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t u = inum; u < num_nodes_; ++u)
-    std::memcpy(&ghost_stage_[(node_atom_[u] - nlocal) * w], ghost_rows + (u - inum) * w,
-                w * sizeof(double));
-  comm->reverse_comm(this, width);
+    std::memcpy(&ghost_stage_[(node_atom_[u] - nlocal) * slots], ghost_rows + (u - inum) * w,
+                halo_row_bytes_);
+  comm->reverse_comm(this, halo_slots_);
   border_sums_ = nullptr;
   time_halo_ += platform::walltime() - start;
+}
+
+// the rows of a received buffer `in` added to `row` (width values of T)
+template <class T> static void add_row(char *row, const double *in, int width) {
+  T *to = reinterpret_cast<T *>(row);
+  const T *from = reinterpret_cast<const T *>(in);
+  for (int q = 0; q < width; ++q) to[q] += from[q];
 }
 
 /* ---------------------------------------------------------------------- */
 
 int PairE3fuse::pack_forward_comm(int n, int *list_, double *buf, int /*pbc_flag*/, int * /*pbc*/) {
   const int nlocal = atom->nlocal;
-  const size_t w = static_cast<size_t>(halo_width_);
+  const size_t slots = static_cast<size_t>(halo_slots_);
   if (phase_ == Phase::DISCOVER) {
     for (int k = 0; k < n; ++k) {
       if (list_[k] < nlocal) sent_[list_[k]] = 1;
@@ -780,50 +806,51 @@ int PairE3fuse::pack_forward_comm(int n, int *list_, double *buf, int /*pbc_flag
   }
 #pragma omp parallel for num_threads(host_threads()) schedule(static)
   for (int k = 0; k < n; ++k) {
-    double *out = buf + k * w;
+    double *out = buf + k * slots;
     const int j = list_[k];
-    const double *row = nullptr;
+    const void *row = nullptr;
     if (j >= nlocal)
-      row = &ghost_stage_[(j - nlocal) * w];  // a ghost passed on (multi-hop)
+      row = &ghost_stage_[(j - nlocal) * slots];  // a ghost passed on (multi-hop)
     else if (border_slot_[j] >= 0)
-      row = border_rows_ + border_slot_[j] * w;
-    if (row)
-      std::memcpy(out, row, w * sizeof(double));
-    else
-      std::fill(out, out + w, 0.0);  // a local atom that is not ours (pair_style hybrid)
+      row = border_rows_ + border_slot_[j] * halo_row_bytes_;
+    std::fill(out, out + slots, 0.0);  // also the unused half slot of an odd float row
+    if (row) std::memcpy(out, row, halo_row_bytes_);  // else: another style's atom (hybrid)
   }
-  halo_bytes_ += static_cast<double>(n) * static_cast<double>(w) * sizeof(double);
-  return n * halo_width_;
+  halo_bytes_ += static_cast<double>(n) * static_cast<double>(halo_row_bytes_);
+  return n * halo_slots_;
 }
 
 void PairE3fuse::unpack_forward_comm(int n, int first, double *buf) {
   if (phase_ == Phase::DISCOVER) return;
-  const size_t w = static_cast<size_t>(halo_width_);
-  parallel_copy(&ghost_stage_[(first - atom->nlocal) * w], buf, n * w, host_threads());
+  const size_t slots = static_cast<size_t>(halo_slots_);
+  parallel_copy(&ghost_stage_[(first - atom->nlocal) * slots], buf, n * slots, host_threads());
 }
 
 int PairE3fuse::pack_reverse_comm(int n, int first, double *buf) {
-  const size_t w = static_cast<size_t>(halo_width_);
-  parallel_copy(buf, &ghost_stage_[(first - atom->nlocal) * w], n * w, host_threads());
-  halo_bytes_ += static_cast<double>(n) * static_cast<double>(w) * sizeof(double);
-  return n * halo_width_;
+  const size_t slots = static_cast<size_t>(halo_slots_);
+  parallel_copy(buf, &ghost_stage_[(first - atom->nlocal) * slots], n * slots, host_threads());
+  halo_bytes_ += static_cast<double>(n) * static_cast<double>(halo_row_bytes_);
+  return n * halo_slots_;
 }
 
 void PairE3fuse::unpack_reverse_comm(int n, int *list_, double *buf) {
   const int nlocal = atom->nlocal;
-  const size_t w = static_cast<size_t>(halo_width_);
+  const size_t slots = static_cast<size_t>(halo_slots_);
   // an atom appears at most once in a swap's list: rows are distinct
 #pragma omp parallel for num_threads(host_threads()) schedule(static)
   for (int k = 0; k < n; ++k) {
-    const double *in = buf + k * w;
+    const double *in = buf + k * slots;
     const int j = list_[k];
-    double *row = nullptr;
-    if (j >= nlocal)
-      row = &ghost_stage_[(j - nlocal) * w];  // summed here, passed on by an earlier swap
+    char *row = nullptr;
+    if (j >= nlocal)  // summed here, passed on by an earlier swap
+      row = reinterpret_cast<char *>(&ghost_stage_[(j - nlocal) * slots]);
     else if (border_slot_[j] >= 0)
-      row = border_sums_ + border_slot_[j] * w;
-    if (row)
-      for (size_t q = 0; q < w; ++q) row[q] += in[q];
+      row = border_sums_ + border_slot_[j] * halo_row_bytes_;
+    if (!row) continue;
+    if (halo_float_)
+      add_row<float>(row, in, halo_width_);
+    else
+      add_row<double>(row, in, halo_width_);
   }
 }
 

@@ -91,8 +91,9 @@ class PairE3fuse : public Pair {
   void update_node_positions();
   int host_threads() const;
   void find_border_nodes();
-  void halo_forward(int width, const double *border_rows, double *ghost_rows);
-  void halo_reverse(int width, const double *ghost_rows, double *border_sums);
+  template <class T> void halo_forward(int width, const T *border_rows, T *ghost_rows);
+  template <class T> void halo_reverse(int width, const T *ghost_rows, T *border_sums);
+  template <class T> void set_halo_rows(int width);
   void check_species(int64_t num_nodes);
   void log_graph(int64_t num_local, int64_t num_ghosts, int64_t num_edges);
   long long atom_id(int i) const;  // the atom's ID (its index without IDs)
@@ -146,12 +147,15 @@ class PairE3fuse : public Pair {
   enum class Phase { DISCOVER, FORWARD, REVERSE };
   Phase phase_ = Phase::DISCOVER;
   int halo_width_ = 0;                 // values per atom in the current exchange
+  bool halo_float_ = false;            // rows of float (precision float32), else double
+  size_t halo_row_bytes_ = 0;          // bytes of a row
+  int halo_slots_ = 0;                 // doubles per atom in LAMMPS's buffers (floats: 2 each)
   std::vector<char> sent_;             // local atom index -> sent by LAMMPS
   std::vector<int> border_slot_;       // local atom index -> row in border arrays or -1
   std::vector<int32_t> border_nodes_;  // graph nodes of the sent local atoms
-  const double *border_rows_ = nullptr;
-  double *border_sums_ = nullptr;
-  std::vector<double> ghost_stage_;  // nghost x width, by ghost atom index
+  const char *border_rows_ = nullptr;  // rows of halo_row_bytes_
+  char *border_sums_ = nullptr;
+  std::vector<double> ghost_stage_;  // nghost x halo_slots_, each ghost atom's row
   std::unique_ptr<Halo> halo_;
 
   // seconds in this run (reset by setup(), reported by finish())

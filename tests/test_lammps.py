@@ -635,6 +635,57 @@ def test_comm_modes_slab_and_bulk(model: Path, tmp_path: Path, family: str, name
     ranks_agree(atoms, path, tmp_path, f"{family} {name}", comms=comms)
 
 
+def halo_megabytes(proc: Any) -> float:
+    timing = next(s for s in proc.stdout.splitlines() if "pair e3fuse timing" in s)
+    return float(re.search(r"halo ([-+.\deE]+) MB packed", timing).group(1))
+
+
+def float32_rows_agree(model: Path, tmp_path: Path, device: str) -> None:
+    """precision float32 with comm exchange: the halo rows travel as float32 (half the
+    bytes of float64's rows, the same atoms sent), and 2 and 4 ranks agree with one rank's
+    float32 (comm images) to float32 rounding. The 108-atom cell: on 4 ranks ghosts come
+    over several hops, passed on as float32 rows."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = cu_bulk_mpi()
+    n = len(atoms)
+    prefix = "device cuda " if device == "cuda" else ""
+    one = tmp_path / "np1"
+    one_rank = parse_lmp(
+        one, run_lmp(one, lmp_input(atoms, model, style=prefix + "precision float32"))
+    )
+    for ranks in (2, 4):
+        label = f"{device} float32 np {ranks} comm exchange"
+        runs = {}
+        for precision in ("float32", "float64"):
+            workdir = tmp_path / f"{precision}-np{ranks}"
+            style = f"{prefix}precision {precision} comm exchange"
+            proc = run_lmp(workdir, lmp_input(atoms, model, style=style), ranks=ranks)
+            runs[precision] = (parse_lmp(workdir, proc), halo_megabytes(proc))
+        got, f32_mb = runs["float32"]
+        f64_mb = runs["float64"][1]
+        assert f64_mb > 0 and abs(f32_mb - f64_mb / 2) <= 1e-6 * f64_mb, (label, f32_mb, f64_mb)
+        assert abs(got["energy"] - one_rank["energy"]) / n < 1e-6, label
+        np.testing.assert_allclose(got["energies"], one_rank["energies"], atol=1e-5, err_msg=label)
+        np.testing.assert_allclose(got["forces"], one_rank["forces"], atol=3e-5, err_msg=label)
+        np.testing.assert_allclose(
+            got["virial"] / n, one_rank["virial"] / n, atol=3e-5, err_msg=label
+        )
+        # and float32 stays within float32's reach of float64
+        np.testing.assert_allclose(
+            got["forces"], runs["float64"][0]["forces"], atol=3e-5, err_msg=label
+        )
+
+
+def test_float32_rows_ranks_agree(model: Path, tmp_path: Path) -> None:
+    float32_rows_agree(model, tmp_path, "cpu")
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+def test_device_cuda_float32_rows_ranks_agree(model: Path, tmp_path: Path) -> None:
+    float32_rows_agree(model, tmp_path, "cuda")
+
+
 @pytest.mark.slow
 def test_comm_shell_bulk_sevennet0(model: Path, tmp_path: Path) -> None:
     """comm shell with SevenNet-0 in the 108-atom bulk cell: ~2 x 10^4 nodes per

@@ -124,48 +124,36 @@ void embed_species(const cpu::TypedPlan<T>& plan, const GraphView& g, std::vecto
   }
 }
 
-// Rows of node-major arrays through a HaloExchange (doubles on the wire).
+// Rows of node-major arrays of T through a HaloExchange (T on the wire). The ghost rows
+// (owned .. num_nodes) are contiguous: the exchange reads and writes them in place.
+template <class T>
 class HaloRows {
  public:
   // Overwrites the ghost rows of x (num_nodes x width) with their owners' rows.
-  template <class T>
   void forward(HaloExchange& halo, const GraphView& g, int width, T* x) {
-    const int64_t owned = g.num_energy_nodes;
     const size_t w = static_cast<size_t>(width);
-    gather_border(halo, w, x);
-    ghost_.resize(static_cast<size_t>(g.num_nodes - owned) * w);  // written by forward()
-    halo.forward(width, border_.data(), ghost_.data());
-    T* ghost_rows = x + owned * w;
-    for (size_t q = 0; q < ghost_.size(); ++q) ghost_rows[q] = static_cast<T>(ghost_[q]);
+    const int32_t* border = halo.border_nodes();
+    border_.resize(static_cast<size_t>(halo.num_border_nodes()) * w);
+    for (int64_t r = 0; r < halo.num_border_nodes(); ++r)
+      std::copy(x + border[r] * w, x + (border[r] + 1) * w, border_.begin() + r * w);
+    halo.forward(width, border_.data(), x + g.num_energy_nodes * w);
   }
 
   // Adds to each border row of grad (num_nodes x width) the adjoints of its ghost copies.
-  template <class T>
   void reverse(HaloExchange& halo, const GraphView& g, int width, T* grad) {
-    const int64_t owned = g.num_energy_nodes;
     const size_t w = static_cast<size_t>(width);
-    const T* ghost_rows = grad + owned * w;
-    ghost_.resize(static_cast<size_t>(g.num_nodes - owned) * w);
-    for (size_t q = 0; q < ghost_.size(); ++q) ghost_[q] = static_cast<double>(ghost_rows[q]);
     border_.resize(static_cast<size_t>(halo.num_border_nodes()) * w);  // written by reverse()
-    halo.reverse(width, ghost_.data(), border_.data());
+    halo.reverse(width, grad + g.num_energy_nodes * w, border_.data());
     const int32_t* border = halo.border_nodes();
     for (int64_t r = 0; r < halo.num_border_nodes(); ++r) {
       T* row = grad + border[r] * w;
-      const double* sums = &border_[r * w];
-      for (size_t q = 0; q < w; ++q) row[q] = static_cast<T>(static_cast<double>(row[q]) + sums[q]);
+      const T* sums = &border_[r * w];
+      for (size_t q = 0; q < w; ++q) row[q] += sums[q];
     }
   }
 
  private:
-  template <class T>
-  void gather_border(HaloExchange& halo, size_t w, const T* x) {
-    const int32_t* border = halo.border_nodes();
-    border_.resize(static_cast<size_t>(halo.num_border_nodes()) * w);
-    for (int64_t r = 0; r < halo.num_border_nodes(); ++r)
-      for (size_t q = 0; q < w; ++q) border_[r * w + q] = static_cast<double>(x[border[r] * w + q]);
-  }
-  std::vector<double> border_, ghost_;
+  std::vector<T> border_;
 };
 
 template <class T>
@@ -298,7 +286,7 @@ class CpuRunner {
   cpu::TypedPlan<T> plan_;
   std::vector<cpu::ElementLinear<T>> sc_species_;  // per layer; empty per_species: linear
   std::vector<std::vector<T>> x1_, pre_gate_;
-  HaloRows halo_;
+  HaloRows<T> halo_;
 };
 
 // mace's non-linear interaction block: its species-dependent RadialMLP (LayerNorm, per
@@ -560,7 +548,7 @@ class MaceRunner {
   std::vector<double> grad_rho;
   std::vector<std::vector<T>> nl_a_, nl_z_;  // non-linear blocks: linear_1(y), the gate's input
   std::vector<T> gz;
-  HaloRows halo_;
+  HaloRows<T> halo_;
 };
 
 }  // namespace

@@ -63,18 +63,33 @@ class ImageHalo : public HaloExchange {
   int64_t num_border_nodes() const override { return static_cast<int64_t>(border_.size()); }
   const int32_t* border_nodes() const override { return border_.data(); }
   void forward(int width, const double* border_rows, double* ghost_rows) override {
-    const size_t w = static_cast<size_t>(width);
-    for (size_t g = 0; g < ghost_slot_.size(); ++g)
-      std::memcpy(ghost_rows + g * w, border_rows + ghost_slot_[g] * w, w * sizeof(double));
+    copy_rows(width, border_rows, ghost_rows);
+  }
+  void forward(int width, const float* border_rows, float* ghost_rows) override {
+    copy_rows(width, border_rows, ghost_rows);
   }
   void reverse(int width, const double* ghost_rows, double* border_sums) override {
+    sum_rows(width, ghost_rows, border_sums);
+  }
+  void reverse(int width, const float* ghost_rows, float* border_sums) override {
+    sum_rows(width, ghost_rows, border_sums);
+  }
+
+ private:
+  template <class T>
+  void copy_rows(int width, const T* border_rows, T* ghost_rows) const {
     const size_t w = static_cast<size_t>(width);
-    std::fill(border_sums, border_sums + border_.size() * w, 0.0);
+    for (size_t g = 0; g < ghost_slot_.size(); ++g)
+      std::memcpy(ghost_rows + g * w, border_rows + ghost_slot_[g] * w, w * sizeof(T));
+  }
+  template <class T>
+  void sum_rows(int width, const T* ghost_rows, T* border_sums) const {
+    const size_t w = static_cast<size_t>(width);
+    std::fill(border_sums, border_sums + border_.size() * w, T(0));
     for (size_t g = 0; g < ghost_slot_.size(); ++g)
       for (size_t q = 0; q < w; ++q) border_sums[ghost_slot_[g] * w + q] += ghost_rows[g * w + q];
   }
 
- private:
   std::vector<int32_t> border_, ghost_slot_;
 };
 

@@ -71,11 +71,15 @@ class HaloExchange {
   virtual const int32_t* border_nodes() const = 0;
   // border_rows: num_border_nodes x width, the rows of the border nodes in the
   // order of border_nodes(). Writes ghost_rows: (num_nodes - num_energy_nodes) x width,
-  // each ghost's row taken from its owner.
+  // each ghost's row taken from its owner. Rows are in the engine's precision (float for
+  // Precision::float32): those are the bytes that travel.
   virtual void forward(int width, const double* border_rows, double* ghost_rows) = 0;
+  virtual void forward(int width, const float* border_rows, float* ghost_rows) = 0;
   // ghost_rows: adjoints on ghosts. Writes border_sums: num_border_nodes x width,
-  // for each border node the sum of the adjoints of all its ghost copies.
+  // for each border node the sum of the adjoints of all its ghost copies (summed in the
+  // rows' type).
   virtual void reverse(int width, const double* ghost_rows, double* border_sums) = 0;
+  virtual void reverse(int width, const float* ghost_rows, float* border_sums) = 0;
 };
 
 class Engine {

@@ -126,31 +126,23 @@ void embed_species(const GraphView& g, int64_t n, int dim, const DeviceArray<T>&
   check_launch("embed_kernel");
 }
 
-// out[r][c] = x[rows[r]][c] (halo pack: border rows, in double).
+// out[r][c] = x[rows[r]][c] (halo pack: border rows).
 template <class T>
 __global__ void gather_rows_kernel(int64_t count, int width, const int32_t* rows, const T* x,
-                                   double* out) {
+                                   T* out) {
   const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (q >= count * width) return;
   const int64_t r = q / width;
-  out[q] = static_cast<double>(x[static_cast<int64_t>(rows[r]) * width + (q - r * width)]);
+  out[q] = x[static_cast<int64_t>(rows[r]) * width + (q - r * width)];
 }
 
 // x[rows[r]][c] += in[r][c] (halo unpack of the reverse exchange; rows are distinct).
 template <class T>
-__global__ void add_rows_kernel(int64_t count, int width, const int32_t* rows, const double* in,
-                                T* x) {
+__global__ void add_rows_kernel(int64_t count, int width, const int32_t* rows, const T* in, T* x) {
   const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (q >= count * width) return;
   const int64_t r = q / width;
-  T& v = x[static_cast<int64_t>(rows[r]) * width + (q - r * width)];
-  v = static_cast<T>(static_cast<double>(v) + in[q]);
-}
-
-template <class From, class To>
-__global__ void convert_kernel(int64_t count, const From* in, To* out) {
-  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (q < count) out[q] = static_cast<To>(in[q]);
+  x[static_cast<int64_t>(rows[r]) * width + (q - r * width)] += in[q];
 }
 
 // Page-locked host memory (fast, truly asynchronous copies), grown on demand.
@@ -162,15 +154,18 @@ class PinnedBuffer {
   ~PinnedBuffer() {
     if (ptr_) cudaFreeHost(ptr_);
   }
-  double* reserve(size_t count) {
-    if (count > capacity_) {
+  // Room for `count` values of T (double or float).
+  template <class T = double>
+  T* reserve(size_t count) {
+    const size_t doubles = (count * sizeof(T) + sizeof(double) - 1) / sizeof(double);
+    if (doubles > capacity_) {
       if (ptr_) cudaFreeHost(ptr_);
       ptr_ = nullptr;
       capacity_ = 0;
-      check(cudaMallocHost(&ptr_, count * sizeof(double)), "cudaMallocHost (halo staging)");
-      capacity_ = count;
+      check(cudaMallocHost(&ptr_, doubles * sizeof(double)), "cudaMallocHost (halo staging)");
+      capacity_ = doubles;
     }
-    return ptr_;
+    return reinterpret_cast<T*>(ptr_);
   }
 
  private:
@@ -178,9 +173,9 @@ class PinnedBuffer {
   size_t capacity_ = 0;
 };
 
-// The GPU side of a HaloExchange: border rows are gathered (pack) and ghost rows
-// written (unpack) by kernels; only those rows cross PCIe, as doubles, through
-// pinned buffers; the exchange between ranks is the front end's.
+// The GPU side of a HaloExchange: border rows are gathered (pack) and added to (reverse
+// unpack) by kernels; only those rows and the ghost rows cross PCIe, in the model's
+// precision, through pinned buffers; the exchange between ranks is the front end's.
 class DeviceHalo {
  public:
   // For one compute call; exchange null: no halo.
@@ -195,28 +190,28 @@ class DeviceHalo {
   }
   bool active() const { return exchange_ != nullptr; }
 
-  // Ghost rows of x (device, num_nodes x width) <- their owners' rows.
+  // Ghost rows of x (device, num_nodes x width) <- their owners' rows. The ghost rows
+  // (num_owned .. num_nodes) are contiguous: they cross PCIe as they are, in T.
   template <class T>
   void forward(int width, T* x) {
     const size_t w = static_cast<size_t>(width);
     const int64_t ghosts = num_nodes_ - num_owned_;
-    double* host_border = host_border_.reserve(num_border_ * w + 1);
-    double* host_ghost = host_ghost_.reserve(ghosts * w + 1);
-    border_rows_.resize(num_border_ * w);
+    T* host_border = host_border_.reserve<T>(num_border_ * w + 1);
+    T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);
+    DeviceArray<T>& border_rows = rows<T>();
+    border_rows.resize(num_border_ * w);
     if (num_border_ > 0) {
       gather_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
-          num_border_, width, border_.data(), x, border_rows_.data());
+          num_border_, width, border_.data(), x, border_rows.data());
       check_launch("gather_rows_kernel");
-      border_rows_.download(host_border, num_border_ * w, stream_);
+      border_rows.download(host_border, num_border_ * w, stream_);
     }
     check(cudaStreamSynchronize(stream_), "halo pack");
     exchange_->forward(width, host_border, host_ghost);
-    if (ghosts > 0) {
-      ghost_rows_.upload(host_ghost, ghosts * w, stream_);
-      convert_kernel<double, T><<<grid(ghosts * width), kThreads, 0, stream_>>>(
-          ghosts * width, ghost_rows_.data(), x + num_owned_ * width);
-      check_launch("convert_kernel");
-    }
+    if (ghosts > 0)
+      check(cudaMemcpyAsync(x + num_owned_ * width, host_ghost, ghosts * w * sizeof(T),
+                            cudaMemcpyHostToDevice, stream_),
+            "halo unpack");
   }
 
   // Border rows of grad (device, num_nodes x width) += the adjoints of their ghost copies.
@@ -224,21 +219,19 @@ class DeviceHalo {
   void reverse(int width, T* grad) {
     const size_t w = static_cast<size_t>(width);
     const int64_t ghosts = num_nodes_ - num_owned_;
-    double* host_border = host_border_.reserve(num_border_ * w + 1);
-    double* host_ghost = host_ghost_.reserve(ghosts * w + 1);
-    if (ghosts > 0) {
-      ghost_rows_.resize(ghosts * w);
-      convert_kernel<T, double><<<grid(ghosts * width), kThreads, 0, stream_>>>(
-          ghosts * width, grad + num_owned_ * width, ghost_rows_.data());
-      check_launch("convert_kernel");
-      ghost_rows_.download(host_ghost, ghosts * w, stream_);
-    }
+    T* host_border = host_border_.reserve<T>(num_border_ * w + 1);
+    T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);
+    if (ghosts > 0)
+      check(cudaMemcpyAsync(host_ghost, grad + num_owned_ * width, ghosts * w * sizeof(T),
+                            cudaMemcpyDeviceToHost, stream_),
+            "halo pack");
     check(cudaStreamSynchronize(stream_), "halo pack");
     exchange_->reverse(width, host_ghost, host_border);
     if (num_border_ > 0) {
-      border_rows_.upload(host_border, num_border_ * w, stream_);
+      DeviceArray<T>& border_rows = rows<T>();
+      border_rows.upload(host_border, num_border_ * w, stream_);
       add_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
-          num_border_, width, border_.data(), border_rows_.data(), grad);
+          num_border_, width, border_.data(), border_rows.data(), grad);
       check_launch("add_rows_kernel");
     }
   }
@@ -247,8 +240,16 @@ class DeviceHalo {
   HaloExchange* exchange_ = nullptr;
   int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0;
   cudaStream_t stream_ = nullptr;
+  template <class T>
+  DeviceArray<T>& rows() {
+    if constexpr (std::is_same_v<T, float>)
+      return border_rows_f_;
+    else
+      return border_rows_;
+  }
   DeviceArray<int32_t> border_;
-  DeviceArray<double> border_rows_, ghost_rows_;
+  DeviceArray<double> border_rows_;
+  DeviceArray<float> border_rows_f_;
   PinnedBuffer host_border_, host_ghost_;
 };
 
@@ -961,7 +962,11 @@ class MaceModel : public Model {
 class BackendImpl : public Backend {
  public:
   BackendImpl(const ModelPlan& plan, Precision precision, int device, bool radial_tables)
-      : cutoff_(plan.cutoff), halo_widths_(halo_widths(plan)), device_(device), state_(device) {
+      : cutoff_(plan.cutoff),
+        halo_widths_(halo_widths(plan)),
+        float32_(precision == Precision::float32),
+        device_(device),
+        state_(device) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     name_ = prop.name;
@@ -1221,11 +1226,19 @@ class BackendImpl : public Backend {
   }
 
   // A rank with an empty graph still takes part in every (collective) exchange.
+  // in the model's precision, as the other ranks' rows are
   void empty_exchanges(bool want_grad) {
-    for (int width : halo_widths_) state_.halo.forward<double>(width, nullptr);
+    if (float32_)
+      empty_exchanges<float>(want_grad);
+    else
+      empty_exchanges<double>(want_grad);
+  }
+  template <class T>
+  void empty_exchanges(bool want_grad) {
+    for (int width : halo_widths_) state_.halo.forward<T>(width, nullptr);
     if (!want_grad) return;
     for (auto w = halo_widths_.rbegin(); w != halo_widths_.rend(); ++w)
-      state_.halo.reverse<double>(*w, nullptr);
+      state_.halo.reverse<T>(*w, nullptr);
   }
 
   // Device bytes per atom of one compute_system call: node tensors, per-atom state
@@ -1249,6 +1262,7 @@ class BackendImpl : public Backend {
   double largest_call_bytes_ = 0.0;  // estimated bytes of the largest call so far
   double cutoff_;
   std::vector<int> halo_widths_;  // of the exchanges an empty graph still takes part in
+  bool float32_;                  // the model's precision (the halo rows' type)
   int device_ = 0;
   std::string name_;
   std::unique_ptr<Model> model_;
