@@ -26,9 +26,9 @@ pytest.importorskip("mace.modules")
 from ase import Atoms  # noqa: E402
 from conftest import DEVICES  # noqa: E402
 from helpers_mace import (  # noqa: E402
+    assert_float32_close,
     converted_once,
     e3fuse_eval,
-    float32_forces_tolerance,
     structure,
 )
 
@@ -117,7 +117,4 @@ def test_float32_close_to_float64(name: str, device: str, workdir: Path) -> None
     atoms = alloy(seed=12)
     f64 = e3fuse_eval(path, atoms, "float64", "cpu")
     f32 = e3fuse_eval(path, atoms, "float32", device)
-    tolerance = float32_forces_tolerance(model, atoms, f64["forces"])
-    assert np.abs(f32["forces"] - f64["forces"]).max() < tolerance
-    assert abs(f32["energy"] - f64["energy"]) / len(atoms) < 1e-5
-    assert np.abs(f32["stress"] - f64["stress"]).max() < 1e-6
+    assert_float32_close(model, atoms, f32, f64)

@@ -54,9 +54,9 @@ pytest.importorskip("mace.modules")
 from ase import Atoms  # noqa: E402
 from conftest import DEVICES  # noqa: E402
 from helpers_mace import (  # noqa: E402
+    assert_float32_close,
     build_mace,
     e3fuse_eval,
-    float32_forces_tolerance,
     omol_specs,
     structure,
 )
@@ -295,10 +295,7 @@ def test_omol0_float32_close_to_float64(device: str, workdir: Path) -> None:
     atoms.info.update(charge=-1, spin=2)
     f64 = e3fuse_eval(path, atoms, "float64", "cpu", radial="mlp")
     f32 = e3fuse_eval(path, atoms, "float32", device)
-    tolerance = float32_forces_tolerance(model, atoms, f64["forces"])
-    assert np.abs(f32["forces"] - f64["forces"]).max() < tolerance
-    assert abs(f32["energy"] - f64["energy"]) / len(atoms) < 1e-5
-    assert np.abs(f32["stress"] - f64["stress"]).max() < 1e-6
+    assert_float32_close(model, atoms, f32, f64)
 
 
 def test_omol0_cuda_refuses_the_per_edge_mlp(workdir: Path) -> None:
@@ -392,7 +389,4 @@ def test_mh1_float32_close_to_float64(device: str, workdir: Path) -> None:
     atoms = mh1_alloy(seed=12)
     f64 = e3fuse_eval(path, atoms, "float64", "cpu", radial="mlp")
     f32 = e3fuse_eval(path, atoms, "float32", device)
-    tolerance = float32_forces_tolerance(model, atoms, f64["forces"], head="omol")
-    assert np.abs(f32["forces"] - f64["forces"]).max() < tolerance
-    assert abs(f32["energy"] - f64["energy"]) / len(atoms) < 1e-5
-    assert np.abs(f32["stress"] - f64["stress"]).max() < 1e-6
+    assert_float32_close(model, atoms, f32, f64, head="omol")
