@@ -24,6 +24,7 @@
 #include "cuda/common.cuh"
 #include "cuda/conv.cuh"
 #include "cuda/edge_density.cuh"
+#include "cuda/halo.cuh"
 #include "cuda/node_ops.cuh"
 #include "cuda/pair_repulsion.cuh"
 #include "e3fuse/error.h"
@@ -125,133 +126,6 @@ void embed_species(const GraphView& g, int64_t n, int dim, const DeviceArray<T>&
   embed_kernel<T><<<grid(n * dim), kThreads, 0, st>>>(n, dim, g.species, table.data(), x.data());
   check_launch("embed_kernel");
 }
-
-// out[r][c] = x[rows[r]][c] (halo pack: border rows).
-template <class T>
-__global__ void gather_rows_kernel(int64_t count, int width, const int32_t* rows, const T* x,
-                                   T* out) {
-  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (q >= count * width) return;
-  const int64_t r = q / width;
-  out[q] = x[static_cast<int64_t>(rows[r]) * width + (q - r * width)];
-}
-
-// x[rows[r]][c] += in[r][c] (halo unpack of the reverse exchange; rows are distinct).
-template <class T>
-__global__ void add_rows_kernel(int64_t count, int width, const int32_t* rows, const T* in, T* x) {
-  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (q >= count * width) return;
-  const int64_t r = q / width;
-  x[static_cast<int64_t>(rows[r]) * width + (q - r * width)] += in[q];
-}
-
-// Page-locked host memory (fast, truly asynchronous copies), grown on demand.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-    if (ptr_) cudaFreeHost(ptr_);
-  }
-  // Room for `count` values of T (double or float).
-  template <class T = double>
-  T* reserve(size_t count) {
-    const size_t doubles = (count * sizeof(T) + sizeof(double) - 1) / sizeof(double);
-    if (doubles > capacity_) {
-      if (ptr_) cudaFreeHost(ptr_);
-      ptr_ = nullptr;
-      capacity_ = 0;
-      check(cudaMallocHost(&ptr_, doubles * sizeof(double)), "cudaMallocHost (halo staging)");
-      capacity_ = doubles;
-    }
-    return reinterpret_cast<T*>(ptr_);
-  }
-
- private:
-  double* ptr_ = nullptr;
-  size_t capacity_ = 0;
-};
-
-// The GPU side of a HaloExchange: border rows are gathered (pack) and added to (reverse
-// unpack) by kernels; only those rows and the ghost rows cross PCIe, in the model's
-// precision, through pinned buffers; the exchange between ranks is the front end's.
-class DeviceHalo {
- public:
-  // For one compute call; exchange null: no halo.
-  void bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_owned, cudaStream_t stream) {
-    exchange_ = exchange;
-    if (!exchange_) return;
-    num_nodes_ = num_nodes;
-    num_owned_ = num_owned;
-    num_border_ = exchange_->num_border_nodes();
-    stream_ = stream;
-    border_.upload(exchange_->border_nodes(), static_cast<size_t>(num_border_), stream);
-  }
-  bool active() const { return exchange_ != nullptr; }
-
-  // Ghost rows of x (device, num_nodes x width) <- their owners' rows. The ghost rows
-  // (num_owned .. num_nodes) are contiguous: they cross PCIe as they are, in T.
-  template <class T>
-  void forward(int width, T* x) {
-    const size_t w = static_cast<size_t>(width);
-    const int64_t ghosts = num_nodes_ - num_owned_;
-    T* host_border = host_border_.reserve<T>(num_border_ * w + 1);
-    T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);
-    DeviceArray<T>& border_rows = rows<T>();
-    border_rows.resize(num_border_ * w);
-    if (num_border_ > 0) {
-      gather_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
-          num_border_, width, border_.data(), x, border_rows.data());
-      check_launch("gather_rows_kernel");
-      border_rows.download(host_border, num_border_ * w, stream_);
-    }
-    check(cudaStreamSynchronize(stream_), "halo pack");
-    exchange_->forward(width, host_border, host_ghost);
-    if (ghosts > 0)
-      check(cudaMemcpyAsync(x + num_owned_ * width, host_ghost, ghosts * w * sizeof(T),
-                            cudaMemcpyHostToDevice, stream_),
-            "halo unpack");
-  }
-
-  // Border rows of grad (device, num_nodes x width) += the adjoints of their ghost copies.
-  template <class T>
-  void reverse(int width, T* grad) {
-    const size_t w = static_cast<size_t>(width);
-    const int64_t ghosts = num_nodes_ - num_owned_;
-    T* host_border = host_border_.reserve<T>(num_border_ * w + 1);
-    T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);
-    if (ghosts > 0)
-      check(cudaMemcpyAsync(host_ghost, grad + num_owned_ * width, ghosts * w * sizeof(T),
-                            cudaMemcpyDeviceToHost, stream_),
-            "halo pack");
-    check(cudaStreamSynchronize(stream_), "halo pack");
-    exchange_->reverse(width, host_ghost, host_border);
-    if (num_border_ > 0) {
-      DeviceArray<T>& border_rows = rows<T>();
-      border_rows.upload(host_border, num_border_ * w, stream_);
-      add_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
-          num_border_, width, border_.data(), border_rows.data(), grad);
-      check_launch("add_rows_kernel");
-    }
-  }
-
- private:
-  HaloExchange* exchange_ = nullptr;
-  int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0;
-  cudaStream_t stream_ = nullptr;
-  template <class T>
-  DeviceArray<T>& rows() {
-    if constexpr (std::is_same_v<T, float>)
-      return border_rows_f_;
-    else
-      return border_rows_;
-  }
-  DeviceArray<int32_t> border_;
-  DeviceArray<double> border_rows_;
-  DeviceArray<float> border_rows_f_;
-  PinnedBuffer host_border_, host_ghost_;
-};
 
 // Zeroes rows [first_row, num_rows) of a device array of rows of `width` values.
 template <class T>
