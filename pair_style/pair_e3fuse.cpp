@@ -87,7 +87,7 @@ std::string element_symbol(int z) {
 
 // dst[0, count) = src[0, count) (or 0 when src is null), split over threads: the
 // halo rows are hundreds of MB per exchange on large systems.
-void parallel_copy(double *dst, const double *src, size_t count, int threads) {
+template <class T> void parallel_copy(T *dst, const T *src, size_t count, int threads) {
   constexpr size_t kBlock = size_t(1) << 16;
   const int64_t blocks = static_cast<int64_t>((count + kBlock - 1) / kBlock);
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -95,9 +95,9 @@ void parallel_copy(double *dst, const double *src, size_t count, int threads) {
     const size_t begin = static_cast<size_t>(b) * kBlock;
     const size_t n = std::min(kBlock, count - begin);
     if (src)
-      std::memcpy(dst + begin, src + begin, n * sizeof(double));
+      std::memcpy(dst + begin, src + begin, n * sizeof(T));
     else
-      std::fill(dst + begin, dst + begin + n, 0.0);
+      std::fill(dst + begin, dst + begin + n, T(0));
   }
 }
 
@@ -772,9 +772,9 @@ void PairE3fuse::halo_reverse(int width, const T *ghost_rows, T *border_sums) {
   phase_ = Phase::REVERSE;
   border_sums_ = reinterpret_cast<char *>(border_sums);
   const int threads = host_threads();
-  std::fill(border_sums, border_sums + border_nodes_.size() * w, T(0));
+  parallel_copy<T>(border_sums, nullptr, border_nodes_.size() * w, threads);
   ghost_stage_.resize(static_cast<size_t>(atom->nghost) * slots);
-  parallel_copy(ghost_stage_.data(), nullptr, ghost_stage_.size(), threads);
+  parallel_copy<double>(ghost_stage_.data(), nullptr, ghost_stage_.size(), threads);
   const int inum = num_local_;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t u = inum; u < num_nodes_; ++u)

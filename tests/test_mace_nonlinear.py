@@ -29,6 +29,7 @@ pytest.importorskip("mace.modules")
 
 from conftest import DEVICES  # noqa: E402
 from helpers_mace import (  # noqa: E402
+    FORCES_F32,
     build_mace,
     e3fuse_eval,
     finite_difference_forces,
@@ -71,7 +72,6 @@ ARCHS: dict[str, dict[str, Any]] = {
 # Radial tables: value error <= 1e-7, derivative <= 1e-6 of each weight's largest magnitude
 # (measured: forces 3e-7 / 7e-7 eV/A of 4 / 16 eV/A, energies 1e-9 eV/atom of ~400 eV/atom)
 FORCES_TABLE, ENERGY_PER_ATOM_TABLE, STRESS_TABLE = 3e-6, 1e-7, 1e-6
-FORCES_F32 = 3e-5
 RADIAL_SCALE = 0.05
 
 _CACHE: dict[tuple[str, str], tuple[Any, Path]] = {}

@@ -22,6 +22,7 @@ pytest.importorskip("mace.modules")
 
 from conftest import DEVICES  # noqa: E402
 from helpers_mace import (  # noqa: E402
+    FORCES_F32,
     build_mace,
     e3fuse_eval,
     finite_difference_forces,
@@ -65,7 +66,6 @@ OPTIONS: dict[str, dict[str, Any]] = {
 
 # float64 against mace-torch built in float64 (COMMON targets)
 FORCES_F64, ENERGY_PER_ATOM_F64, STRESS_F64 = 1e-10, 1e-12, 1e-12
-FORCES_F32 = 3e-5
 
 _CACHE: dict[str, tuple[Any, Path]] = {}
 

@@ -1099,8 +1099,8 @@ class BackendImpl : public Backend {
     if (out.atom_energies) std::copy(staged, staged + N, out.atom_energies);
   }
 
-  // A rank with an empty graph still takes part in every (collective) exchange.
-  // in the model's precision, as the other ranks' rows are
+  // A rank with an empty graph still takes part in every (collective) exchange, with rows
+  // in the model's precision as the other ranks'.
   void empty_exchanges(bool want_grad) {
     if (float32_)
       empty_exchanges<float>(want_grad);
