@@ -62,6 +62,14 @@ venv_options=()
 [[ $SYSTEM_SITE == 1 ]] && venv_options=(--system-site-packages)
 "$PYTHON" -m venv "${venv_options[@]}" "$VENV"
 VENV=$(cd "$VENV" && pwd)
+if [[ $SYSTEM_SITE == 1 ]]; then
+  # an interpreter that is itself a venv's (the GPU machine's torch venv): venv's
+  # --system-site-packages would show the base interpreter's packages, not that venv's
+  outer_site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  inner_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$PYTHON" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' &&
+    echo "$outer_site" >"$inner_site/zz_interpreter_site.pth"
+fi
 TOOLS=$VENV/minimal-bin
 mkdir -p "$TOOLS"
 for tool in sh bash env cat ls mkdir rm cp mv ln uname grep sed head tail tr dirname basename \
