@@ -501,6 +501,8 @@ class MaceModel : public Model {
       : geom_(make_geometry<T>(typed)) {
     embedding_dim_ = typed.embedding_dim;
     embedding_.upload(typed.embedding);
+    // the non-linear blocks' per-edge RadialMLP weights (conv.cuh): one array for the layers
+    const auto edge_weights = std::make_shared<DeviceArray<T>>();
     for (const MaceLayer& l : plan.mace_layers) {
       const cpu::MaceBlock<T> h = cpu::make_mace_block<T>(l, radial_tables ? &plan : nullptr);
       Layer q;
@@ -510,7 +512,7 @@ class MaceModel : public Model {
       q.skip = make_element_linear<T>(h.skip);
       q.linear_up = make_linear<T>(h.linear_up);
       q.linear = make_linear<T>(h.linear);
-      q.conv = make_conv<T>(h.conv);
+      q.conv = make_conv<T>(h.conv, edge_weights);
       q.product = make_symmetric_contraction<T>(h.product);
       q.product_linear = make_linear<T>(h.product_linear);
       q.readout_1 = make_linear<T>(h.readout_1);
@@ -1159,8 +1161,11 @@ std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision
                 std::to_string(count) + " GPU(s) (CUDA_VISIBLE_DEVICES)");
   if (gpu < 0) check(cudaGetDevice(&gpu), "cudaGetDevice");
   // apply_cutoff=False multiplies the radial MLP's output by the envelope: the tables include
-  // it, the GPU's per-edge MLP kernels do not (refused by name rather than computed wrongly).
-  if (!plan.radial.apply_cutoff && !radial_tables)
+  // it, and so does the non-linear block's exact RadialMLP (conv.cuh), but the GPU's per-edge
+  // MLP kernels of the other blocks do not (refused by name rather than computed wrongly).
+  bool plain_mlp = plan.mace_layers.empty();
+  for (const MaceLayer& l : plan.mace_layers) plain_mlp = plain_mlp || !l.nonlinear_block;
+  if (!plan.radial.apply_cutoff && !radial_tables && plain_mlp)
     throw Error(
         "the CUDA engine supports MACE apply_cutoff=False with radial tables only (float32, "
         "radial 'auto' or 'table'); use device 'cpu' for float64 or radial 'mlp'");
