@@ -264,6 +264,9 @@ class Model {
   // Bytes of the node tensors run() holds per node for a graph of n nodes (single GPU):
   // the sum of the widths it resizes its arrays to, kept next to run() so the two agree.
   virtual size_t node_bytes(int64_t n, bool want_grad) const = 0;
+  // Bytes run() holds per edge of the graph beyond the neighbor list (the non-linear block's
+  // per-edge RadialMLP weights, conv.cuh).
+  virtual size_t edge_bytes() const { return 0; }
 };
 
 template <class T>
@@ -815,6 +818,14 @@ class MaceModel : public Model {
     return floats * sizeof(T) + (1 + doubles) * sizeof(double);  // + inter_
   }
 
+  size_t edge_bytes() const override {
+    size_t per_edge = 0;  // the layers share one array (conv.cuh)
+    for (const Layer& l : layers_)
+      if (l.conv.radial_mlp.layers > 0)
+        per_edge = std::max<size_t>(per_edge, 4 * sizeof(T) * l.conv.view.weight_numel);
+    return per_edge;
+  }
+
  private:
   Geometry<T> geom_;
   int embedding_dim_ = 0;
@@ -1126,7 +1137,8 @@ class BackendImpl : public Backend {
     // the forces and virials in double and as fixed-point receiver sums (2 words each)
     const double state =
         3 * 8 + 4 + 8 + (want_grad ? 3 * 3 * 8 : 0) + (want_virial ? 3 * 9 * 8 : 0);
-    return node + state + kNeighborBytesPerAtom + kNeighborBytesPerEdge * edges_per_atom;
+    const double edge = kNeighborBytesPerEdge + static_cast<double>(model_->edge_bytes());
+    return node + state + kNeighborBytesPerAtom + edge * edges_per_atom;
   }
 
   static constexpr double kUsableFraction = 0.9;
