@@ -121,8 +121,8 @@ def converted(name: str, workdir: Path, dtype: str = "float64") -> tuple[Any, Pa
 def evaluate(
     path: Path, atoms: Any, device: str, dtype: str = "float64", radial: str = "table"
 ) -> dict[str, Any]:
-    """e3fuse_eval with stress and stresses; radial tables unless `radial` says (the exact
-    per-edge RadialMLP runs on the CPU only)."""
+    """e3fuse_eval with stress and stresses; radial tables unless `radial` says ("mlp": the
+    exact per-edge RadialMLP)."""
     return e3fuse_eval(path, atoms, dtype, device, radial=radial, stress=True, stresses=True)
 
 

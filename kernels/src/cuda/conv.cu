@@ -1602,10 +1602,8 @@ typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& 
         "edge count download");
   check(cudaStreamSynchronize(stream), "edge count download");
   if (edges >= std::numeric_limits<int>::max())
-    throw Error(
-        "the non-linear block's per-edge RadialMLP on CUDA supports fewer than 2^31 "
-        "edges (" +
-        std::to_string(edges) + "); use radial='table'");
+    throw Error("the non-linear block's per-edge RadialMLP on CUDA: " + std::to_string(edges) +
+                " edges, 2^31 or more are not supported; use radial='table'");
   DeviceArray<T>& out = *conv.edge_weights;
   out.resize(std::max<size_t>(1, static_cast<size_t>(edges) * conv.view.weight_numel * 4));
   const int hidden = conv.radial_mlp_hidden;
