@@ -4,10 +4,11 @@ target species embeddings, the density normalisation alpha + beta rho with its o
 linear_res, the gated non-linearity and linear_2 (issue 20).
 
 e3fuse evaluates the block's RadialMLPs from per-ordered-species-pair radial tables
-(radial="table", both devices), or exactly per edge on the CPU (radial="mlp", float64's
-default: the reference, to 1e-10 eV/A of mace-torch); the CUDA backend refuses radial="mlp"
-for this block by name. With several elements the two directions of an edge have different
-radial weights (source and target embeddings): the OMOL-like model has three.
+(radial="table", both devices), or exactly per edge in double (radial="mlp", float64's
+default: the reference, to 1e-10 eV/A of mace-torch), on the CPU and on CUDA (there through a
+per-edge array of the weights, cuda/conv.cuh). With several elements the two directions of an
+edge have different radial weights (source and target embeddings): the OMOL-like model has
+three.
 
 Small OMOL-like models (two non-linear interactions, correlation 3, edge irreps up to l = 2,
 a distance transform, apply_cutoff False) with random weights, built in float64 and in
@@ -38,7 +39,6 @@ from helpers_mace import (  # noqa: E402
 )
 
 from e3fuse import reference  # noqa: E402
-from e3fuse.calculator import Calculator  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
 
 BLOCK = "RealAgnosticResidualNonLinearInteractionBlock"
@@ -121,8 +121,8 @@ def converted(name: str, workdir: Path, dtype: str = "float64") -> tuple[Any, Pa
 def evaluate(
     path: Path, atoms: Any, device: str, dtype: str = "float64", radial: str = "table"
 ) -> dict[str, Any]:
-    """e3fuse_eval with stress and stresses; radial tables unless `radial` says (the exact
-    per-edge RadialMLP runs on the CPU only)."""
+    """e3fuse_eval with stress and stresses; radial tables unless `radial` says ("mlp": the
+    exact per-edge RadialMLP)."""
     return e3fuse_eval(path, atoms, dtype, device, radial=radial, stress=True, stresses=True)
 
 
@@ -196,14 +196,15 @@ def test_nonlinear_block_rotation_invariance(device: str, workdir: Path) -> None
     assert np.abs(a["forces"] @ rot.T - b["forces"]).max() < 1e-9
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(ARCHS))
-def test_exact_radial_mlp_matches_mace_torch(name: str, workdir: Path) -> None:
-    """CPU, float64, the RadialMLP evaluated per edge (radial="mlp", the float64 default):
-    the targets of every other model, 1e-10 eV/A and 1e-12 eV/atom."""
+def test_exact_radial_mlp_matches_mace_torch(name: str, device: str, workdir: Path) -> None:
+    """float64, the RadialMLP evaluated per edge (radial="mlp", the float64 default): the
+    targets of every other model, 1e-10 eV/A and 1e-12 eV/atom, on each device."""
     model, path = converted(name, workdir)
     atoms = structure(ARCHS[name]["elements"], seed=1)
     ref = reference.evaluate_mace(reference.mace_calculator(model, "float64"), atoms)
-    ours = evaluate(path, atoms, "cpu", radial="mlp")
+    ours = evaluate(path, atoms, device, radial="mlp")
     n = len(atoms)
     assert np.abs(ref["forces"]).max() > 1e-3
     # these random weights give ~750 eV per atom, where 1e-12 eV is 9 float64 ulps: the
@@ -215,42 +216,53 @@ def test_exact_radial_mlp_matches_mace_torch(name: str, workdir: Path) -> None:
     assert np.abs(ours["stress"] - ref["stress"]).max() < 1e-12
     assert np.abs(ours["stresses"].sum(axis=0) - ours["stress"]).max() < 1e-12
     # the tables of the other tests stay within their bound of the exact path
-    table = evaluate(path, atoms, "cpu", radial="table")
+    table = evaluate(path, atoms, device, radial="table")
     assert np.abs(table["forces"] - ours["forces"]).max() < FORCES_TABLE
 
 
-def test_exact_radial_mlp_finite_differences(workdir: Path) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_radial_mlp_finite_differences(device: str, workdir: Path) -> None:
     """The exact path's forces against central differences of its own energy."""
     _, path = converted("omol-like", workdir)
     atoms = structure(ELEMENTS, seed=6)
-    ours = evaluate(path, atoms, "cpu", radial="mlp")
+    ours = evaluate(path, atoms, device, radial="mlp")
     entries = [(1, 0), (4, 2), (6, 1)]
-    for (i, axis), fd in zip(
-        entries, finite_difference_forces(path, atoms, entries, radial="mlp"), strict=True
-    ):
+    fds = finite_difference_forces(path, atoms, entries, device=device, radial="mlp")
+    for (i, axis), fd in zip(entries, fds, strict=True):
         assert abs(fd - ours["forces"][i, axis]) < 1e-7 * max(1.0, abs(fd))
 
 
-def test_exact_radial_mlp_float32(workdir: Path) -> None:
-    """CPU float32 with the per-edge RadialMLP (computed in double, stored in float32)."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_radial_mlp_float32(device: str, workdir: Path) -> None:
+    """float32 with the per-edge RadialMLP (computed in double, stored in float32)."""
     model64, _ = converted("omol-like", workdir)
     _, path32 = converted("omol-like", workdir, "float32")
     atoms = structure(ELEMENTS, seed=2)
     ref = reference.evaluate_mace(reference.mace_calculator(model64, "float64"), atoms)
-    f32 = evaluate(path32, atoms, "cpu", "float32", radial="mlp")
+    f32 = evaluate(path32, atoms, device, "float32", radial="mlp")
     assert np.abs(f32["forces"] - ref["forces"]).max() < FORCES_F32
 
 
-def test_cuda_refuses_the_per_edge_mlp(workdir: Path) -> None:
+def test_cuda_runs_the_per_edge_mlp(workdir: Path) -> None:
+    """CUDA no longer refuses radial="mlp" for this block: float64's default ("auto") is the
+    exact per-edge RadialMLP there too (the same numbers as radial="mlp", and as the CPU's to
+    rounding), and radial="table" still runs, within the tables' bound of it."""
     from e3fuse import _core
 
     if not _core.cuda_available():
         pytest.skip("e3fuse built without CUDA or no GPU")
-    _, path = converted("plain", workdir)
-    atoms = structure(ELEMENT, seed=5)
-    with pytest.raises(Exception, match=f"{BLOCK} on CUDA.*radial='table'"):
-        atoms.calc = Calculator(str(path), device="cuda", dtype="float64", radial="mlp")
-        atoms.get_potential_energy()
+    _, path = converted("omol-like", workdir)
+    atoms = structure(ELEMENTS, seed=5)
+    exact = evaluate(path, atoms, "cuda", radial="mlp")
+    default = evaluate(path, atoms, "cuda", radial="auto")
+    table = evaluate(path, atoms, "cuda", radial="table")
+    cpu = evaluate(path, atoms, "cpu", radial="mlp")
+    for key in ("energies", "forces", "stress"):
+        assert np.array_equal(default[key], exact[key])
+    assert np.abs(exact["forces"] - cpu["forces"]).max() < 1e-11
+    scale = max(1.0, np.abs(cpu["energies"]).max())  # ~750 eV per atom here
+    assert np.abs(exact["energies"] - cpu["energies"]).max() < 1e-13 * scale
+    assert np.abs(table["forces"] - exact["forces"]).max() < FORCES_TABLE
 
 
 def test_radial_weights_differ_between_edge_directions() -> None:

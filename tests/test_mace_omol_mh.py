@@ -35,10 +35,10 @@ H / O / Cu / Au, the six heads (each its own E0s, scale and shift, readout colum
 readout MLP units). MACE-MH-0's settings are not published (mace-foundations has no script
 for it): not tested.
 
-The non-linear block's species-dependent RadialMLP runs exactly per edge on the CPU
-(radial="mlp", float64's default: the 1e-10 eV/A targets) and from radial tables on CUDA
-(radial="table", required there also in float64: a float32-rounding approximation, compared
-at the tables' bounds of tests/test_mace_nonlinear.py); float32 reads the tables on both."""
+The non-linear block's species-dependent RadialMLP runs exactly per edge in double on both
+devices (radial="mlp", float64's default: the 1e-10 eV/A targets), or from radial tables
+(radial="table", float32's default: a float32-rounding approximation, compared at the
+tables' bounds of tests/test_mace_nonlinear.py); float32 is checked with both."""
 
 from __future__ import annotations
 
@@ -134,6 +134,7 @@ FORCES_F64, ENERGY_PER_ATOM_F64, STRESS_F64 = 1e-10, 1e-12, 1e-12
 FORCES_TABLE, ENERGY_PER_ATOM_TABLE, STRESS_TABLE = 3e-6, 1e-7, 1e-6
 
 _MODELS: dict[tuple[str, str], tuple[Any, Path]] = {}
+CUDA_ONLY = DEVICES[1:]  # the CUDA case of DEVICES (skipped without a GPU)
 
 
 @pytest.fixture(scope="module")
@@ -204,11 +205,6 @@ def mh1_alloy(seed: int) -> Atoms:
     return atoms
 
 
-def radial_for(device: str) -> str:
-    """The exact per-edge RadialMLP on the CPU, the tables on CUDA (which refuses "mlp")."""
-    return "mlp" if device == "cpu" else "table"
-
-
 def assert_matches(ours: dict[str, Any], ref: dict[str, Any], n: int, exact: bool) -> None:
     forces, energy, stress = (
         (FORCES_F64, ENERGY_PER_ATOM_F64, STRESS_F64)
@@ -265,10 +261,22 @@ def test_omol0_architecture(workdir: Path) -> None:
 @pytest.mark.parametrize("kind", ["periodic", "molecule"])
 def test_omol0_matches_mace_torch(kind: str, device: str, workdir: Path) -> None:
     """Several total charges and spins (atoms.info, one calculator): energies, per-atom
-    energies, forces (and stress) against mace-torch in float64."""
+    energies, forces (and stress) against mace-torch in float64, the RadialMLP exactly per
+    edge (radial="mlp")."""
+    check_omol0(kind, device, "mlp", workdir)
+
+
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_omol0_tables_match_mace_torch(device: str, workdir: Path) -> None:
+    """The same with radial="table" in float64 on CUDA (its only way before the per-edge
+    RadialMLP ran there): within the tables' bounds (the CPU's tables: test_mace_nonlinear)."""
+    check_omol0("periodic", device, "table", workdir)
+
+
+def check_omol0(kind: str, device: str, radial: str, workdir: Path) -> None:
     model, path = converted("omol0", workdir)
     reference_calc = reference.mace_calculator(model, "float64")
-    calc = Calculator(str(path), device=device, dtype="float64", radial=radial_for(device))
+    calc = Calculator(str(path), device=device, dtype="float64", radial=radial)
     base = omol_structure(kind, seed=1)
     energies = []
     for info in CHARGE_SPIN:
@@ -283,34 +291,41 @@ def test_omol0_matches_mace_torch(kind: str, device: str, workdir: Path) -> None
         }
         if kind == "periodic":
             ours["stress"] = atoms.get_stress()
-        assert_matches(ours, ref, len(atoms), exact=device == "cpu")
+        assert_matches(ours, ref, len(atoms), exact=radial == "mlp")
         energies.append(ours["energy"])
     assert len({round(e, 6) for e in energies}) == len(CHARGE_SPIN)  # the inputs matter
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_omol0_float32_close_to_float64(device: str, workdir: Path) -> None:
+@pytest.mark.parametrize("radial", ["table", "mlp"])
+def test_omol0_float32_close_to_float64(radial: str, device: str, workdir: Path) -> None:
+    """float32 (tables, float32's default, or the per-edge RadialMLP) against the CPU's exact
+    float64."""
     model, path = converted("omol0", workdir)
     atoms = omol_structure("periodic", seed=2)
     atoms.info.update(charge=-1, spin=2)
     f64 = e3fuse_eval(path, atoms, "float64", "cpu", radial="mlp")
-    f32 = e3fuse_eval(path, atoms, "float32", device)
+    f32 = e3fuse_eval(path, atoms, "float32", device, radial=radial)
     assert_float32_close(model, atoms, f32, f64)
 
 
-def test_omol0_cuda_refuses_the_per_edge_mlp(workdir: Path) -> None:
-    """CUDA evaluates the non-linear block's RadialMLP from tables only: radial="mlp"
-    (and float64's default) is refused by name."""
+def test_omol0_cuda_runs_the_per_edge_mlp(workdir: Path) -> None:
+    """CUDA no longer refuses the non-linear block's per-edge RadialMLP: radial="mlp" and
+    float64's default ("auto", the same path) give the same numbers, the CPU's to rounding."""
     from e3fuse import _core
 
     if not _core.cuda_available():
         pytest.skip("e3fuse built without CUDA or no GPU")
     _, path = converted("omol0", workdir)
-    for radial in ("mlp", "auto"):
-        atoms = molecule(seed=3)
-        with pytest.raises(Exception, match=f"{BLOCK} on CUDA.*radial='table'"):
-            atoms.calc = Calculator(str(path), device="cuda", dtype="float64", radial=radial)
-            atoms.get_potential_energy()
+    atoms = molecule(seed=3)
+    atoms.info.update(charge=1, spin=2)
+    exact = e3fuse_eval(path, atoms, "float64", "cuda", radial="mlp")
+    default = e3fuse_eval(path, atoms, "float64", "cuda", radial="auto")
+    cpu = e3fuse_eval(path, atoms, "float64", "cpu", radial="mlp")
+    assert np.array_equal(exact["forces"], default["forces"])
+    assert np.array_equal(exact["energies"], default["energies"])
+    assert np.abs(exact["forces"] - cpu["forces"]).max() < 1e-11
+    assert abs(exact["energy"] - cpu["energy"]) / len(atoms) < 1e-13
 
 
 def test_omol0_charge_spin_in_lammps(workdir: Path, tmp_path: Path) -> None:
@@ -376,17 +391,29 @@ def test_mh1_head_is_required(workdir: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head", ["omat_pbe", "omol"])
 def test_mh1_matches_mace_torch(head: str, device: str, workdir: Path) -> None:
+    """float64 against mace-torch, the RadialMLP exactly per edge (radial="mlp")."""
+    check_mh1(head, device, "mlp", workdir)
+
+
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_mh1_tables_match_mace_torch(device: str, workdir: Path) -> None:
+    """radial="table" in float64 on CUDA: within the tables' bounds."""
+    check_mh1("omat_pbe", device, "table", workdir)
+
+
+def check_mh1(head: str, device: str, radial: str, workdir: Path) -> None:
     model, path = converted("mh1", workdir, head)
     atoms = mh1_alloy(seed=11)
     ref = reference.evaluate_mace(reference.mace_calculator(model, "float64", head=head), atoms)
-    ours = e3fuse_eval(path, atoms, "float64", device, radial=radial_for(device))
-    assert_matches(ours, ref, len(atoms), exact=device == "cpu")
+    ours = e3fuse_eval(path, atoms, "float64", device, radial=radial)
+    assert_matches(ours, ref, len(atoms), exact=radial == "mlp")
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_mh1_float32_close_to_float64(device: str, workdir: Path) -> None:
+@pytest.mark.parametrize("radial", ["table", "mlp"])
+def test_mh1_float32_close_to_float64(radial: str, device: str, workdir: Path) -> None:
     model, path = converted("mh1", workdir, "omol")
     atoms = mh1_alloy(seed=12)
     f64 = e3fuse_eval(path, atoms, "float64", "cpu", radial="mlp")
-    f32 = e3fuse_eval(path, atoms, "float32", device)
+    f32 = e3fuse_eval(path, atoms, "float32", device, radial=radial)
     assert_float32_close(model, atoms, f32, f64, head="omol")

@@ -289,20 +289,6 @@ class CpuRunner {
   HaloRows<T> halo_;
 };
 
-// mace's non-linear interaction block: its species-dependent RadialMLP (LayerNorm, per
-// ordered species pair) is read from tables per ordered pair on both backends, or evaluated
-// exactly per edge on the CPU (cpu/conv.cpp pair_mlp_weights); the CUDA convolution's
-// per-edge MLP does not implement it.
-void check_nonlinear_blocks(const ModelPlan& plan, bool radial_tables, Device device) {
-  bool any = false;
-  for (const MaceLayer& l : plan.mace_layers) any = any || l.nonlinear_block;
-  if (!any || radial_tables || device == Device::cpu) return;
-  throw Error(
-      "RealAgnosticResidualNonLinearInteractionBlock on CUDA: its species-dependent RadialMLP "
-      "(LayerNorm) is read from radial tables there; use radial='table' (the per-edge radial "
-      "MLP, exact in float64, runs on device 'cpu')");
-}
-
 // MACE interaction t (mace-torch RealAgnostic[Residual]InteractionBlock + product):
 //   sc = Skip_s(x) (residual); u = LinearUp(x); y = Conv(u) (1/avg_num_neighbors);
 //   m = Linear(y); m = Skip_s(m) (non-residual); x = ProductLinear(SC_s(m)) (+ sc);
@@ -601,7 +587,6 @@ Engine::Engine(std::shared_ptr<const Model> model, Device device, Precision prec
   impl_->num_threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   impl_->system_input_values = model_->plan().joint_embedding.values;
   const bool tables = radial_ == Radial::table;
-  if (family == "mace") check_nonlinear_blocks(model_->plan(), tables, device);
   if (device == Device::cuda) {
 #ifdef E3FUSE_WITH_CUDA
     impl_->gpu = cuda::make_backend(model_->plan(), precision, gpu, tables);

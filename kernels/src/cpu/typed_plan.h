@@ -332,7 +332,7 @@ Conv<T> make_conv(const ConvPlan& p, const ModelPlan* table_of = nullptr) {
   c.mlp = make_mlp<T>(p.mlp);
   if (!p.radial_mlp.empty()) {
     // mace's RadialMLP, per ordered species pair: tabulated, or (without table_of) evaluated
-    // exactly per edge on the CPU (the CUDA backend refuses that, engine.cpp)
+    // exactly per edge (on CUDA from these arrays too: cuda/conv.cuh)
     c.radial_mlp = &p.radial_mlp;
     if (table_of) {
       const size_t S = table_of->atomic_numbers.size();

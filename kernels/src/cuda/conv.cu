@@ -204,7 +204,9 @@ __device__ void edge_sh(const typename Geometry<T>::View& geo, const T v[3], con
 // With a radial table (c.table), emb is null and each edge's table interval and local
 // coordinate go to s_interval and s_t instead; receiver_is_i: node i receives the chunk's
 // messages (forward), else it sends them (backward), which orders the species pair.
-template <class T>
+// PER_EDGE: the table is the per-edge array of the non-linear block's exact RadialMLP
+// (conv.cuh), whose entry of edge e is interval e at t = 0 (its pair already chosen).
+template <class T, bool PER_EDGE = false>
 __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
                                const typename Conv<T>::View& c, const GraphView& g, int64_t i,
                                int n, int ec, const int64_t* s_edge, int* s_sender, T* Y, T* emb,
@@ -230,6 +232,11 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
     edge_sh<T>(geo, vt, ut, static_cast<T>(r), Y + t * geo.sh_dim,
                J ? J + t * geo.sh_dim * 3 : nullptr);
     if (!emb) {
+      if constexpr (PER_EDGE) {
+        s_interval[t] = static_cast<int>(e);  // conv_forward / conv_backward check E < 2^31
+        s_t[t] = T(0);
+        return;
+      }
       int iv = 0;
       double x = 0.0;
       ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals, iv, x);
@@ -850,7 +857,8 @@ __device__ void deliver_edge_forces(const RemoteForces& remote, const int* recei
 // MINB: blocks per SM the registers are budgeted for (<= 64K / (256 MINB) per thread):
 // forward 3 (4 with a radial table), backward 2 (3 with a table spills and measured
 // slower).
-template <class T, int EC, bool TABLE, int MINB, bool SPARSE>
+// PER_EDGE (with TABLE): c.table is the per-edge array of the exact RadialMLP (conv.cuh).
+template <class T, int EC, bool TABLE, int MINB, bool SPARSE, bool PER_EDGE = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                         const T* __restrict__ x, T* __restrict__ y, int64_t* error_node) {
@@ -880,8 +888,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
     const int n = s_count;
     if (n == 0) break;
     // h0 holds the embedding with row stride num_basis = dims[0].
-    chunk_geometry<T>(geo, c, g, i, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : h0, c.dims[0],
-                      nullptr, nullptr, nullptr, nullptr, s_interval, s_t, true);
+    chunk_geometry<T, PER_EDGE>(geo, c, g, i, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : h0,
+                                c.dims[0], nullptr, nullptr, nullptr, nullptr, s_interval, s_t,
+                                true);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     if constexpr (!SPARSE) chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M);
@@ -952,7 +961,8 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
 }
 
 // MAX_D1: the largest input irrep dimension compiled (3 or 7, see for_each_warp_task).
-template <class T, int EC, bool TABLE, int MINB, int MAX_D1>
+// PER_EDGE: as conv_forward_kernel's.
+template <class T, int EC, bool TABLE, int MINB, int MAX_D1, bool PER_EDGE = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          int64_t receiver_rows, const T* __restrict__ x,
@@ -997,8 +1007,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     const int n = s_count;
     if (n == 0) break;
     // node k sends these messages: their receiver is the neighbor (ordered-pair tables)
-    chunk_geometry<T>(geo, c, g, k, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : emb,
-                      geo.num_basis, J, demb, vec, u, s_interval, s_t, false);
+    chunk_geometry<T, PER_EDGE>(geo, c, g, k, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : emb,
+                                geo.num_basis, J, demb, vec, u, s_interval, s_t, false);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
     chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, MK);
@@ -1050,6 +1060,131 @@ __global__ void __launch_bounds__(kThreads, MINB)
     for (int a = 0; a < 3; ++a) forces[3 * k + a] += force_sums[a];
     if (atom_virials)
       for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += force_sums[3 + q];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The non-linear block's RadialMLP, exactly per edge (conv.cuh): one warp per node walks its
+// row's edges inside the cutoff (the rows the convolution walks, in their order), the lanes
+// sharing each edge's layers; the activations and their r-tangents stay in the warp's shared
+// memory, 4 x hidden doubles. Same math as ops::radial_mlp_forward (tangent mode) and, on the
+// CPU, cpu/conv.cpp pair_mlp_weights: R = MLP(emb) f(r) (f = 1 with apply_cutoff).
+
+constexpr int kEdgeMlpThreads = 128;
+constexpr int kMaxEdgeMlpHidden = 256;  // 4 warps x 4 x 256 doubles: 32 KB of shared memory
+
+// The sum of x over the warp, in every lane (a fixed butterfly).
+__device__ inline double warp_all_sum(double x) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullMask, x, offset);
+  return x;
+}
+
+// For every edge e of rows [0, g.num_nodes) inside the cutoff with a neighbor below
+// neighbor_end: out[e][w] = {R_w, dR_w/dr (TANGENT, else 0), 0, 0} of the ordered species pair
+// (s_i, s_j) of row i, or with `reverse` of (s_j, s_i) (the message i -> j of the backward).
+// Other entries are not written (the convolution skips those edges).
+template <class T, bool TANGENT>
+__global__ void __launch_bounds__(kEdgeMlpThreads)
+    radial_mlp_edges_kernel(typename Geometry<T>::View geo, ops::RadialMlpView mlp, int hidden,
+                            GraphView g, int64_t neighbor_end, bool reverse, T* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  double* h = reinterpret_cast<double*>(smem) + (threadIdx.x / kWarp) * 4 * hidden;
+  double* dh = h + hidden;  // d h / dr
+  double* z = h + 2 * hidden;
+  double* dz = h + 3 * hidden;
+  int lane;
+  const int64_t i = warp_node(lane);
+  if (i >= g.num_nodes) return;  // the whole warp
+  const int S = geo.num_species, nb = geo.num_basis;
+  const int numel = mlp.dims[mlp.layers];
+  const double cutoff2 = geo.cutoff * geo.cutoff;
+  for (int64_t e = g.row_offsets[i]; e < g.row_offsets[i + 1]; ++e) {
+    const int64_t j = g.neighbors[e];
+    if (j >= neighbor_end) continue;
+    double v[3];
+    edge_vector(g, i, e, v);
+    const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+    if (r2 >= cutoff2 || r2 == 0.0) continue;  // the convolution reports r = 0
+    const double r = sqrt(r2);
+    const int si = g.species[i], sj = g.species[j];
+    const int pair = reverse ? sj * S + si : si * S + sj;
+    // the embedding (one per edge, both directions: r_0 of the row's order, as the CPU)
+    double f = 1.0, df = 0.0;
+    if (lane == 0) {
+      double emb[kMaxBasis], demb[kMaxBasis];
+      const double r0 = geo.pair_r0 ? geo.pair_r0[si * S + sj] : 1.0;
+      ops::mace_edge_embedding<double>(nb, geo.coeffs, geo.prefactor, geo.envelope, geo.transform,
+                                       geo.apply_cutoff, r, r0, emb, demb, f, df);
+      for (int b = 0; b < nb; ++b) {
+        h[b] = emb[b];
+        dh[b] = demb[b];
+      }
+      if (geo.apply_cutoff) {  // the envelope is inside emb
+        f = 1.0;
+        df = 0.0;
+      }
+    }
+    f = __shfl_sync(kFullMask, f, 0);
+    df = __shfl_sync(kFullMask, df, 0);
+    __syncwarp();
+    for (int l = 0; l < mlp.layers; ++l) {
+      const int K = mlp.dims[l], N = mlp.dims[l + 1];
+      const double* W = mlp.params + mlp.weight[l];
+      const double* b = mlp.params + mlp.bias[l] + (l == 0 ? static_cast<int64_t>(pair) * N : 0);
+      if (l + 1 == mlp.layers) {  // the output layer: straight to the edge's entries
+        T* row = out + static_cast<size_t>(e) * numel * 4;
+        for (int c = lane; c < N; c += kWarp) {
+          double o = b[c], d = 0.0;
+          for (int k = 0; k < K; ++k) {
+            const double w = W[static_cast<int64_t>(k) * N + c];
+            o += h[k] * w;
+            if (TANGENT) d += dh[k] * w;
+          }
+          row[4 * c] = static_cast<T>(o * f);
+          row[4 * c + 1] = TANGENT ? static_cast<T>(d * f + o * df) : T(0);
+          row[4 * c + 2] = T(0);
+          row[4 * c + 3] = T(0);
+        }
+        break;
+      }
+      double sum = 0.0, dsum = 0.0;
+      for (int c = lane; c < N; c += kWarp) {
+        double o = b[c], d = 0.0;
+        for (int k = 0; k < K; ++k) {
+          const double w = W[static_cast<int64_t>(k) * N + c];
+          o += h[k] * w;
+          if (TANGENT) d += dh[k] * w;
+        }
+        z[c] = o;
+        dz[c] = d;
+        sum += o;
+        dsum += d;
+      }
+      // LayerNorm (ops/radial_mlp.h): y = (z - mean) s gamma + beta, s = 1 / sqrt(var + eps)
+      const double mean = warp_all_sum(sum) / N, dmean = warp_all_sum(dsum) / N;
+      double var = 0.0, dvar = 0.0;
+      for (int c = lane; c < N; c += kWarp) {
+        const double zc = z[c] - mean, dc = dz[c] - dmean;
+        var += zc * zc;
+        dvar += 2.0 * zc * dc;
+      }
+      var = warp_all_sum(var) / N;
+      dvar = warp_all_sum(dvar) / N;
+      const double s = 1.0 / sqrt(var + mlp.eps);
+      const double ds = -0.5 * s * s * s * dvar;
+      const double* gamma = mlp.params + mlp.gamma[l];
+      const double* beta = mlp.params + mlp.beta[l];
+      __syncwarp();  // every lane has read h
+      for (int c = lane; c < N; c += kWarp) {
+        const double zc = z[c] - mean, dc = dz[c] - dmean;
+        const double y = zc * s * gamma[c] + beta[c];
+        const double dy = (dc * s + zc * ds) * gamma[c];
+        h[c] = ops::activation(Activation::silu, y);
+        dh[c] = TANGENT ? dy * ops::activation_grad(Activation::silu, y) : 0.0;
+      }
+      __syncwarp();
+    }
+    __syncwarp();  // every lane has read h before the next edge's embedding replaces it
   }
 }
 
@@ -1190,7 +1325,7 @@ Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan) {
 }
 
 template <class T>
-Conv<T> make_conv(const cpu::Conv<T>& conv) {
+Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge_weights) {
   using InBlock = typename Conv<T>::InBlock;
   using Path = typename Conv<T>::Path;
   using MEntry = typename Conv<T>::MEntry;
@@ -1261,8 +1396,8 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
 
   const auto& mlp = conv.mlp;
   v.mlp_layers = static_cast<int>(mlp.weight.size());
-  // mace's non-linear block: its RadialMLP is read from the ordered-pair tables only (Engine
-  // refuses radial='mlp' for it), there is no plain MLP to upload
+  // mace's non-linear block: its RadialMLP is read from the ordered-pair tables or evaluated
+  // exactly per edge (radial_mlp below), there is no plain MLP to upload
   const bool tables_only = conv.radial_mlp != nullptr;
   if (tables_only ? v.mlp_layers > kMaxMlpLayers
                   : (v.mlp_layers < 1 || v.mlp_layers > kMaxMlpLayers))
@@ -1308,6 +1443,22 @@ Conv<T> make_conv(const cpu::Conv<T>& conv) {
   v.act = mlp.act;
   v.act_scale = mlp.act_scale;
   v.inv_denominator = conv.inv_denominator;
+  if (conv.radial_mlp && !conv.tabulated()) {  // the exact per-edge RadialMLP (conv.cuh)
+    const ops::RadialMlpView& layout = conv.radial_mlp_layout;
+    if (layout.layers < 1 || layout.dims[layout.layers] != v.weight_numel)
+      throw Error("internal: the non-linear block's RadialMLP does not match its tensor product");
+    for (int l = 0; l < layout.layers; ++l)
+      c.radial_mlp_hidden = std::max(c.radial_mlp_hidden, layout.dims[l]);
+    if (c.radial_mlp_hidden > kMaxEdgeMlpHidden)
+      throw Error("the non-linear block's RadialMLP on CUDA (radial='mlp'): hidden layers of " +
+                  std::to_string(c.radial_mlp_hidden) + " > " + std::to_string(kMaxEdgeMlpHidden) +
+                  " units are not supported; use "
+                  "radial='table'");
+    c.radial_mlp_params.upload(conv.radial_mlp_params);
+    c.radial_mlp = layout;
+    c.radial_mlp.params = c.radial_mlp_params.data();
+    c.edge_weights = edge_weights ? std::move(edge_weights) : std::make_shared<DeviceArray<T>>();
+  }
   if (!conv.table.empty()) {
     c.table.upload(conv.table.coeffs);
     v.table = c.table.data();
@@ -1398,10 +1549,10 @@ bool shared_keeps_occupancy(Kernel kernel, size_t bytes) {
 // backward at 32,000 atoms, all layers, 235.2 ms with 16-edge chunks (220.7 KB, 1 block per SM
 // in layers 1-3) against 175.2 ms with this rule (H100, benchmarks/results/chunk_occupancy/).
 template <class T, int EC, class Pick, class Launch>
-bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, bool full_occupancy,
-                 size_t& bytes, Pick&& pick, Launch&& launch) {
-  if (EC > max_edge_chunk(backward, conv.view.table != nullptr)) return false;
-  bytes = smem_layout<T>(conv.view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
+bool launch_with(const Geometry<T>& geom, const typename Conv<T>::View& view, bool backward,
+                 bool full_occupancy, size_t& bytes, Pick&& pick, Launch&& launch) {
+  if (EC > max_edge_chunk(backward, view.table != nullptr)) return false;
+  bytes = smem_layout<T>(view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
   if (bytes > shared_limit()) return false;
   const auto kernel = pick(std::integral_constant<int, EC>{});
   if (full_occupancy && !shared_keeps_occupancy(kernel, bytes)) return false;
@@ -1412,22 +1563,23 @@ bool launch_with(const Geometry<T>& geom, const Conv<T>& conv, bool backward, bo
 
 // Channel pairs are read as one vector (lane_channels): the node rows must be aligned to it.
 template <class T>
-void check_row_alignment(const Conv<T>& conv, const T* rows) {
-  if (reinterpret_cast<uintptr_t>(rows) % (sizeof(T) * conv.view.max_lane_channels) != 0)
+void check_row_alignment(const typename Conv<T>::View& view, const T* rows) {
+  if (reinterpret_cast<uintptr_t>(rows) % (sizeof(T) * view.max_lane_channels) != 0)
     throw Error("internal: convolution input rows not aligned for paired-channel loads");
 }
 
 // The largest chunk of 16, 8, 4 or 2 edges that keeps the kernel's full occupancy, else the
 // largest that fits: `pick(ec)` is the kernel for chunk ec, `launch(kernel, bytes)` starts it.
 template <class T, class Pick, class Launch>
-void launch_largest_chunk(const Geometry<T>& geom, const Conv<T>& conv, bool backward,
-                          const char* what, const char* kernel, Pick&& pick, Launch&& launch) {
+void launch_largest_chunk(const Geometry<T>& geom, const typename Conv<T>::View& view,
+                          bool backward, const char* what, const char* kernel, Pick&& pick,
+                          Launch&& launch) {
   size_t bytes = 0;
   auto largest = [&](bool full) {
-    return launch_with<T, 16>(geom, conv, backward, full, bytes, pick, launch) ||
-           launch_with<T, 8>(geom, conv, backward, full, bytes, pick, launch) ||
-           launch_with<T, 4>(geom, conv, backward, full, bytes, pick, launch) ||
-           launch_with<T, 2>(geom, conv, backward, full, bytes, pick, launch);
+    return launch_with<T, 16>(geom, view, backward, full, bytes, pick, launch) ||
+           launch_with<T, 8>(geom, view, backward, full, bytes, pick, launch) ||
+           launch_with<T, 4>(geom, view, backward, full, bytes, pick, launch) ||
+           launch_with<T, 2>(geom, view, backward, full, bytes, pick, launch);
   };
   if (!largest(true) && !largest(false)) {
     throw Error(std::string("the ") + what + " does not fit in shared memory (" +
@@ -1436,13 +1588,62 @@ void launch_largest_chunk(const Geometry<T>& geom, const Conv<T>& conv, bool bac
   check_launch(kernel);
 }
 
+// The non-linear block's exact RadialMLP (conv.cuh): its weights for the edges of g's rows
+// (with `reverse`, those of the messages the rows send, and their r-derivatives) into
+// conv.edge_weights, and the view that reads them as a table of one interval per edge.
+// Reads the edge count back from the device (one stream synchronization per call).
+template <class T>
+typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& conv,
+                                        const GraphView& g, int64_t neighbor_end, bool reverse,
+                                        cudaStream_t stream) {
+  int64_t edges = 0;
+  check(cudaMemcpyAsync(&edges, g.row_offsets + g.num_nodes, sizeof(int64_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "edge count download");
+  check(cudaStreamSynchronize(stream), "edge count download");
+  if (edges >= std::numeric_limits<int>::max())
+    throw Error("the non-linear block's per-edge RadialMLP on CUDA: " + std::to_string(edges) +
+                " edges, 2^31 or more are not supported; use radial='table'");
+  DeviceArray<T>& out = *conv.edge_weights;
+  out.resize(std::max<size_t>(1, static_cast<size_t>(edges) * conv.view.weight_numel * 4));
+  const int hidden = conv.radial_mlp_hidden;
+  const size_t smem = sizeof(double) * 4 * hidden * (kEdgeMlpThreads / kWarp);
+  const auto blocks = static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kEdgeMlpThreads));
+  if (reverse)
+    radial_mlp_edges_kernel<T, true><<<blocks, kEdgeMlpThreads, smem, stream>>>(
+        geom.view, conv.radial_mlp, hidden, g, neighbor_end, true, out.data());
+  else
+    radial_mlp_edges_kernel<T, false><<<blocks, kEdgeMlpThreads, smem, stream>>>(
+        geom.view, conv.radial_mlp, hidden, g, neighbor_end, false, out.data());
+  check_launch("radial_mlp_edges_kernel");
+  typename Conv<T>::View v = conv.view;
+  v.table = out.data();
+  v.table_intervals = static_cast<int>(std::max<int64_t>(1, edges));
+  v.table_origin = 0.0;
+  v.table_inv_step = 1.0;  // dR/dr = c1 exactly (radial_table_grad at t = 0)
+  v.pair_slot = nullptr;
+  v.sparse_cg = false;  // the forward kernel compiled for it reads M (smem_layout agrees)
+  return v;
+}
+
 template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
                   T* y, int64_t* error_node, cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  check_row_alignment(conv, x);
+  check_row_alignment<T>(conv.view, x);
+  if (conv.radial_mlp.layers > 0) {
+    const typename Conv<T>::View v =
+        per_edge_weights(geom, conv, g, std::numeric_limits<int64_t>::max(), false, stream);
+    launch_largest_chunk(
+        geom, v, false, "convolution", "conv_forward_kernel",
+        [&](auto ec) { return conv_forward_kernel<T, decltype(ec)::value, true, 4, false, true>; },
+        [&](auto kernel, size_t smem) {
+          kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, v, g, x, y, error_node);
+        });
+    return;
+  }
   launch_largest_chunk(
-      geom, conv, false, "convolution", "conv_forward_kernel",
+      geom, conv.view, false, "convolution", "conv_forward_kernel",
       [&](auto ec) {
         constexpr int EC = decltype(ec)::value;
         return !conv.view.table            ? conv_forward_kernel<T, EC, false, 3, false>
@@ -1460,10 +1661,22 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
                    double* atom_virials, const RemoteForces& remote, int64_t* error_node,
                    cudaStream_t stream) {
   if (g.num_nodes == 0) return;
-  check_row_alignment(conv, x);
-  check_row_alignment(conv, grad_y);
+  check_row_alignment<T>(conv.view, x);
+  check_row_alignment<T>(conv.view, grad_y);
+  if (conv.radial_mlp.layers > 0) {
+    const typename Conv<T>::View v = per_edge_weights(geom, conv, g, receiver_rows, true, stream);
+    launch_largest_chunk(
+        geom, v, true, "convolution backward", "conv_backward_kernel",
+        [&](auto ec) { return conv_backward_kernel<T, decltype(ec)::value, true, 2, 7, true>; },
+        [&](auto kernel, size_t smem) {
+          kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, v, g, receiver_rows, x, grad_y,
+                                                          grad_x, forces, atom_virials, remote,
+                                                          error_node);
+        });
+    return;
+  }
   launch_largest_chunk(
-      geom, conv, true, "convolution backward", "conv_backward_kernel",
+      geom, conv.view, true, "convolution backward", "conv_backward_kernel",
       [&](auto ec) {
         constexpr int EC = decltype(ec)::value;
         auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2, 7>
@@ -1507,7 +1720,7 @@ void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* fo
 
 #define E3FUSE_INSTANTIATE(T)                                                                   \
   template Geometry<T> make_geometry<T>(const cpu::TypedPlan<T>&);                              \
-  template Conv<T> make_conv<T>(const cpu::Conv<T>&);                                           \
+  template Conv<T> make_conv<T>(const cpu::Conv<T>&, std::shared_ptr<DeviceArray<T>>);          \
   template void upload_pair_tables<T>(Conv<T>&, const cpu::Conv<T>&);                           \
   template void conv_forward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*, \
                                 T*, int64_t*, cudaStream_t);                                    \

@@ -18,15 +18,27 @@
 // additions are exact in any order, so the atomics keep the result bitwise deterministic;
 // the CPU (cpu/conv.cpp) instead handles both directions of each pair at each end, which
 // costs the force work twice.
+//
+// mace's non-linear block (Conv::radial_mlp): its RadialMLP depends on the ORDERED species
+// pair (receiver, sender) and has LayerNorms; without tables it is evaluated exactly in double
+// per edge (ops::radial_mlp_forward's math) by a kernel of its own before each convolution
+// call, into a per-edge array that the convolution reads as a radial table of one interval per
+// edge at t = 0 (coefficients {R, dR/dr, 0, 0}: the table path's own reads, exactly R and
+// dR/dr). The forward pass's array holds R of the pair (s_i, s_j) for the edges of row i, the
+// backward's R and dR/dr of the reverse pair (s_j, s_i) of the message k -> j. A stepping stone
+// against the memory rule (DESIGN.md 2): E x weight_numel x 4 x sizeof(T) bytes, one array for
+// all layers (the largest), e.g. 32 B per weight and edge in float64.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cpu/typed_plan.h"
 #include "cuda/common.cuh"
 #include "e3fuse/system.h"
 #include "ops/radial.h"
+#include "ops/radial_mlp.h"
 
 namespace e3fuse::cuda {
 
@@ -134,6 +146,13 @@ struct Conv {
   DeviceArray<T> cg, mlp, table;
   DeviceArray<float> mlp_fragments;
   DeviceArray<int> pair_slot;
+  // mace's non-linear block without tables (see the top of this file): its RadialMLP in
+  // double on the device (radial_mlp.params points into radial_mlp_params; layers 0: none),
+  // and the per-edge array of its weights, shared by the layers of one model.
+  DeviceArray<double> radial_mlp_params;
+  ops::RadialMlpView radial_mlp;
+  int radial_mlp_hidden = 0;  // the widest of its inputs and hidden layers
+  std::shared_ptr<DeviceArray<T>> edge_weights;
 };
 
 // Forces and per-atom virials on the receivers of the convolution's messages, as
@@ -153,8 +172,10 @@ struct RemoteForces {
 
 template <class T>
 Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan);
+// `edge_weights`: the per-edge array a non-linear block's exact RadialMLP writes (shared
+// by a model's layers; null: a new one when needed).
 template <class T>
-Conv<T> make_conv(const cpu::Conv<T>& conv);
+Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge_weights = nullptr);
 // (Re)uploads the pair tables of `host` (after cpu::ensure_pair_tables built some).
 template <class T>
 void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host);

@@ -264,6 +264,9 @@ class Model {
   // Bytes of the node tensors run() holds per node for a graph of n nodes (single GPU):
   // the sum of the widths it resizes its arrays to, kept next to run() so the two agree.
   virtual size_t node_bytes(int64_t n, bool want_grad) const = 0;
+  // Bytes run() holds per edge of the graph beyond the neighbor list (the non-linear block's
+  // per-edge RadialMLP weights, conv.cuh).
+  virtual size_t edge_bytes() const { return 0; }
 };
 
 template <class T>
@@ -501,6 +504,8 @@ class MaceModel : public Model {
       : geom_(make_geometry<T>(typed)) {
     embedding_dim_ = typed.embedding_dim;
     embedding_.upload(typed.embedding);
+    // the non-linear blocks' per-edge RadialMLP weights (conv.cuh): one array for the layers
+    const auto edge_weights = std::make_shared<DeviceArray<T>>();
     for (const MaceLayer& l : plan.mace_layers) {
       const cpu::MaceBlock<T> h = cpu::make_mace_block<T>(l, radial_tables ? &plan : nullptr);
       Layer q;
@@ -510,7 +515,7 @@ class MaceModel : public Model {
       q.skip = make_element_linear<T>(h.skip);
       q.linear_up = make_linear<T>(h.linear_up);
       q.linear = make_linear<T>(h.linear);
-      q.conv = make_conv<T>(h.conv);
+      q.conv = make_conv<T>(h.conv, edge_weights);
       q.product = make_symmetric_contraction<T>(h.product);
       q.product_linear = make_linear<T>(h.product_linear);
       q.readout_1 = make_linear<T>(h.readout_1);
@@ -811,6 +816,14 @@ class MaceModel : public Model {
     size_t floats = up + m + hidden + x + sc + y + p + 1 + a;    // + r_
     if (want_grad) floats += 1 + gh + gup + gprev;               // + seed_
     return floats * sizeof(T) + (1 + doubles) * sizeof(double);  // + inter_
+  }
+
+  size_t edge_bytes() const override {
+    size_t per_edge = 0;  // the layers share one array (conv.cuh)
+    for (const Layer& l : layers_)
+      if (l.conv.radial_mlp.layers > 0)
+        per_edge = std::max<size_t>(per_edge, 4 * sizeof(T) * l.conv.view.weight_numel);
+    return per_edge;
   }
 
  private:
@@ -1124,7 +1137,8 @@ class BackendImpl : public Backend {
     // the forces and virials in double and as fixed-point receiver sums (2 words each)
     const double state =
         3 * 8 + 4 + 8 + (want_grad ? 3 * 3 * 8 : 0) + (want_virial ? 3 * 9 * 8 : 0);
-    return node + state + kNeighborBytesPerAtom + kNeighborBytesPerEdge * edges_per_atom;
+    const double edge = kNeighborBytesPerEdge + static_cast<double>(model_->edge_bytes());
+    return node + state + kNeighborBytesPerAtom + edge * edges_per_atom;
   }
 
   static constexpr double kUsableFraction = 0.9;
@@ -1159,8 +1173,11 @@ std::unique_ptr<Backend> make_backend(const ModelPlan& plan, Precision precision
                 std::to_string(count) + " GPU(s) (CUDA_VISIBLE_DEVICES)");
   if (gpu < 0) check(cudaGetDevice(&gpu), "cudaGetDevice");
   // apply_cutoff=False multiplies the radial MLP's output by the envelope: the tables include
-  // it, the GPU's per-edge MLP kernels do not (refused by name rather than computed wrongly).
-  if (!plan.radial.apply_cutoff && !radial_tables)
+  // it, and so does the non-linear block's exact RadialMLP (conv.cuh), but the GPU's per-edge
+  // MLP kernels of the other blocks do not (refused by name rather than computed wrongly).
+  bool plain_mlp = plan.mace_layers.empty();
+  for (const MaceLayer& l : plan.mace_layers) plain_mlp = plain_mlp || !l.nonlinear_block;
+  if (!plan.radial.apply_cutoff && !radial_tables && plain_mlp)
     throw Error(
         "the CUDA engine supports MACE apply_cutoff=False with radial tables only (float32, "
         "radial 'auto' or 'table'); use device 'cpu' for float64 or radial 'mlp'");

@@ -4,7 +4,8 @@ model object) into an .e3f file.
 Supported: MACE and ScaleShiftMACE with RealAgnosticInteractionBlock /
 RealAgnosticResidualInteractionBlock / RealAgnosticDensity[Residual]InteractionBlock,
 RealAgnosticResidualNonLinearInteractionBlock (its RadialMLP per ordered species pair:
-exact per edge on the CPU, from radial tables, radial="table", on both devices),
+exact per edge in double, radial="mlp", or from radial tables, radial="table", on both
+devices),
 Bessel radial basis with the polynomial cutoff, the Agnesi and Soft distance transforms,
 apply_cutoff True or False, e3nn spherical harmonics, linear and non-linear readouts,
 E0s, scale and shift, ZBL pair repulsion, several heads (one selected at conversion),
