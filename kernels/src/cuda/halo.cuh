@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "e3fuse/engine.h"
@@ -41,15 +42,18 @@ class PinnedBuffer {
 };
 
 // The GPU side of a HaloExchange: border rows are gathered (pack) and added to (reverse
-// unpack) by kernels; only those rows and the ghost rows cross PCIe, in the model's
-// precision, through pinned buffers; the exchange between ranks is the front end's.
+// unpack) by kernels; only those rows and the exchanged ghost rows cross PCIe, in the
+// model's precision, through pinned buffers; the exchange between ranks is the front end's.
+// Self images never leave the GPU: copied from their sources by a kernel in forward, their
+// adjoints summed into the sources in a fixed order (per source, in node order) in reverse.
 class DeviceHalo {
  public:
   // For one compute call; exchange null: no halo.
   void bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_owned, cudaStream_t stream);
   bool active() const { return exchange_ != nullptr; }
-  // Ghost rows of x (device, num_nodes x width) <- their owners' rows. The ghost rows
-  // (num_owned .. num_nodes) are contiguous: they cross PCIe as they are, in T.
+  // Ghost rows of x (device, num_nodes x width) <- their owners' rows. The exchanged ghost
+  // rows (num_owned .. num_nodes - self images) are contiguous: they cross PCIe as they are,
+  // in T.
   template <class T>
   void forward(int width, T* x);
   // Border rows of grad (device, num_nodes x width) += the adjoints of their ghost copies.
@@ -65,9 +69,16 @@ class DeviceHalo {
       return border_rows_;
   }
   HaloExchange* exchange_ = nullptr;
-  int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0;
+  // num_images_: the self images, nodes [num_nodes_ - num_images_, num_nodes_) (HaloExchange)
+  int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0, num_images_ = 0;
+  int64_t num_image_sources_ = 0;  // distinct sources of the self images
   cudaStream_t stream_ = nullptr;
   DeviceArray<int32_t> border_;
+  // self images: image_sources_[k], the source of node num_nodes_ - num_images_ + k; for the
+  // deterministic reverse the same pairs grouped by source (CSR): source_nodes_[s] has the
+  // images source_images_[source_offsets_[s] .. source_offsets_[s + 1]), in node order
+  DeviceArray<int32_t> image_sources_, source_nodes_, source_offsets_, source_images_;
+  std::vector<int32_t> host_source_nodes_, host_source_offsets_, host_source_images_;
   DeviceArray<double> border_rows_;
   DeviceArray<float> border_rows_f_;
   PinnedBuffer host_border_, host_ghost_;
