@@ -785,6 +785,35 @@ def test_own_exchange_one_rank(model: Path, tmp_path: Path) -> None:
     assert halo_megabytes(proc) == 0.0
 
 
+def result_line(proc: Any) -> np.ndarray:
+    """pe, volume and the six virial components of the RESULT line."""
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
+    return np.array([float(v) for v in line.split()[1:]])
+
+
+def test_own_exchange_without_atom_ids(model: Path, tmp_path: Path) -> None:
+    """comm exchange needs no atom IDs (atom_modify id no): the owners of ghosts come with
+    LAMMPS's forward communication, not from a map of IDs. Energy and virial on 2 ranks
+    equal those with IDs (1e-12 per atom). (LAMMPS needs IDs for triclinic boxes and dump
+    sorting: an orthogonal box, no dump.)"""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = cu_bulk_mpi()
+    text = lmp_input(atoms, model, style="comm exchange", extra=["processors 1 1 2"])
+    text = re.sub(r"region box prism (.*) 0 0 0 units box", r"region box block \1 units box", text)
+    text = "\n".join(s for s in text.splitlines() if not s.startswith("dump")) + "\n"
+    assert "region box block" in text and "atom_modify map array" in text
+    results = {}
+    for ids in ("yes", "no"):
+        variant = (
+            text.replace("atom_modify map array", "atom_modify id no") if ids == "no" else text
+        )
+        results[ids] = result_line(run_lmp(tmp_path / ids, variant, ranks=2))
+    n = len(atoms)
+    assert_abs(results["no"] / n, results["yes"] / n, 1e-12, "energy, volume, virial / atom")
+
+
 @pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
 @pytest.mark.parametrize("precision", ["float64", "float32"])
 @pytest.mark.parametrize(("name", "grid", "ranks"), OWN_EXCHANGE_GRIDS)
