@@ -89,22 +89,6 @@ std::string element_symbol(int z) {
   return "Z=" + std::to_string(z);
 }
 
-// dst[0, count) = src[0, count) (or 0 when src is null), split over threads: the
-// halo rows are hundreds of MB per exchange on large systems.
-template <class T> void parallel_copy(T *dst, const T *src, size_t count, int threads) {
-  constexpr size_t kBlock = size_t(1) << 16;
-  const int64_t blocks = static_cast<int64_t>((count + kBlock - 1) / kBlock);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const size_t begin = static_cast<size_t>(b) * kBlock;
-    const size_t n = std::min(kBlock, count - begin);
-    if (src)
-      std::memcpy(dst + begin, src + begin, n * sizeof(T));
-    else
-      std::fill(dst + begin, dst + begin + n, T(0));
-  }
-}
-
 std::string format_double(double value) {
   std::ostringstream s;
   s << value;
@@ -839,21 +823,14 @@ void PairE3fuse::find_border_nodes() {
   }
   wait_all(requests_);
 
-  // border nodes: the owned nodes any rank asked for, ascending
-  std::vector<int> slot(num_local_, -1);
-  for (int index : wanted) {
+  // border entries: the owned nodes each rank asked for, peer by peer
+  border_nodes_.resize(wanted.size());
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    const int index = wanted[k];
     if (index < 0 || index >= nlocal || owned_node[index] < 0)
       error->one(FLERR, "pair e3fuse: another rank asked for local atom {}, not a node", index);
-    slot[owned_node[index]] = 0;
+    border_nodes_[k] = owned_node[index];
   }
-  border_nodes_.clear();
-  for (int u = 0; u < num_local_; ++u)
-    if (slot[u] == 0) {
-      slot[u] = static_cast<int>(border_nodes_.size());
-      border_nodes_.push_back(u);
-    }
-  send_slots_.resize(wanted.size());
-  for (size_t k = 0; k < wanted.size(); ++k) send_slots_[k] = slot[owned_node[wanted[k]]];
 }
 
 /* Rows of `width` values of T (the engine's precision) travel as they are, one MPI message
@@ -879,54 +856,38 @@ void PairE3fuse::halo_forward(int width, const T *border_rows, T *ghost_rows) {
     MPI_Irecv(ghosts + recv_offsets_[p] * row_bytes, recv_offsets_[p + 1] - recv_offsets_[p], row,
               recv_peers_[p], kTagForward, world, &requests_.back());
   }
-  const int64_t sends = static_cast<int64_t>(send_slots_.size());
-  send_stage_.resize(static_cast<size_t>(sends) * row_bytes);
-  const char *border = reinterpret_cast<const char *>(border_rows);
-#pragma omp parallel for num_threads(host_threads()) schedule(static)
-  for (int64_t k = 0; k < sends; ++k)
-    std::memcpy(&send_stage_[k * row_bytes], border + send_slots_[k] * row_bytes, row_bytes);
+  // MPI's send buffers are const only since MPI 3
+  char *border = const_cast<char *>(reinterpret_cast<const char *>(border_rows));
   for (size_t p = 0; p < send_peers_.size(); ++p) {
     requests_.emplace_back();
-    MPI_Isend(&send_stage_[send_offsets_[p] * row_bytes], send_offsets_[p + 1] - send_offsets_[p],
-              row, send_peers_[p], kTagForward, world, &requests_.back());
+    MPI_Isend(border + send_offsets_[p] * row_bytes, send_offsets_[p + 1] - send_offsets_[p], row,
+              send_peers_[p], kTagForward, world, &requests_.back());
   }
   wait_all(requests_);
   MPI_Type_free(&row);
-  halo_bytes_ += static_cast<double>(sends) * static_cast<double>(row_bytes);
+  halo_bytes_ += static_cast<double>(send_offsets_.back()) * static_cast<double>(row_bytes);
   time_halo_ += platform::walltime() - start;
 }
 
 template <class T>
 void PairE3fuse::halo_reverse(int width, const T *ghost_rows, T *border_sums) {
   const double start = platform::walltime();
-  const size_t w = static_cast<size_t>(width), row_bytes = w * sizeof(T);
+  const size_t row_bytes = static_cast<size_t>(width) * sizeof(T);
   MPI_Datatype row = row_type(row_bytes);
-  send_stage_.resize(send_slots_.size() * row_bytes);
+  char *sums = reinterpret_cast<char *>(border_sums);
   for (size_t p = 0; p < send_peers_.size(); ++p) {
     requests_.emplace_back();
-    MPI_Irecv(&send_stage_[send_offsets_[p] * row_bytes], send_offsets_[p + 1] - send_offsets_[p],
-              row, send_peers_[p], kTagReverse, world, &requests_.back());
+    MPI_Irecv(sums + send_offsets_[p] * row_bytes, send_offsets_[p + 1] - send_offsets_[p], row,
+              send_peers_[p], kTagReverse, world, &requests_.back());
   }
-  const char *ghosts = reinterpret_cast<const char *>(ghost_rows);
+  char *ghosts = const_cast<char *>(reinterpret_cast<const char *>(ghost_rows));
   for (size_t p = 0; p < recv_peers_.size(); ++p) {
     requests_.emplace_back();
     MPI_Isend(ghosts + recv_offsets_[p] * row_bytes, recv_offsets_[p + 1] - recv_offsets_[p], row,
               recv_peers_[p], kTagReverse, world, &requests_.back());
   }
-  const int threads = host_threads();
-  parallel_copy<T>(border_sums, nullptr, border_nodes_.size() * w, threads);
   wait_all(requests_);
   MPI_Type_free(&row);
-  // peer by peer in rank order (a fixed order of additions); a peer names a row once
-  const T *in = reinterpret_cast<const T *>(send_stage_.data());
-  for (size_t p = 0; p < send_peers_.size(); ++p) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t k = send_offsets_[p]; k < send_offsets_[p + 1]; ++k) {
-      T *to = border_sums + static_cast<size_t>(send_slots_[k]) * w;
-      const T *from = in + static_cast<size_t>(k) * w;
-      for (size_t q = 0; q < w; ++q) to[q] += from[q];
-    }
-  }
   halo_bytes_ += static_cast<double>(recv_offsets_.back()) * static_cast<double>(row_bytes);
   time_halo_ += platform::walltime() - start;
 }

@@ -150,14 +150,14 @@ class PairE3fuse : public Pair {
   // recv_offsets_[p + 1] of the exchanged block); then the self images, copies the engine
   // makes of an owned node or of an exchanged ghost (image_sources_).
   std::vector<int> ghost_owner_rank_, ghost_owner_index_;  // per LAMMPS ghost atom
-  std::vector<int32_t> border_nodes_;   // owned nodes other ranks need, ascending
   std::vector<int32_t> image_sources_;  // per self image: the node it copies
   std::vector<int> recv_peers_, recv_offsets_;  // ranks owning exchanged ghosts
-  // ranks that need our atoms: rows send_offsets_[p] .. send_offsets_[p + 1] of the send
-  // buffer, each the border row send_slots_[k]
+  // ranks that need our atoms: border entries send_offsets_[p] .. send_offsets_[p + 1] are
+  // the owned nodes rank send_peers_[p] asked for, in its order (a node may be sent to
+  // several ranks): each peer's rows are sent from, and its adjoints received into, the
+  // engine's border rows in place
+  std::vector<int32_t> border_nodes_;
   std::vector<int> send_peers_, send_offsets_;
-  std::vector<int32_t> send_slots_;
-  std::vector<char> send_stage_;  // packed rows (forward) or received adjoints (reverse)
   std::vector<MPI_Request> requests_;
   std::unique_ptr<Halo> halo_;
 

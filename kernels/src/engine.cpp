@@ -144,7 +144,8 @@ class HaloRows {
       std::copy(x + sources[k] * w, x + (sources[k] + 1) * w, x + (first + k) * w);
   }
 
-  // Adds to each border row of grad (num_nodes x width) the adjoints of its ghost copies.
+  // Adds to each border row of grad (num_nodes x width) the adjoints of its ghost copies
+  // (a node's entries in entry order: border nodes may repeat).
   void reverse(HaloExchange& halo, const GraphView& g, int width, T* grad) {
     const size_t w = static_cast<size_t>(width);
     // self images first, in node order (a source that is an exchanged ghost sends the sum)

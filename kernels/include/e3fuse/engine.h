@@ -66,7 +66,8 @@ struct ComputeOutput {
 class HaloExchange {
  public:
   virtual ~HaloExchange() = default;
-  // Owned nodes whose rows are sent (to other ranks, or to this rank's images).
+  // Owned nodes whose rows are sent (to other ranks, or to this rank's images). A node may
+  // appear more than once (sent to several ranks: each entry is its own row).
   virtual int64_t num_border_nodes() const = 0;
   virtual const int32_t* border_nodes() const = 0;
   // Self images: the last num_self_images() ghosts, nodes [num_nodes - S, num_nodes), are
@@ -86,8 +87,9 @@ class HaloExchange {
   virtual void forward(int width, const double* border_rows, double* ghost_rows) = 0;
   virtual void forward(int width, const float* border_rows, float* ghost_rows) = 0;
   // ghost_rows: adjoints on the exchanged ghosts (self images' already added to their
-  // sources). Writes border_sums: num_border_nodes x width, for each border node the sum
-  // of the adjoints of all its ghost copies (summed in the rows' type).
+  // sources). Writes border_sums: num_border_nodes x width, for each border entry the sum
+  // of the adjoints of the ghost copies it stands for (summed in the rows' type); the engine
+  // adds the entries to their nodes in entry order.
   virtual void reverse(int width, const double* ghost_rows, double* border_sums) = 0;
   virtual void reverse(int width, const float* ghost_rows, float* border_sums) = 0;
 };

@@ -19,15 +19,6 @@ __global__ void gather_rows_kernel(int64_t count, int width, const int32_t* rows
   out[q] = x[static_cast<int64_t>(rows[r]) * width + (q - r * width)];
 }
 
-// x[rows[r]][c] += in[r][c] (halo unpack of the reverse exchange; rows are distinct).
-template <class T>
-__global__ void add_rows_kernel(int64_t count, int width, const int32_t* rows, const T* in, T* x) {
-  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (q >= count * width) return;
-  const int64_t r = q / width;
-  x[static_cast<int64_t>(rows[r]) * width + (q - r * width)] += in[q];
-}
-
 // x[first + k][c] = x[sources[k]][c] (self images; sources are never images themselves).
 template <class T>
 __global__ void copy_images_kernel(int64_t count, int width, const int32_t* sources, int64_t first,
@@ -38,18 +29,20 @@ __global__ void copy_images_kernel(int64_t count, int width, const int32_t* sour
   x[(first + k) * width + c] = x[static_cast<int64_t>(sources[k]) * width + c];
 }
 
-// grad[source][c] += grad[image][c] over the images of each source, in node order: one
-// thread per (source, column), a fixed order of additions (bitwise reproducible).
+// out[targets[g]][c] += in[entries[j]][c] for j over group g's entries, in their order: one
+// thread per (group, column), a fixed order of additions (bitwise reproducible, no atomics).
+// in and out may be the same array (self images: entries and targets are distinct rows).
 template <class T>
-__global__ void sum_images_kernel(int64_t num_sources, int width, const int32_t* sources,
-                                  const int32_t* offsets, const int32_t* images, T* grad) {
+__global__ void add_groups_kernel(int64_t num_groups, int width, const int32_t* targets,
+                                  const int32_t* offsets, const int32_t* entries, const T* in,
+                                  T* out) {
   const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (q >= num_sources * width) return;
-  const int64_t s = q / width, c = q - s * width;
-  T* row = grad + static_cast<int64_t>(sources[s]) * width + c;
+  if (q >= num_groups * width) return;
+  const int64_t g = q / width, c = q - g * width;
+  T* row = out + static_cast<int64_t>(targets[g]) * width + c;
   T sum = *row;
-  for (int32_t j = offsets[s]; j < offsets[s + 1]; ++j)
-    sum += grad[static_cast<int64_t>(images[j]) * width + c];
+  for (int32_t j = offsets[g]; j < offsets[g + 1]; ++j)
+    sum += in[static_cast<int64_t>(entries[j]) * width + c];
   *row = sum;
 }
 
@@ -64,31 +57,44 @@ void DeviceHalo::bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_own
   num_border_ = exchange_->num_border_nodes();
   stream_ = stream;
   border_.upload(exchange_->border_nodes(), static_cast<size_t>(num_border_), stream);
+  border_groups_.build(exchange_->border_nodes(), num_border_, num_owned_, 0, stream);
   num_images_ = exchange_->num_self_images();
   const int32_t* sources = exchange_->self_image_sources();
   image_sources_.upload(sources, static_cast<size_t>(num_images_), stream);
-  // the images grouped by source (a counting sort keeps node order within a source)
-  const int64_t first = num_nodes_ - num_images_;
-  std::vector<int32_t>& offsets = host_source_offsets_;
-  offsets.assign(static_cast<size_t>(first) + 1, 0);
-  for (int64_t k = 0; k < num_images_; ++k) ++offsets[sources[k] + 1];
-  host_source_nodes_.clear();
-  for (int64_t u = 0; u < first; ++u)
-    if (offsets[u + 1] > 0) host_source_nodes_.push_back(static_cast<int32_t>(u));
-  for (int64_t u = 0; u < first; ++u) offsets[u + 1] += offsets[u];
-  host_source_images_.resize(static_cast<size_t>(num_images_));
+  image_groups_.build(sources, num_images_, num_nodes_ - num_images_, num_nodes_ - num_images_,
+                      stream);
+}
+
+void RowGroups::build(const int32_t* targets, int64_t count, int64_t bound, int64_t first_entry,
+                      cudaStream_t stream) {
+  // a counting sort by target keeps the entries' order within a target
+  std::vector<int32_t>& offsets = host_offsets_;
+  offsets.assign(static_cast<size_t>(bound) + 1, 0);
+  for (int64_t k = 0; k < count; ++k) ++offsets[targets[k] + 1];
+  host_targets_.clear();
+  for (int64_t u = 0; u < bound; ++u)
+    if (offsets[u + 1] > 0) host_targets_.push_back(static_cast<int32_t>(u));
+  for (int64_t u = 0; u < bound; ++u) offsets[u + 1] += offsets[u];
+  host_entries_.resize(static_cast<size_t>(count));
   std::vector<int32_t> next(offsets.begin(), offsets.end() - 1);
-  for (int64_t k = 0; k < num_images_; ++k)
-    host_source_images_[next[sources[k]]++] = static_cast<int32_t>(first + k);
-  // offsets per distinct source (CSR over source_nodes_)
-  num_image_sources_ = static_cast<int64_t>(host_source_nodes_.size());
-  std::vector<int32_t> compact(static_cast<size_t>(num_image_sources_) + 1, 0);
-  for (int64_t s = 0; s < num_image_sources_; ++s)
-    compact[s + 1] = offsets[host_source_nodes_[s] + 1];
+  for (int64_t k = 0; k < count; ++k)
+    host_entries_[next[targets[k]]++] = static_cast<int32_t>(first_entry + k);
+  // offsets per group (distinct target)
+  num_groups = static_cast<int64_t>(host_targets_.size());
+  std::vector<int32_t> compact(static_cast<size_t>(num_groups) + 1, 0);
+  for (int64_t g = 0; g < num_groups; ++g) compact[g + 1] = offsets[host_targets_[g] + 1];
   offsets.swap(compact);
-  source_nodes_.upload(host_source_nodes_.data(), host_source_nodes_.size(), stream);
-  source_offsets_.upload(offsets.data(), offsets.size(), stream);
-  source_images_.upload(host_source_images_.data(), host_source_images_.size(), stream);
+  targets_.upload(host_targets_.data(), host_targets_.size(), stream);
+  offsets_.upload(offsets.data(), offsets.size(), stream);
+  entries_.upload(host_entries_.data(), host_entries_.size(), stream);
+}
+
+template <class T>
+void RowGroups::add(int width, const T* in, T* out, cudaStream_t stream) const {
+  if (num_groups == 0) return;
+  add_groups_kernel<T><<<grid(num_groups * width), kThreads, 0, stream>>>(
+      num_groups, width, targets_.data(), offsets_.data(), entries_.data(), in, out);
+  check_launch("add_groups_kernel");
 }
 
 template <class T>
@@ -124,12 +130,8 @@ void DeviceHalo::reverse(int width, T* grad) {
   const int64_t ghosts = num_nodes_ - num_owned_ - num_images_;  // exchanged ghosts
   T* host_border = host_border_.reserve<T>(num_border_ * w + 1);
   T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);
-  if (num_image_sources_ > 0) {  // before the exchanged ghosts leave: some are sources
-    sum_images_kernel<T><<<grid(num_image_sources_ * width), kThreads, 0, stream_>>>(
-        num_image_sources_, width, source_nodes_.data(), source_offsets_.data(),
-        source_images_.data(), grad);
-    check_launch("sum_images_kernel");
-  }
+  // self images into their sources, before the exchanged ghosts leave (some are sources)
+  image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
   if (ghosts > 0)
     check(cudaMemcpyAsync(host_ghost, grad + num_owned_ * width, ghosts * w * sizeof(T),
                           cudaMemcpyDeviceToHost, stream_),
@@ -139,15 +141,15 @@ void DeviceHalo::reverse(int width, T* grad) {
   if (num_border_ > 0) {
     DeviceArray<T>& border_rows = rows<T>();
     border_rows.upload(host_border, num_border_ * w, stream_);
-    add_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
-        num_border_, width, border_.data(), border_rows.data(), grad);
-    check_launch("add_rows_kernel");
+    border_groups_.add(width, static_cast<const T*>(border_rows.data()), grad, stream_);
   }
 }
 
 template void DeviceHalo::forward<float>(int, float*);
 template void DeviceHalo::forward<double>(int, double*);
 template void DeviceHalo::reverse<float>(int, float*);
+template void RowGroups::add<float>(int, const float*, float*, cudaStream_t) const;
+template void RowGroups::add<double>(int, const double*, double*, cudaStream_t) const;
 template void DeviceHalo::reverse<double>(int, double*);
 
 }  // namespace e3fuse::cuda

@@ -41,8 +41,26 @@ class PinnedBuffer {
   size_t capacity_ = 0;
 };
 
+// Rows added to rows in a fixed order: entry k (a row index, first_entry + k) goes to row
+// targets[k]; targets may repeat. add() does out[targets[k]] += in[first_entry + k] over all
+// k, each target's entries in the order of k, one thread per (target, column): bitwise
+// reproducible, without atomics.
+class RowGroups {
+ public:
+  // targets: count values in [0, bound) (host memory).
+  void build(const int32_t* targets, int64_t count, int64_t bound, int64_t first_entry,
+             cudaStream_t stream);
+  template <class T>
+  void add(int width, const T* in, T* out, cudaStream_t stream) const;
+  int64_t num_groups = 0;  // distinct targets
+
+ private:
+  DeviceArray<int32_t> targets_, offsets_, entries_;
+  std::vector<int32_t> host_targets_, host_offsets_, host_entries_;
+};
+
 // The GPU side of a HaloExchange: border rows are gathered (pack) and added to (reverse
-// unpack) by kernels; only those rows and the exchanged ghost rows cross PCIe, in the
+// unpack, per node in entry order: border nodes may repeat) by kernels; only those rows and the exchanged ghost rows cross PCIe, in the
 // model's precision, through pinned buffers; the exchange between ranks is the front end's.
 // Self images never leave the GPU: copied from their sources by a kernel in forward, their
 // adjoints summed into the sources in a fixed order (per source, in node order) in reverse.
@@ -71,14 +89,11 @@ class DeviceHalo {
   HaloExchange* exchange_ = nullptr;
   // num_images_: the self images, nodes [num_nodes_ - num_images_, num_nodes_) (HaloExchange)
   int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0, num_images_ = 0;
-  int64_t num_image_sources_ = 0;  // distinct sources of the self images
   cudaStream_t stream_ = nullptr;
   DeviceArray<int32_t> border_;
-  // self images: image_sources_[k], the source of node num_nodes_ - num_images_ + k; for the
-  // deterministic reverse the same pairs grouped by source (CSR): source_nodes_[s] has the
-  // images source_images_[source_offsets_[s] .. source_offsets_[s + 1]), in node order
-  DeviceArray<int32_t> image_sources_, source_nodes_, source_offsets_, source_images_;
-  std::vector<int32_t> host_source_nodes_, host_source_offsets_, host_source_images_;
+  DeviceArray<int32_t> image_sources_;  // the source of node num_nodes_ - num_images_ + k
+  RowGroups border_groups_;  // border entry r -> border_[r] (border nodes may repeat)
+  RowGroups image_groups_;   // self image -> its source
   DeviceArray<double> border_rows_;
   DeviceArray<float> border_rows_f_;
   PinnedBuffer host_border_, host_ghost_;
