@@ -719,7 +719,8 @@ int PairE3fuse::host_threads() const {
 ------------------------------------------------------------------------- */
 
 namespace {
-constexpr int kTagRequests = 0x3e3f0, kTagForward = 0x3e3f1, kTagReverse = 0x3e3f2;
+// message tags of the exchange (MPI guarantees tags up to 32767)
+constexpr int kTagRequests = 0x3e30, kTagForward = 0x3e31, kTagReverse = 0x3e32;
 
 void wait_all(std::vector<MPI_Request> &requests) {
   if (!requests.empty())

@@ -1,5 +1,7 @@
 // cuda/halo.cu: DeviceHalo (cuda/halo.cuh), the pack and unpack kernels of the halo rows and
 // the copies and sums of the self images.
+#include <cstring>
+
 #include "cuda/halo.cuh"
 
 namespace e3fuse::cuda {
@@ -52,15 +54,29 @@ void DeviceHalo::bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_own
                       cudaStream_t stream) {
   exchange_ = exchange;
   if (!exchange_) return;
+  stream_ = stream;
+  const int64_t num_border = exchange_->num_border_nodes();
+  const int64_t num_images = exchange_->num_self_images();
+  const int32_t* border = exchange_->border_nodes();
+  const int32_t* sources = exchange_->self_image_sources();
+  // the lists change when the front end chooses new ghosts (LAMMPS: at reneighboring);
+  // between, only a comparison on the host
+  auto same = [](const std::vector<int32_t>& kept, const int32_t* now, int64_t count) {
+    return static_cast<int64_t>(kept.size()) == count &&
+           (count == 0 || std::memcmp(kept.data(), now, count * sizeof(int32_t)) == 0);
+  };
+  if (num_nodes == num_nodes_ && num_owned == num_owned_ &&
+      same(kept_border_, border, num_border) && same(kept_sources_, sources, num_images))
+    return;
   num_nodes_ = num_nodes;
   num_owned_ = num_owned;
-  num_border_ = exchange_->num_border_nodes();
-  stream_ = stream;
-  border_.upload(exchange_->border_nodes(), static_cast<size_t>(num_border_), stream);
-  border_groups_.build(exchange_->border_nodes(), num_border_, num_owned_, 0, stream);
-  num_images_ = exchange_->num_self_images();
-  const int32_t* sources = exchange_->self_image_sources();
-  image_sources_.upload(sources, static_cast<size_t>(num_images_), stream);
+  num_border_ = num_border;
+  num_images_ = num_images;
+  kept_border_.assign(border, border + num_border);
+  kept_sources_.assign(sources, sources + num_images);
+  border_.upload(kept_border_.data(), kept_border_.size(), stream);
+  border_groups_.build(border, num_border_, num_owned_, 0, stream);
+  image_sources_.upload(kept_sources_.data(), kept_sources_.size(), stream);
   image_groups_.build(sources, num_images_, num_nodes_ - num_images_, num_nodes_ - num_images_,
                       stream);
 }

@@ -60,10 +60,11 @@ class RowGroups {
 };
 
 // The GPU side of a HaloExchange: border rows are gathered (pack) and added to (reverse
-// unpack, per node in entry order: border nodes may repeat) by kernels; only those rows and the exchanged ghost rows cross PCIe, in the
-// model's precision, through pinned buffers; the exchange between ranks is the front end's.
-// Self images never leave the GPU: copied from their sources by a kernel in forward, their
-// adjoints summed into the sources in a fixed order (per source, in node order) in reverse.
+// unpack, per node in entry order: border nodes may repeat) by kernels; only those rows and the
+// exchanged ghost rows cross PCIe, in the model's precision, through pinned buffers; the exchange
+// between ranks is the front end's. Self images never leave the GPU: copied from their sources by a
+// kernel in forward, their adjoints summed into the sources in a fixed order (per source, in node
+// order) in reverse.
 class DeviceHalo {
  public:
   // For one compute call; exchange null: no halo.
@@ -92,8 +93,9 @@ class DeviceHalo {
   cudaStream_t stream_ = nullptr;
   DeviceArray<int32_t> border_;
   DeviceArray<int32_t> image_sources_;  // the source of node num_nodes_ - num_images_ + k
-  RowGroups border_groups_;  // border entry r -> border_[r] (border nodes may repeat)
-  RowGroups image_groups_;   // self image -> its source
+  RowGroups border_groups_;             // border entry r -> border_[r] (border nodes may repeat)
+  RowGroups image_groups_;              // self image -> its source
+  std::vector<int32_t> kept_border_, kept_sources_;  // the lists the device arrays hold
   DeviceArray<double> border_rows_;
   DeviceArray<float> border_rows_f_;
   PinnedBuffer host_border_, host_ghost_;
