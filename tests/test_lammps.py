@@ -772,6 +772,31 @@ def test_own_exchange_grids(model: Path, tmp_path: Path, name: str, grid: str, r
     assert 0 < mb < old, (label, mb, old)
 
 
+def own_exchange_repeatable(model: Path, tmp_path: Path, style: str) -> None:
+    """The exchange sums in a fixed order (self images per source in node order, border
+    entries per node in entry order, peers in rank order; no atomics): two runs of the
+    small box on 4 ranks (1 x 1 x 4) give the same energy, forces, virial and per-atom
+    values bit for bit."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    text = own_exchange_input(cu_small_box(), model, style + "comm exchange", "1 1 4")
+    runs = [parse_lmp(tmp_path / f"{k}", run_lmp(tmp_path / f"{k}", text, ranks=4)) for k in (1, 2)]
+    for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+        assert np.array_equal(runs[0][key], runs[1][key]), key
+
+
+def test_own_exchange_bitwise_repeatable(model: Path, tmp_path: Path) -> None:
+    own_exchange_repeatable(model, tmp_path, "")
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_device_cuda_own_exchange_bitwise_repeatable(
+    model: Path, tmp_path: Path, precision: str
+) -> None:
+    own_exchange_repeatable(model, tmp_path, f"device cuda precision {precision} ")
+
+
 def test_own_exchange_one_rank(model: Path, tmp_path: Path) -> None:
     """comm exchange on one rank: every ghost is a self image, nothing crosses the host
     (0 MB packed), and the results equal comm images' to 1e-12 (float64)."""
