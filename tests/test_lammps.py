@@ -23,6 +23,7 @@ import ctypes
 import glob
 import importlib.metadata
 import importlib.util
+import itertools
 import os
 import re
 import sys
@@ -770,6 +771,53 @@ def test_own_exchange_grids(model: Path, tmp_path: Path, name: str, grid: str, r
     old = OLD_HALO_MB[(name, grid)]
     print(f"\n{label}: halo {mb:.6g} MB packed (LAMMPS comm: {old})")
     assert 0 < mb < old, (label, mb, old)
+
+
+def exchanged_rows(atoms: Atoms, grid: tuple[int, int, int], reach: float) -> int:
+    """Rows one exchange moves on a uniform processors grid of a cubic periodic box: for
+    each rank, the distinct atoms of other ranks with an image among its ghost nodes (the
+    images within `reach` of the box around its atoms, as the pair style chooses them)."""
+    length = atoms.cell[0, 0]
+    positions = np.mod(atoms.positions, length)
+    cells = np.floor(positions / (length / np.array(grid))).astype(int)
+    owner = np.ravel_multi_index(cells.T, grid)
+    shifts = np.array(list(itertools.product((-2, -1, 0, 1, 2), repeat=3))) * length
+    total = 0
+    for rank in range(int(np.prod(grid))):
+        local = owner == rank
+        lo, hi = positions[local].min(0), positions[local].max(0)
+        images = positions[None, :, :] + shifts[:, None, :]  # shift, atom, axis
+        away = np.maximum(np.maximum(lo - images, 0.0), images - hi)
+        near = (away**2).sum(-1) < reach**2
+        total += int((near.any(0) & ~local).sum())
+    return total
+
+
+@pytest.mark.parametrize(("name", "grid"), [("bulk", "2 2 1"), ("small", "1 1 4")])
+def test_own_exchange_one_row_per_rank_and_atom(
+    model: Path, tmp_path: Path, name: str, grid: str
+) -> None:
+    """Exactly one row per (rank, atom of another rank) crosses the host in each direction
+    and layer: "MB packed" over the rows counted from the geometry (exchanged_rows) is the
+    same number of bytes per row (the layers' widths in float64, forward and reverse) for
+    grid: equal to that of 1 1 2 in the bulk cell. (The LAMMPS-comm halo packed every
+    ghost atom's row in every swap: 4.5e5 bytes per such row there, 2.4e5 on 2 2 1.)"""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    reach = _core.Model.load(str(model)).cutoff + 2.0  # LAMMPS's default skin in metal units
+    per_row = {}
+    for case, case_grid in [("bulk", "1 1 2"), (name, grid)]:
+        atoms = own_exchange_case(case)
+        dims = tuple(int(v) for v in case_grid.split())
+        workdir = tmp_path / f"{case}-{case_grid.replace(' ', '')}"
+        text = own_exchange_input(atoms, model, "comm exchange", case_grid)
+        proc = run_lmp(workdir, text, ranks=int(np.prod(dims)))
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        rows = exchanged_rows(atoms, dims, reach)
+        assert rows > 0
+        per_row[(case, case_grid)] = halo_megabytes(proc) * 1e6 / rows
+    values = list(per_row.values())
+    assert abs(values[-1] - values[0]) <= 1e-6 * values[0], per_row
 
 
 def own_exchange_repeatable(model: Path, tmp_path: Path, style: str) -> None:
