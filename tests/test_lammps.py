@@ -799,8 +799,8 @@ def test_own_exchange_one_row_per_rank_and_atom(
 ) -> None:
     """Exactly one row per (rank, atom of another rank) crosses the host in each direction
     and layer: "MB packed" over the rows counted from the geometry (exchanged_rows) is the
-    same number of bytes per row (the layers' widths in float64, forward and reverse) for
-    grid: equal to that of 1 1 2 in the bulk cell. (The LAMMPS-comm halo packed every
+    same number of bytes per row (the layers' widths in float64, forward and reverse) on
+    this grid as on 1 1 2 in the bulk cell. (The LAMMPS-comm halo packed every
     ghost atom's row in every swap: 4.5e5 bytes per such row there, 2.4e5 on 2 2 1.)"""
     if mpirun() is None:
         pytest.skip("no mpirun")
