@@ -33,8 +33,8 @@
 
 using namespace LAMMPS_NS;
 
-/* The engine's view of the halo exchange: PairE3fuse's border nodes and its
-   forward/reverse communication of node rows. */
+/* The engine's view of the halo exchange: PairE3fuse's border nodes, self images and its
+   forward/reverse exchange of node rows with other ranks. */
 class PairE3fuse::Halo : public e3fuse::HaloExchange {
  public:
   explicit Halo(PairE3fuse *pair) : pair_(pair) {}
@@ -42,6 +42,10 @@ class PairE3fuse::Halo : public e3fuse::HaloExchange {
     return static_cast<int64_t>(pair_->border_nodes_.size());
   }
   const int32_t *border_nodes() const override { return pair_->border_nodes_.data(); }
+  int64_t num_self_images() const override {
+    return static_cast<int64_t>(pair_->image_sources_.size());
+  }
+  const int32_t *self_image_sources() const override { return pair_->image_sources_.data(); }
   void forward(int width, const double *border_rows, double *ghost_rows) override {
     pair_->halo_forward(width, border_rows, ghost_rows);
   }
@@ -83,22 +87,6 @@ int atomic_number(const std::string &symbol) {
 std::string element_symbol(int z) {
   if (z >= 1 && z <= kNumElements) return kElementSymbols[z];
   return "Z=" + std::to_string(z);
-}
-
-// dst[0, count) = src[0, count) (or 0 when src is null), split over threads: the
-// halo rows are hundreds of MB per exchange on large systems.
-template <class T> void parallel_copy(T *dst, const T *src, size_t count, int threads) {
-  constexpr size_t kBlock = size_t(1) << 16;
-  const int64_t blocks = static_cast<int64_t>((count + kBlock - 1) / kBlock);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const size_t begin = static_cast<size_t>(b) * kBlock;
-    const size_t n = std::min(kBlock, count - begin);
-    if (src)
-      std::memcpy(dst + begin, src + begin, n * sizeof(T));
-    else
-      std::fill(dst + begin, dst + begin + n, T(0));
-  }
 }
 
 std::string format_double(double value) {
@@ -441,7 +429,10 @@ void PairE3fuse::init_style() {
     if (comm->mode != Comm::SINGLE)
       error->all(FLERR, "pair e3fuse (comm {}) requires comm_modify mode single", mode_name);
   }
-  comm_forward = comm_reverse = (mode_ == Mode::EXCHANGE) ? engine_->halo_width() : 0;
+  // exchange: LAMMPS's forward communication carries each atom's owner (2 values) once per
+  // reneighboring; the node rows travel through e3fuse's own exchange
+  comm_forward = (mode_ == Mode::EXCHANGE) ? 2 : 0;
+  comm_reverse = 0;
 
   graph_logged_ = false;
   graph_current_ = false;
@@ -487,8 +478,9 @@ void PairE3fuse::init_style() {
       utils::logmesg(lmp,
                      "pair e3fuse: comm exchange; ghosts one cutoff + skin thick, node features "
                      "({} values per atom) exchanged with the neighbor ranks before each of the "
-                     "last {} layers, their adjoints after each\n",
-                     comm_forward, num_layers_ - 1);
+                     "last {} layers, their adjoints after each (periodic images of a rank's "
+                     "own atoms kept by the engine)\n",
+                     engine_->halo_width(), num_layers_ - 1);
   } else if (comm->me == 0) {
     utils::logmesg(
         lmp,
@@ -708,149 +700,217 @@ void PairE3fuse::update_node_positions() {
     for (int a = 0; a < 3; ++a) positions_[3 * u + a] = x[node_atom_[u]][a];
 }
 
-/* ----------------------------------------------------------------------
-   Which local atoms LAMMPS's forward communication sends (to other ranks, or
-   as this rank's own periodic images): one pass with a dummy value per atom
-   that records the send lists. Those that are graph nodes are the border nodes.
-------------------------------------------------------------------------- */
-
 int PairE3fuse::host_threads() const {
   return num_threads_ > 0 ? num_threads_ : omp_get_max_threads();
 }
 
+/* ----------------------------------------------------------------------
+   comm exchange, at every reneighboring: who owns each ghost node, and the
+   lists of the exchange that follow from it.
+   1. One LAMMPS forward communication carries (rank, local index) from every
+      owned atom to all its ghost copies (passed on along LAMMPS's own hops, so
+      any decomposition, brick or tiled, and ghosts several ranks away work).
+   2. Ghost nodes owned by this rank are self images (the engine copies the
+      owned row); of those owned by another rank, one per (rank, atom) is
+      exchanged, its further images are self images of that one. Ghost nodes
+      are reordered [exchanged, grouped by owner rank | self images].
+   3. Each rank tells each owner which of its atoms it needs (counts by
+      MPI_Alltoall, the local indices point-to-point): the send lists.
+------------------------------------------------------------------------- */
+
+namespace {
+// message tags of the exchange (MPI guarantees tags up to 32767)
+constexpr int kTagRequests = 0x3e30, kTagForward = 0x3e31, kTagReverse = 0x3e32;
+
+void wait_all(std::vector<MPI_Request> &requests) {
+  if (!requests.empty())
+    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+  requests.clear();
+}
+}  // namespace
+
 void PairE3fuse::find_border_nodes() {
-  const int nlocal = atom->nlocal;
-  sent_.assign(nlocal, 0);
-  phase_ = Phase::DISCOVER;
-  set_halo_rows<double>(1);
-  comm->forward_comm(this, 1);
-  border_slot_.assign(nlocal, -1);
-  border_nodes_.clear();
-  for (int u = 0; u < num_local_; ++u) {
-    const int i = node_atom_[u];
-    if (!sent_[i]) continue;
-    border_slot_[i] = static_cast<int>(border_nodes_.size());
-    border_nodes_.push_back(u);
+  const int nlocal = atom->nlocal, me = comm->me, nprocs = comm->nprocs;
+  ghost_owner_rank_.assign(atom->nghost, -1);
+  ghost_owner_index_.assign(atom->nghost, -1);
+  comm->forward_comm(this, 2);
+
+  // owned atom -> node
+  std::vector<int> owned_node(nlocal, -1);
+  for (int u = 0; u < num_local_; ++u) owned_node[node_atom_[u]] = u;
+
+  struct Remote {
+    int rank, index, node;
+  };
+  std::vector<Remote> remote;
+  std::vector<int> self_atoms, self_sources;  // self images of owned atoms
+  for (int64_t u = num_local_; u < num_nodes_; ++u) {
+    const int g = node_atom_[u] - nlocal;
+    const int rank = ghost_owner_rank_[g], index = ghost_owner_index_[g];
+    if (rank < 0 || rank >= nprocs || index < 0)
+      error->one(FLERR, "pair e3fuse: ghost atom ID {} received no owner", atom_id(node_atom_[u]));
+    if (rank == me) {
+      if (index >= nlocal || owned_node[index] < 0)
+        error->one(FLERR, "pair e3fuse: ghost atom ID {} is an image of local atom {}, not a node",
+                   atom_id(node_atom_[u]), index);
+      self_atoms.push_back(node_atom_[u]);
+      self_sources.push_back(owned_node[index]);
+    } else {
+      remote.push_back({rank, index, static_cast<int>(u)});
+    }
+  }
+  std::sort(remote.begin(), remote.end(), [](const Remote &a, const Remote &b) {
+    if (a.rank != b.rank) return a.rank < b.rank;
+    if (a.index != b.index) return a.index < b.index;
+    return a.node < b.node;
+  });
+
+  // the new order of the ghost nodes: exchanged, then self images
+  std::vector<int> atoms(node_atom_.begin(), node_atom_.begin() + num_local_);
+  std::vector<int> request_counts(nprocs, 0);
+  std::vector<int> asked;  // owner local indices of the exchanged ghosts, grouped by rank
+  std::vector<int> duplicate_atoms, duplicate_sources;
+  recv_peers_.clear();
+  recv_offsets_.assign(1, 0);
+  for (size_t k = 0; k < remote.size(); ++k) {
+    const Remote &r = remote[k];
+    const int atom = node_atom_[r.node];
+    if (k > 0 && r.rank == remote[k - 1].rank && r.index == remote[k - 1].index) {
+      duplicate_atoms.push_back(atom);  // another image of the last exchanged one
+      duplicate_sources.push_back(static_cast<int>(atoms.size()) - 1);
+      continue;
+    }
+    if (recv_peers_.empty() || recv_peers_.back() != r.rank) {
+      recv_peers_.push_back(r.rank);
+      recv_offsets_.push_back(recv_offsets_.back());
+    }
+    ++recv_offsets_.back();
+    ++request_counts[r.rank];
+    asked.push_back(r.index);
+    atoms.push_back(atom);
+  }
+  image_sources_.clear();
+  for (size_t k = 0; k < self_atoms.size(); ++k) {
+    atoms.push_back(self_atoms[k]);
+    image_sources_.push_back(self_sources[k]);
+  }
+  for (size_t k = 0; k < duplicate_atoms.size(); ++k) {
+    atoms.push_back(duplicate_atoms[k]);
+    image_sources_.push_back(duplicate_sources[k]);
+  }
+  node_atom_.swap(atoms);
+
+  // the owners learn what to send
+  std::vector<int> send_counts(nprocs, 0);
+  MPI_Alltoall(request_counts.data(), 1, MPI_INT, send_counts.data(), 1, MPI_INT, world);
+  send_peers_.clear();
+  send_offsets_.assign(1, 0);
+  for (int p = 0; p < nprocs; ++p)
+    if (send_counts[p] > 0) {
+      if (p == me) error->one(FLERR, "pair e3fuse: halo exchange lists name this rank itself");
+      send_peers_.push_back(p);
+      send_offsets_.push_back(send_offsets_.back() + send_counts[p]);
+    }
+  std::vector<int> wanted(send_offsets_.back());
+  for (size_t p = 0; p < send_peers_.size(); ++p) {
+    requests_.emplace_back();
+    MPI_Irecv(wanted.data() + send_offsets_[p], send_offsets_[p + 1] - send_offsets_[p], MPI_INT,
+              send_peers_[p], kTagRequests, world, &requests_.back());
+  }
+  for (size_t p = 0; p < recv_peers_.size(); ++p) {
+    requests_.emplace_back();
+    MPI_Isend(asked.data() + recv_offsets_[p], recv_offsets_[p + 1] - recv_offsets_[p], MPI_INT,
+              recv_peers_[p], kTagRequests, world, &requests_.back());
+  }
+  wait_all(requests_);
+
+  // border entries: the owned nodes each rank asked for, peer by peer
+  border_nodes_.resize(wanted.size());
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    const int index = wanted[k];
+    if (index < 0 || index >= nlocal || owned_node[index] < 0)
+      error->one(FLERR, "pair e3fuse: another rank asked for local atom {}, not a node", index);
+    border_nodes_[k] = owned_node[index];
   }
 }
 
-/* Rows of `width` values of T (the engine's precision) travel as they are: in
-   LAMMPS's double buffers a float row takes ceil(width / 2) slots. */
+/* Rows of `width` values of T (the engine's precision) travel as they are, one MPI message
+   per peer and direction, of rows as a contiguous datatype. */
 
-template <class T> void PairE3fuse::set_halo_rows(int width) {
-  halo_width_ = width;
-  halo_float_ = std::is_same<T, float>::value;
-  halo_row_bytes_ = static_cast<size_t>(width) * sizeof(T);
-  halo_slots_ = static_cast<int>((halo_row_bytes_ + sizeof(double) - 1) / sizeof(double));
+namespace {
+MPI_Datatype row_type(size_t row_bytes) {
+  MPI_Datatype type;
+  MPI_Type_contiguous(static_cast<int>(row_bytes), MPI_BYTE, &type);
+  MPI_Type_commit(&type);
+  return type;
 }
+}  // namespace
 
 template <class T>
 void PairE3fuse::halo_forward(int width, const T *border_rows, T *ghost_rows) {
   const double start = platform::walltime();
-  const int nlocal = atom->nlocal;
-  set_halo_rows<T>(width);
-  const size_t w = static_cast<size_t>(width), slots = static_cast<size_t>(halo_slots_);
-  phase_ = Phase::FORWARD;
-  border_rows_ = reinterpret_cast<const char *>(border_rows);
-  ghost_stage_.resize(static_cast<size_t>(atom->nghost) * slots);
-  comm->forward_comm(this, halo_slots_);
-  const int inum = num_local_;
-#pragma omp parallel for num_threads(host_threads()) schedule(static)
-  for (int64_t u = inum; u < num_nodes_; ++u)
-    std::memcpy(ghost_rows + (u - inum) * w, &ghost_stage_[(node_atom_[u] - nlocal) * slots],
-                halo_row_bytes_);
-  border_rows_ = nullptr;
+  const size_t row_bytes = static_cast<size_t>(width) * sizeof(T);
+  MPI_Datatype row = row_type(row_bytes);
+  char *ghosts = reinterpret_cast<char *>(ghost_rows);
+  for (size_t p = 0; p < recv_peers_.size(); ++p) {
+    requests_.emplace_back();
+    MPI_Irecv(ghosts + recv_offsets_[p] * row_bytes, recv_offsets_[p + 1] - recv_offsets_[p], row,
+              recv_peers_[p], kTagForward, world, &requests_.back());
+  }
+  // MPI's send buffers are const only since MPI 3
+  char *border = const_cast<char *>(reinterpret_cast<const char *>(border_rows));
+  for (size_t p = 0; p < send_peers_.size(); ++p) {
+    requests_.emplace_back();
+    MPI_Isend(border + send_offsets_[p] * row_bytes, send_offsets_[p + 1] - send_offsets_[p], row,
+              send_peers_[p], kTagForward, world, &requests_.back());
+  }
+  wait_all(requests_);
+  MPI_Type_free(&row);
+  halo_bytes_ += static_cast<double>(send_offsets_.back()) * static_cast<double>(row_bytes);
   time_halo_ += platform::walltime() - start;
 }
 
 template <class T>
 void PairE3fuse::halo_reverse(int width, const T *ghost_rows, T *border_sums) {
   const double start = platform::walltime();
-  const int nlocal = atom->nlocal;
-  set_halo_rows<T>(width);
-  const size_t w = static_cast<size_t>(width), slots = static_cast<size_t>(halo_slots_);
-  phase_ = Phase::REVERSE;
-  border_sums_ = reinterpret_cast<char *>(border_sums);
-  const int threads = host_threads();
-  parallel_copy<T>(border_sums, nullptr, border_nodes_.size() * w, threads);
-  ghost_stage_.resize(static_cast<size_t>(atom->nghost) * slots);
-  parallel_copy<double>(ghost_stage_.data(), nullptr, ghost_stage_.size(), threads);
-  const int inum = num_local_;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t u = inum; u < num_nodes_; ++u)
-    std::memcpy(&ghost_stage_[(node_atom_[u] - nlocal) * slots], ghost_rows + (u - inum) * w,
-                halo_row_bytes_);
-  comm->reverse_comm(this, halo_slots_);
-  border_sums_ = nullptr;
+  const size_t row_bytes = static_cast<size_t>(width) * sizeof(T);
+  MPI_Datatype row = row_type(row_bytes);
+  char *sums = reinterpret_cast<char *>(border_sums);
+  for (size_t p = 0; p < send_peers_.size(); ++p) {
+    requests_.emplace_back();
+    MPI_Irecv(sums + send_offsets_[p] * row_bytes, send_offsets_[p + 1] - send_offsets_[p], row,
+              send_peers_[p], kTagReverse, world, &requests_.back());
+  }
+  char *ghosts = const_cast<char *>(reinterpret_cast<const char *>(ghost_rows));
+  for (size_t p = 0; p < recv_peers_.size(); ++p) {
+    requests_.emplace_back();
+    MPI_Isend(ghosts + recv_offsets_[p] * row_bytes, recv_offsets_[p + 1] - recv_offsets_[p], row,
+              recv_peers_[p], kTagReverse, world, &requests_.back());
+  }
+  wait_all(requests_);
+  MPI_Type_free(&row);
+  halo_bytes_ += static_cast<double>(recv_offsets_.back()) * static_cast<double>(row_bytes);
   time_halo_ += platform::walltime() - start;
 }
 
-// the rows of a received buffer `in` added to `row` (width values of T)
-template <class T> static void add_row(char *row, const double *in, int width) {
-  T *to = reinterpret_cast<T *>(row);
-  const T *from = reinterpret_cast<const T *>(in);
-  for (int q = 0; q < width; ++q) to[q] += from[q];
-}
-
-/* ---------------------------------------------------------------------- */
+/* The owner discovery (find_border_nodes): each atom's (rank, local index) as two doubles;
+   a ghost passed on by a later swap sends what it received. */
 
 int PairE3fuse::pack_forward_comm(int n, int *list_, double *buf, int /*pbc_flag*/, int * /*pbc*/) {
   const int nlocal = atom->nlocal;
-  const size_t slots = static_cast<size_t>(halo_slots_);
-  if (phase_ == Phase::DISCOVER) {
-    for (int k = 0; k < n; ++k) {
-      if (list_[k] < nlocal) sent_[list_[k]] = 1;
-      buf[k] = 0.0;
-    }
-    return n;
-  }
-#pragma omp parallel for num_threads(host_threads()) schedule(static)
   for (int k = 0; k < n; ++k) {
-    double *out = buf + k * slots;
     const int j = list_[k];
-    const void *row = nullptr;
-    if (j >= nlocal)
-      row = &ghost_stage_[(j - nlocal) * slots];  // a ghost passed on (multi-hop)
-    else if (border_slot_[j] >= 0)
-      row = border_rows_ + border_slot_[j] * halo_row_bytes_;
-    std::fill(out, out + slots, 0.0);  // also the unused half slot of an odd float row
-    if (row) std::memcpy(out, row, halo_row_bytes_);  // else: another style's atom (hybrid)
+    buf[2 * k] = j < nlocal ? comm->me : ghost_owner_rank_[j - nlocal];
+    buf[2 * k + 1] = j < nlocal ? j : ghost_owner_index_[j - nlocal];
   }
-  halo_bytes_ += static_cast<double>(n) * static_cast<double>(halo_row_bytes_);
-  return n * halo_slots_;
+  return 2 * n;
 }
 
 void PairE3fuse::unpack_forward_comm(int n, int first, double *buf) {
-  if (phase_ == Phase::DISCOVER) return;
-  const size_t slots = static_cast<size_t>(halo_slots_);
-  parallel_copy(&ghost_stage_[(first - atom->nlocal) * slots], buf, n * slots, host_threads());
-}
-
-int PairE3fuse::pack_reverse_comm(int n, int first, double *buf) {
-  const size_t slots = static_cast<size_t>(halo_slots_);
-  parallel_copy(buf, &ghost_stage_[(first - atom->nlocal) * slots], n * slots, host_threads());
-  halo_bytes_ += static_cast<double>(n) * static_cast<double>(halo_row_bytes_);
-  return n * halo_slots_;
-}
-
-void PairE3fuse::unpack_reverse_comm(int n, int *list_, double *buf) {
   const int nlocal = atom->nlocal;
-  const size_t slots = static_cast<size_t>(halo_slots_);
-  // an atom appears at most once in a swap's list: rows are distinct
-#pragma omp parallel for num_threads(host_threads()) schedule(static)
   for (int k = 0; k < n; ++k) {
-    const double *in = buf + k * slots;
-    const int j = list_[k];
-    char *row = nullptr;
-    if (j >= nlocal)  // summed here, passed on by an earlier swap
-      row = reinterpret_cast<char *>(&ghost_stage_[(j - nlocal) * slots]);
-    else if (border_slot_[j] >= 0)
-      row = border_sums_ + border_slot_[j] * halo_row_bytes_;
-    if (!row) continue;
-    if (halo_float_)
-      add_row<float>(row, in, halo_width_);
-    else
-      add_row<double>(row, in, halo_width_);
+    ghost_owner_rank_[first + k - nlocal] = static_cast<int>(buf[2 * k]);
+    ghost_owner_index_[first + k - nlocal] = static_cast<int>(buf[2 * k + 1]);
   }
 }
 
@@ -868,8 +928,8 @@ void PairE3fuse::finish() {
   MPI_Allreduce(local, most, 4, MPI_DOUBLE, MPI_MAX, world);
   if (comm->me != 0 || num_computes_ == 0) return;
   const double n = comm->nprocs;
-  // halo MB: node rows packed by all ranks together (sent to other ranks, or copied to a
-  // rank's own periodic images), forward and reverse, over the run's computes
+  // halo MB: node rows all ranks together sent to other ranks (through the host), forward
+  // and reverse, over the run's computes; self images are the engine's and not counted
   utils::logmesg(lmp,
                  "pair e3fuse timing: engine {:.6g} s, halo exchange {:.6g} s (max over ranks "
                  "{:.6g} s), graph build {:.6g} s; {} computes; halo {:.6g} MB packed\n",
@@ -958,8 +1018,8 @@ void PairE3fuse::compute(int eflag, int vflag) {
     same_nodes = true;
   } else {
     add_exchange_nodes();
+    find_border_nodes();  // reorders the ghost nodes
     update_node_positions();
-    find_border_nodes();
     graph_current_ = true;
   }
   time_graph_ += platform::walltime() - start;

@@ -17,9 +17,14 @@
              until it does again (skipping the edges beyond the cutoff, as in
              images mode); no LAMMPS neighbor list is requested; after every
              interaction layer the ghosts' node features are refreshed from their
-             owners by LAMMPS's forward communication, and in the force pass the
-             adjoints gathered on ghosts go back to the owners by reverse
-             communication (staged through the host on the GPU).
+             owners, and in the force pass the adjoints gathered on ghosts go back
+             to the owners, by e3fuse's own exchange: ghosts that are periodic
+             images of this rank's own atoms (and second images of another rank's
+             atom) are copied and summed by the engine on its device; only one row
+             per (other rank, atom) travels, straight from its owner with MPI
+             point-to-point messages (staged through the host on the GPU). The
+             owner of every ghost is found at reneighboring by one LAMMPS forward
+             communication of (rank, index), so atom IDs are not needed.
      shell:  any number of ranks. The ghost shell is made num_layers x cutoff
              (+ skin) thick; the graph holds the local atoms and the ghosts within
              num_layers hops of them, and nothing is exchanged between layers.
@@ -71,11 +76,9 @@ class PairE3fuse : public Pair {
   void setup() override;
   void finish() override;
 
-  // halo exchange of node features (comm exchange)
+  // comm exchange: the owner (rank, local index) of every ghost, found at reneighboring
   int pack_forward_comm(int, int *, double *, int, int *) override;
   void unpack_forward_comm(int, int, double *) override;
-  int pack_reverse_comm(int, int, double *) override;
-  void unpack_reverse_comm(int, int *, double *) override;
 
  protected:
   int choose_gpu();
@@ -93,7 +96,6 @@ class PairE3fuse : public Pair {
   void find_border_nodes();
   template <class T> void halo_forward(int width, const T *border_rows, T *ghost_rows);
   template <class T> void halo_reverse(int width, const T *ghost_rows, T *border_sums);
-  template <class T> void set_halo_rows(int width);
   void check_species(int64_t num_nodes);
   void log_graph(int64_t num_local, int64_t num_ghosts, int64_t num_edges);
   long long atom_id(int i) const;  // the atom's ID (its index without IDs)
@@ -142,27 +144,28 @@ class PairE3fuse : public Pair {
   // engine outputs
   std::vector<double> forces_, atom_energies_, atom_virials_;
 
-  // comm exchange: which local atoms LAMMPS sends (found at every compute),
-  // the border nodes among them, and host rows in flight
-  enum class Phase { DISCOVER, FORWARD, REVERSE };
-  Phase phase_ = Phase::DISCOVER;
-  int halo_width_ = 0;                 // values per atom in the current exchange
-  bool halo_float_ = false;            // rows of float (precision float32), else double
-  size_t halo_row_bytes_ = 0;          // bytes of a row
-  int halo_slots_ = 0;                 // doubles per atom in LAMMPS's buffers (floats: 2 each)
-  std::vector<char> sent_;             // local atom index -> sent by LAMMPS
-  std::vector<int> border_slot_;       // local atom index -> row in border arrays or -1
-  std::vector<int32_t> border_nodes_;  // graph nodes of the sent local atoms
-  const char *border_rows_ = nullptr;  // rows of halo_row_bytes_
-  char *border_sums_ = nullptr;
-  std::vector<double> ghost_stage_;  // nghost x halo_slots_, each ghost atom's row
+  // comm exchange, chosen at every reneighboring (find_border_nodes). Ghost nodes are
+  // ordered [exchanged | self images]: the exchanged ones, one per (owner rank, atom) of
+  // other ranks, grouped by owner rank (recv_peers_, rows recv_offsets_[p] ..
+  // recv_offsets_[p + 1] of the exchanged block); then the self images, copies the engine
+  // makes of an owned node or of an exchanged ghost (image_sources_).
+  std::vector<int> ghost_owner_rank_, ghost_owner_index_;  // per LAMMPS ghost atom
+  std::vector<int32_t> image_sources_;  // per self image: the node it copies
+  std::vector<int> recv_peers_, recv_offsets_;  // ranks owning exchanged ghosts
+  // ranks that need our atoms: border entries send_offsets_[p] .. send_offsets_[p + 1] are
+  // the owned nodes rank send_peers_[p] asked for, in its order (a node may be sent to
+  // several ranks): each peer's rows are sent from, and its adjoints received into, the
+  // engine's border rows in place
+  std::vector<int32_t> border_nodes_;
+  std::vector<int> send_peers_, send_offsets_;
+  std::vector<MPI_Request> requests_;
   std::unique_ptr<Halo> halo_;
 
   // seconds in this run (reset by setup(), reported by finish())
   double time_engine_ = 0.0, time_halo_ = 0.0, time_graph_ = 0.0;
   bigint num_computes_ = 0;
-  // bytes of node rows this rank packed for the halo exchange (to other ranks or to its own
-  // periodic images), forward and reverse, since setup()
+  // bytes of node rows this rank sent to other ranks in the halo exchange (through the
+  // host; self images never leave the engine), forward and reverse, since setup()
   double halo_bytes_ = 0.0;
 };
 

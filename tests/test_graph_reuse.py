@@ -286,3 +286,99 @@ def test_nodes_with_halo_equal_the_periodic_system(sevennet0_path: Path, device:
         )
         for key in ("energy", "energies", "forces", "virial", "atom_virials"):
             assert np.array_equal(got[key], explicit[key]), (step, key)
+
+
+def split_self_images(owners: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The ghosts of periodic_nodes reordered as pair_style e3fuse comm exchange orders them,
+    [exchanged | self images]: owners of even index stand for another rank's atoms, their
+    first image exchanged and the further ones self images of that ghost; owners of odd
+    index are this rank's, every image a self image of the owned node. Returns the ghost
+    order (indices into owners), the halo's ghost_owners (owned node, or for a self image
+    its source node) and the number of self images."""
+    exchanged, images, sources = [], [], []
+    first_ghost: dict[int, int] = {}
+    for g, owner in enumerate(owners):
+        if owner % 2 == 0 and owner not in first_ghost:
+            first_ghost[int(owner)] = len(exchanged)
+            exchanged.append(g)
+    for g, owner in enumerate(owners):
+        if owner % 2 == 1:
+            images.append(g)
+            sources.append(int(owner))
+        elif exchanged[first_ghost[int(owner)]] != g:
+            images.append(g)
+            sources.append(n + first_ghost[int(owner)])
+    order = np.array(exchanged + images)
+    halo_owners = np.concatenate([owners[exchanged], sources]).astype(np.int32)
+    return order, halo_owners, len(images)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_nodes_with_self_images(sevennet0_path: Path, device: str, dtype: str) -> None:
+    """The halo's self images (HaloExchange::self_image_sources: ghosts the engine copies
+    from an owned node or from an exchanged ghost, and whose adjoints it sums back) give
+    what the same ghosts give through the exchange: compute_system's results after
+    folding the ghosts' forces and per-atom virials into their owners (float64 rounding;
+    float32: float32's). And bitwise the same on a second call (a fixed order of sums)."""
+    engine, species = node_engine(sevennet0_path, device, dtype)
+    system, _ = node_engine(sevennet0_path, device, "float64")
+    length = 9.6
+    positions = cluster(seed=4)
+    cutoff = _core.Model.load(str(sevennet0_path)).cutoff
+    owners, shifts = periodic_nodes(positions, length, cutoff + SKIN)
+    n = len(positions)
+    order, halo_owners, num_images = split_self_images(owners, n)
+    assert 0 < num_images < len(owners)
+    assert (halo_owners[len(owners) - num_images :] >= n).any()  # sources among the ghosts
+    owners, shifts = owners[order], shifts[order]
+    nodes = np.concatenate([positions, positions[owners] + shifts])
+    all_species = np.concatenate([species, species[owners]])
+    want = system.compute_system(
+        positions, species, np.eye(3) * length, [True] * 3, atom_virials=True
+    )
+    atol = 1e-11 if dtype == "float64" else 3e-5
+    runs = []
+    for _ in range(2):
+        got = engine.compute_nodes(
+            nodes,
+            all_species,
+            num_owned=n,
+            atom_virials=True,
+            ghost_owners=halo_owners,
+            self_images=num_images,
+        )
+        runs.append(got)
+        assert abs(got["energy"] - want["energy"]) / n < (1e-12 if dtype == "float64" else 1e-5)
+        np.testing.assert_allclose(got["energies"][:n], want["energies"], atol=atol)
+        np.testing.assert_allclose(fold(got["forces"], owners, n), want["forces"], atol=atol)
+        np.testing.assert_allclose(got["virial"] / n, want["virial"] / n, atol=atol)
+        np.testing.assert_allclose(
+            fold(got["atom_virials"], owners, n), want["atom_virials"], atol=atol
+        )
+    for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+        assert np.array_equal(runs[0][key], runs[1][key]), key
+
+
+def test_self_images_bad_sources(sevennet0_path: Path) -> None:
+    engine, species = node_engine(sevennet0_path, "cpu", "float64")
+    positions = cluster(seed=4)
+    nodes = np.concatenate([positions, positions[:2] + 30.0])
+    all_species = np.concatenate([species, species[:2]])
+    # the last ghost a copy of itself: not an owned node or an exchanged ghost
+    with pytest.raises(E3fuseError, match="self image"):
+        engine.compute_nodes(
+            nodes,
+            all_species,
+            num_owned=40,
+            ghost_owners=np.array([0, 41], dtype=np.int32),
+            self_images=1,
+        )
+    with pytest.raises(E3fuseError, match="self_images"):
+        engine.compute_nodes(
+            nodes,
+            all_species,
+            num_owned=40,
+            ghost_owners=np.array([0, 1], dtype=np.int32),
+            self_images=3,
+        )

@@ -23,6 +23,7 @@ import ctypes
 import glob
 import importlib.metadata
 import importlib.util
+import itertools
 import os
 import re
 import sys
@@ -684,6 +685,253 @@ def test_float32_rows_ranks_agree(model: Path, tmp_path: Path) -> None:
 @pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
 def test_device_cuda_float32_rows_ranks_agree(model: Path, tmp_path: Path) -> None:
     float32_rows_agree(model, tmp_path, "cuda")
+
+
+# e3fuse's own halo exchange (comm exchange): self images stay in the engine, rows of other
+# ranks' atoms travel straight from their owner, one per (rank, atom)
+
+
+def assert_same_results(actual: dict, expected: dict, n: int, what: str, atol: float) -> None:
+    """Energy/atom, per-atom energies, forces, virial/atom, per-atom virials within atol."""
+    for key, scale in (("energy", n), ("energies", 1), ("forces", 1), ("virial", n)):
+        assert_abs(actual[key] / scale, expected[key] / scale, atol, f"{what}: {key}")
+    assert_abs(actual["atom_virials"], expected["atom_virials"], atol, f"{what}: atom virials")
+
+
+def cu_small_box() -> Atoms:
+    """32-atom rattled Cu cube (2 x 2 x 2 fcc cells, 7.2 A), one Ni: smaller than cutoff +
+    skin on each side, so a rank holds several images of one owned atom; split 1 x 1 x 4,
+    each slab (1.8 A) is thinner than the ghost shell, whose atoms come from ranks two and
+    three slabs away (LAMMPS passes them on over several hops)."""
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))
+    atoms.numbers[5] = 28
+    rng = np.random.default_rng(21)
+    atoms.positions += 0.08 * rng.standard_normal(atoms.positions.shape)
+    atoms.wrap()
+    return lammps_frame(atoms)
+
+
+# Grids of the own-exchange tests: (structure, processors, ranks). 1 1 2: ranks see their
+# own atoms through x and y (self images) and the other rank's along z; 2 2 1: four ranks,
+# self images only along z; the small box 1 1 4: owners two ranks away, several images of
+# one atom; tiled: comm_style tiled on 3 ranks, subdomains from recursive bisection (balance
+# rcb), not a grid.
+OWN_EXCHANGE_GRIDS = [
+    ("bulk", "1 1 2", 2),
+    ("bulk", "2 2 1", 4),
+    ("small", "1 1 4", 4),
+    ("bulk", "tiled", 3),
+]
+# "halo N MB packed" of the LAMMPS forward/reverse-comm halo these cases replaced (ecb7993,
+# CPU, float64, SevenNet-0): every row LAMMPS packed in each swap, self images included
+# (one rank, small box: 19.4458); the own exchange: 3.31776, 9.95328, 2.94912, 6.63552
+# (one rank: 0)
+OLD_HALO_MB = {
+    ("bulk", "1 1 2"): 48.599,
+    ("bulk", "2 2 1"): 76.5542,
+    ("small", "1 1 4"): 58.4909,
+    ("bulk", "tiled"): 64.0819,
+}
+
+
+def own_exchange_case(name: str) -> Atoms:
+    return cu_bulk_mpi() if name == "bulk" else cu_small_box()
+
+
+def own_exchange_input(atoms: Atoms, model: Path, style: str, grid: str) -> str:
+    """lmp input on a processors grid, or for grid "tiled" comm_style tiled with recursive
+    bisection (balance rcb) before the run."""
+    if grid != "tiled":
+        return lmp_input(atoms, model, style=style, extra=[f"processors {grid}"])
+    text = lmp_input(atoms, model, style=style, extra=["comm_style tiled"])
+    return text.replace("\nrun 0\n", "\nbalance 1.0 rcb\nrun 0\n", 1)
+
+
+@pytest.mark.parametrize(("name", "grid", "ranks"), OWN_EXCHANGE_GRIDS)
+def test_own_exchange_grids(model: Path, tmp_path: Path, name: str, grid: str, ranks: int) -> None:
+    """comm exchange on processor grids with self images and remote ghosts (see
+    OWN_EXCHANGE_GRIDS) equals one rank (comm images) to 1e-12 in float64: energy/atom,
+    per-atom energies, forces, virial/atom, per-atom virials. Only rows of other ranks'
+    atoms cross the host: fewer MB than the LAMMPS-comm halo moved."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = own_exchange_case(name)
+    n = len(atoms)
+    one = tmp_path / "np1"
+    one_rank = parse_lmp(one, run_lmp(one, lmp_input(atoms, model)))
+    workdir = tmp_path / "exchange"
+    text = own_exchange_input(atoms, model, "comm exchange", grid)
+    proc = run_lmp(workdir, text, ranks=ranks)
+    got = parse_lmp(workdir, proc)
+    label = f"{name} processors {grid} comm exchange"
+    assert_same_results(got, one_rank, n, f"{label} vs np 1 images", 1e-12)
+    mb = halo_megabytes(proc)
+    old = OLD_HALO_MB[(name, grid)]
+    print(f"\n{label}: halo {mb:.6g} MB packed (LAMMPS comm: {old})")
+    assert 0 < mb < old, (label, mb, old)
+
+
+def exchanged_rows(atoms: Atoms, grid: tuple[int, int, int], reach: float) -> int:
+    """Rows one exchange moves on a uniform processors grid of a cubic periodic box: for
+    each rank, the distinct atoms of other ranks with an image among its ghost nodes (the
+    images within `reach` of the box around its atoms, as the pair style chooses them)."""
+    length = atoms.cell[0, 0]
+    positions = np.mod(atoms.positions, length)
+    cells = np.floor(positions / (length / np.array(grid))).astype(int)
+    owner = np.ravel_multi_index(cells.T, grid)
+    shifts = np.array(list(itertools.product((-2, -1, 0, 1, 2), repeat=3))) * length
+    total = 0
+    for rank in range(int(np.prod(grid))):
+        local = owner == rank
+        lo, hi = positions[local].min(0), positions[local].max(0)
+        images = positions[None, :, :] + shifts[:, None, :]  # shift, atom, axis
+        away = np.maximum(np.maximum(lo - images, 0.0), images - hi)
+        near = (away**2).sum(-1) < reach**2
+        total += int((near.any(0) & ~local).sum())
+    return total
+
+
+@pytest.mark.parametrize(("name", "grid"), [("bulk", "2 2 1"), ("small", "1 1 4")])
+def test_own_exchange_one_row_per_rank_and_atom(
+    model: Path, tmp_path: Path, name: str, grid: str
+) -> None:
+    """Exactly one row per (rank, atom of another rank) crosses the host in each direction
+    and layer: "MB packed" over the rows counted from the geometry (exchanged_rows) is the
+    same number of bytes per row (the layers' widths in float64, forward and reverse) on
+    this grid as on 1 1 2 in the bulk cell. (The LAMMPS-comm halo packed every
+    ghost atom's row in every swap: 4.5e5 bytes per such row there, 2.4e5 on 2 2 1.)"""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    reach = _core.Model.load(str(model)).cutoff + 2.0  # LAMMPS's default skin in metal units
+    per_row = {}
+    for case, case_grid in [("bulk", "1 1 2"), (name, grid)]:
+        atoms = own_exchange_case(case)
+        dims = tuple(int(v) for v in case_grid.split())
+        workdir = tmp_path / f"{case}-{case_grid.replace(' ', '')}"
+        text = own_exchange_input(atoms, model, "comm exchange", case_grid)
+        proc = run_lmp(workdir, text, ranks=int(np.prod(dims)))
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        rows = exchanged_rows(atoms, dims, reach)
+        assert rows > 0
+        per_row[(case, case_grid)] = halo_megabytes(proc) * 1e6 / rows
+    values = list(per_row.values())
+    assert abs(values[-1] - values[0]) <= 1e-6 * values[0], per_row
+
+
+def own_exchange_repeatable(model: Path, tmp_path: Path, style: str) -> None:
+    """The exchange sums in a fixed order (self images per source in node order, border
+    entries per node in entry order, peers in rank order; no atomics): two runs of the
+    small box on 4 ranks (1 x 1 x 4) give the same energy, forces, virial and per-atom
+    values bit for bit."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    text = own_exchange_input(cu_small_box(), model, style + "comm exchange", "1 1 4")
+    runs = [parse_lmp(tmp_path / f"{k}", run_lmp(tmp_path / f"{k}", text, ranks=4)) for k in (1, 2)]
+    for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+        assert np.array_equal(runs[0][key], runs[1][key]), key
+
+
+def test_own_exchange_bitwise_repeatable(model: Path, tmp_path: Path) -> None:
+    own_exchange_repeatable(model, tmp_path, "")
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_device_cuda_own_exchange_bitwise_repeatable(
+    model: Path, tmp_path: Path, precision: str
+) -> None:
+    own_exchange_repeatable(model, tmp_path, f"device cuda precision {precision} ")
+
+
+def test_own_exchange_one_rank(model: Path, tmp_path: Path) -> None:
+    """comm exchange on one rank: every ghost is a self image, nothing crosses the host
+    (0 MB packed), and the results equal comm images' to 1e-12 (float64)."""
+    atoms = cu_small_box()
+    one = tmp_path / "images"
+    one_rank = parse_lmp(one, run_lmp(one, lmp_input(atoms, model)))
+    workdir = tmp_path / "exchange"
+    proc = run_lmp(workdir, lmp_input(atoms, model, style="comm exchange"))
+    got = parse_lmp(workdir, proc)
+    assert_same_results(got, one_rank, len(atoms), "np 1 comm exchange vs images", 1e-12)
+    assert halo_megabytes(proc) == 0.0
+
+
+def result_line(proc: Any) -> np.ndarray:
+    """pe, volume and the six virial components of the RESULT line."""
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
+    return np.array([float(v) for v in line.split()[1:]])
+
+
+def test_own_exchange_without_atom_ids(model: Path, tmp_path: Path) -> None:
+    """comm exchange needs no atom IDs (atom_modify id no): the owners of ghosts come with
+    LAMMPS's forward communication, not from a map of IDs. Energy and virial on 2 ranks
+    equal those with IDs (1e-12 per atom). (LAMMPS needs IDs for triclinic boxes and dump
+    sorting: an orthogonal box, no dump.)"""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = cu_bulk_mpi()
+    text = lmp_input(atoms, model, style="comm exchange", extra=["processors 1 1 2"])
+    text = re.sub(r"region box prism (.*) 0 0 0 units box", r"region box block \1 units box", text)
+    text = "\n".join(s for s in text.splitlines() if not s.startswith("dump")) + "\n"
+    assert "region box block" in text and "atom_modify map array" in text
+    results = {}
+    for ids in ("yes", "no"):
+        variant = (
+            text.replace("atom_modify map array", "atom_modify id no") if ids == "no" else text
+        )
+        results[ids] = result_line(run_lmp(tmp_path / ids, variant, ranks=2))
+    n = len(atoms)
+    assert_abs(results["no"] / n, results["yes"] / n, 1e-12, "energy, volume, virial / atom")
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize(("name", "grid", "ranks"), OWN_EXCHANGE_GRIDS)
+def test_device_cuda_own_exchange_grids(
+    model: Path, tmp_path: Path, name: str, grid: str, ranks: int, precision: str
+) -> None:
+    """device cuda, comm exchange on the grids above (self images copied and summed on the
+    GPU, other ranks' rows through pinned host buffers and MPI): float64 equals the CPU
+    engine to float64 rounding; float32 is within float32's reach of it and moves half
+    of float64's bytes."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = own_exchange_case(name)
+    n = len(atoms)
+    expected = reference(atoms, model)
+    runs = {}
+    for prec in dict.fromkeys(("float64", precision)):  # float64 once
+        workdir = tmp_path / f"{prec}"
+        style = f"device cuda precision {prec} comm exchange"
+        text = own_exchange_input(atoms, model, style, grid)
+        proc = run_lmp(workdir, text, ranks=ranks)
+        runs[prec] = (parse_lmp(workdir, proc), halo_megabytes(proc))
+    label = f"cuda {precision} {name} processors {grid}"
+    got, mb = runs[precision]
+    if precision == "float64":
+        compare(got, expected, n, label)
+    else:
+        assert abs(got["energy"] - expected["energy"]) / n < 1e-5, label
+        assert_abs(got["forces"], expected["forces"], 3e-5, f"{label}: forces")
+        assert_abs(got["virial"] / n, expected["virial"] / n, 3e-5, f"{label}: virial/atom")
+        f64_mb = runs["float64"][1]
+        assert abs(mb - f64_mb / 2) <= 1e-6 * f64_mb, (label, mb, f64_mb)
+    assert mb > 0, label
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+def test_device_cuda_own_exchange_one_rank(model: Path, tmp_path: Path) -> None:
+    """device cuda, comm exchange on one rank: every ghost a self image kept on the GPU
+    (0 MB packed), equal to the CPU engine in float64."""
+    atoms = cu_small_box()
+    workdir = tmp_path / "exchange"
+    style = "device cuda precision float64 comm exchange"
+    proc = run_lmp(workdir, lmp_input(atoms, model, style=style))
+    compare(parse_lmp(workdir, proc), reference(atoms, model), len(atoms), "cuda np 1 exchange")
+    assert halo_megabytes(proc) == 0.0
 
 
 @pytest.mark.slow

@@ -124,8 +124,9 @@ void embed_species(const cpu::TypedPlan<T>& plan, const GraphView& g, std::vecto
   }
 }
 
-// Rows of node-major arrays of T through a HaloExchange (T on the wire). The ghost rows
-// (owned .. num_nodes) are contiguous: the exchange reads and writes them in place.
+// Rows of node-major arrays of T through a HaloExchange (T on the wire). The exchanged ghost
+// rows (owned .. num_nodes - self images) are contiguous: the exchange reads and writes them in
+// place; the self images (the last ghosts) are copied from and summed into their sources here.
 template <class T>
 class HaloRows {
  public:
@@ -137,11 +138,24 @@ class HaloRows {
     for (int64_t r = 0; r < halo.num_border_nodes(); ++r)
       std::copy(x + border[r] * w, x + (border[r] + 1) * w, border_.begin() + r * w);
     halo.forward(width, border_.data(), x + g.num_energy_nodes * w);
+    const int64_t images = halo.num_self_images(), first = g.num_nodes - images;
+    const int32_t* sources = halo.self_image_sources();
+    for (int64_t k = 0; k < images; ++k)
+      std::copy(x + sources[k] * w, x + (sources[k] + 1) * w, x + (first + k) * w);
   }
 
-  // Adds to each border row of grad (num_nodes x width) the adjoints of its ghost copies.
+  // Adds to each border row of grad (num_nodes x width) the adjoints of its ghost copies
+  // (a node's entries in entry order: border nodes may repeat).
   void reverse(HaloExchange& halo, const GraphView& g, int width, T* grad) {
     const size_t w = static_cast<size_t>(width);
+    // self images first, in node order (a source that is an exchanged ghost sends the sum)
+    const int64_t images = halo.num_self_images(), first = g.num_nodes - images;
+    const int32_t* sources = halo.self_image_sources();
+    for (int64_t k = 0; k < images; ++k) {
+      T* row = grad + sources[k] * w;
+      const T* image = grad + (first + k) * w;
+      for (size_t q = 0; q < w; ++q) row[q] += image[q];
+    }
     border_.resize(static_cast<size_t>(halo.num_border_nodes()) * w);  // written by reverse()
     halo.reverse(width, grad + g.num_energy_nodes * w, border_.data());
     const int32_t* border = halo.border_nodes();
@@ -625,14 +639,25 @@ void check_atoms(int64_t n, const int32_t* species, const double* positions, int
   }
 }
 
-// Border nodes of a halo exchange must be owned nodes.
-void check_border_nodes(const HaloExchange* halo, int64_t num_owned) {
+// Border nodes of a halo exchange must be owned nodes; self images the last ghosts, each
+// the copy of an owned node or of an exchanged ghost.
+void check_border_nodes(const HaloExchange* halo, int64_t num_owned, int64_t num_nodes) {
   if (!halo) return;
   const int32_t* border = halo->border_nodes();
   for (int64_t r = 0; r < halo->num_border_nodes(); ++r)
     if (border[r] < 0 || border[r] >= num_owned)
       throw Error("invalid halo exchange: border node " + std::to_string(border[r]) +
                   " is not an owned node");
+  const int64_t images = halo->num_self_images();
+  if (images < 0 || images > num_nodes - num_owned)
+    throw Error("invalid halo exchange: " + std::to_string(images) + " self images but " +
+                std::to_string(num_nodes - num_owned) + " ghosts");
+  const int32_t* sources = halo->self_image_sources();
+  for (int64_t k = 0; k < images; ++k)
+    if (sources[k] < 0 || sources[k] >= num_nodes - images)
+      throw Error("invalid halo exchange: self image " + std::to_string(num_nodes - images + k) +
+                  " has source node " + std::to_string(sources[k]) +
+                  ", not an owned node or exchanged ghost");
 }
 
 }  // namespace
@@ -880,7 +905,7 @@ void Engine::compute(const GraphView& g, ComputeOutput& out, HaloExchange* halo)
             "between num_energy_nodes and num_nodes");
     }
   }
-  check_border_nodes(halo, g.num_energy_nodes);
+  check_border_nodes(halo, g.num_energy_nodes, g.num_nodes);
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) {
     impl_->gpu->compute(checked, out, halo);
@@ -901,7 +926,7 @@ void Engine::compute(const NodesView& nodes, ComputeOutput& out, HaloExchange* h
     throw Error("invalid nodes: counts (num_owned must lie between 0 and num_nodes)");
   const int num_species = static_cast<int>(model_->atomic_numbers().size());
   check_atoms(nodes.num_nodes, nodes.species, nodes.positions, num_species);
-  check_border_nodes(halo, nodes.num_owned);
+  check_border_nodes(halo, nodes.num_owned, nodes.num_nodes);
   const bool keep_edges = nodes.same_nodes_as_last && impl_->last_nodes == nodes.num_nodes &&
                           impl_->last_owned == nodes.num_owned;
   impl_->last_nodes = impl_->last_owned = -1;

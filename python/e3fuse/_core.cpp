@@ -44,12 +44,19 @@ void check_shape(const py::array& a, std::vector<py::ssize_t> shape, const char*
 
 // A halo exchange within one process (tests): ghost g, node num_owned + g, is a copy of
 // owned node owners[g], as a periodic image of a rank's own atom is in pair_style e3fuse
-// comm exchange.
+// comm exchange. The last `self_images` ghosts are the engine's self images
+// (HaloExchange::self_image_sources), each a copy of node owners[g]: an owned node or one
+// of the ghosts before them; the others go through forward()/reverse().
 class ImageHalo : public HaloExchange {
  public:
-  explicit ImageHalo(const Array<int32_t>& owners) {
+  ImageHalo(const Array<int32_t>& owners, int64_t self_images) {
+    if (self_images < 0 || self_images > owners.size())
+      throw Error("self_images: " + std::to_string(self_images) + " of " +
+                  std::to_string(owners.size()) + " ghosts");
+    const py::ssize_t exchanged = owners.size() - static_cast<py::ssize_t>(self_images);
+    sources_.assign(owners.data() + exchanged, owners.data() + owners.size());
     std::vector<int32_t> slot;  // owner -> border row or -1
-    for (py::ssize_t g = 0; g < owners.size(); ++g) {
+    for (py::ssize_t g = 0; g < exchanged; ++g) {
       const int32_t o = owners.data()[g];
       if (o < 0) throw Error("ghost_owners: negative owner " + std::to_string(o));
       if (static_cast<size_t>(o) >= slot.size()) slot.resize(o + 1, -1);
@@ -62,6 +69,8 @@ class ImageHalo : public HaloExchange {
   }
   int64_t num_border_nodes() const override { return static_cast<int64_t>(border_.size()); }
   const int32_t* border_nodes() const override { return border_.data(); }
+  int64_t num_self_images() const override { return static_cast<int64_t>(sources_.size()); }
+  const int32_t* self_image_sources() const override { return sources_.data(); }
   void forward(int width, const double* border_rows, double* ghost_rows) override {
     copy_rows(width, border_rows, ghost_rows);
   }
@@ -90,7 +99,7 @@ class ImageHalo : public HaloExchange {
       for (size_t q = 0; q < w; ++q) border_sums[ghost_slot_[g] * w + q] += ghost_rows[g * w + q];
   }
 
-  std::vector<int32_t> border_, ghost_slot_;
+  std::vector<int32_t> border_, ghost_slot_, sources_;
 };
 
 // An input with an optional halo exchange (null: none).
@@ -115,11 +124,14 @@ void engine_compute(Engine& engine, const WithHalo<NodesView>& nodes, ComputeOut
 
 // The halo of ghost_owners (see ImageHalo) for nodes [num_owned, n), or none.
 std::unique_ptr<ImageHalo> image_halo(const std::optional<Array<int32_t>>& ghost_owners, int64_t n,
-                                      int64_t num_owned) {
-  if (!ghost_owners) return nullptr;
+                                      int64_t num_owned, int64_t self_images) {
+  if (!ghost_owners) {
+    if (self_images != 0) throw Error("self_images needs ghost_owners");
+    return nullptr;
+  }
   if (ghost_owners->ndim() != 1 || ghost_owners->shape(0) != n - num_owned)
     throw Error("ghost_owners needs one owner per ghost (num_nodes - num_owned)");
-  return std::make_unique<ImageHalo>(*ghost_owners);
+  return std::make_unique<ImageHalo>(*ghost_owners, self_images);
 }
 
 template <class Input>
@@ -503,7 +515,7 @@ PYBIND11_MODULE(_core, m) {
           [](Engine& engine, Array<double> positions, Array<int32_t> species,
              Array<int64_t> row_offsets, Array<int32_t> neighbors, int64_t num_energy_nodes,
              bool forces, bool virial, bool atom_virials, bool same_edges_as_last,
-             std::optional<Array<int32_t>> ghost_owners) {
+             std::optional<Array<int32_t>> ghost_owners, int64_t self_images) {
             const int64_t n = species.shape(0);
             check_shape(positions, {n, 3}, "positions");
             check_shape(row_offsets, {n + 1}, "row_offsets");
@@ -517,23 +529,25 @@ PYBIND11_MODULE(_core, m) {
             g.row_offsets = row_offsets.data();
             g.neighbors = neighbors.data();
             g.same_edges_as_last = same_edges_as_last;
-            const auto halo = image_halo(ghost_owners, n, g.num_energy_nodes);
+            const auto halo = image_halo(ghost_owners, n, g.num_energy_nodes, self_images);
             return compute_with(engine, WithHalo<GraphView>{g, halo.get()}, n, forces, virial,
                                 atom_virials);
           },
           py::arg("positions"), py::arg("species"), py::arg("row_offsets"), py::arg("neighbors"),
           py::arg("num_energy_nodes") = -1, py::arg("forces") = true, py::arg("virial") = true,
           py::arg("atom_virials") = false, py::arg("same_edges_as_last") = false,
-          py::arg("ghost_owners") = py::none())
+          py::arg("ghost_owners") = py::none(), py::arg("self_images") = 0)
       // Evaluate nodes whose edges the engine finds (NodesView): nodes [0, num_owned) owned
       // (-1: all), the others ghosts without ghost-ghost edges.
       // ghost_owners (compute_graph and compute_nodes): the owned node each ghost copies, a
       // halo exchange within this process (ImageHalo); none: no halo exchange.
+      // self_images: how many of the last ghosts the engine copies itself from node
+      // ghost_owners[g] (owned, or a ghost before them), see ImageHalo.
       .def(
           "compute_nodes",
           [](Engine& engine, Array<double> positions, Array<int32_t> species, int64_t num_owned,
              bool forces, bool virial, bool atom_virials, bool same_nodes_as_last,
-             std::optional<Array<int32_t>> ghost_owners) {
+             std::optional<Array<int32_t>> ghost_owners, int64_t self_images) {
             const int64_t n = species.shape(0);
             check_shape(positions, {n, 3}, "positions");
             NodesView nodes;
@@ -542,13 +556,14 @@ PYBIND11_MODULE(_core, m) {
             nodes.positions = positions.data();
             nodes.species = species.data();
             nodes.same_nodes_as_last = same_nodes_as_last;
-            const auto halo = image_halo(ghost_owners, n, nodes.num_owned);
+            const auto halo = image_halo(ghost_owners, n, nodes.num_owned, self_images);
             return compute_with(engine, WithHalo<NodesView>{nodes, halo.get()}, n, forces, virial,
                                 atom_virials);
           },
           py::arg("positions"), py::arg("species"), py::arg("num_owned") = -1,
           py::arg("forces") = true, py::arg("virial") = true, py::arg("atom_virials") = false,
-          py::arg("same_nodes_as_last") = false, py::arg("ghost_owners") = py::none())
+          py::arg("same_nodes_as_last") = false, py::arg("ghost_owners") = py::none(),
+          py::arg("self_images") = 0)
       // (row_offsets, neighbors) of the edges the last compute_nodes found.
       .def("node_graph", [](const Engine& engine) {
         std::vector<int64_t> row_offsets;

@@ -66,18 +66,30 @@ struct ComputeOutput {
 class HaloExchange {
  public:
   virtual ~HaloExchange() = default;
-  // Owned nodes whose rows are sent (to other ranks, or to this rank's images).
+  // Owned nodes whose rows are sent (to other ranks, or to this rank's images). A node may
+  // appear more than once (sent to several ranks: each entry is its own row).
   virtual int64_t num_border_nodes() const = 0;
   virtual const int32_t* border_nodes() const = 0;
+  // Self images: the last num_self_images() ghosts, nodes [num_nodes - S, num_nodes), are
+  // copies the engine keeps itself, on the device that holds the rows: before forward()
+  // hands over the other ghosts, nothing is done for them; after it, each takes the row of
+  // its source, self_image_sources()[k] for node num_nodes - S + k: an owned node (a
+  // periodic image of this rank's own atom) or one of the exchanged ghosts before them (a
+  // second image of a remote atom). In the backward pass their adjoints are added to their
+  // sources, in node order, before reverse() (so that a remote source sends the sum).
+  // Default: none, every ghost goes through forward()/reverse().
+  virtual int64_t num_self_images() const { return 0; }
+  virtual const int32_t* self_image_sources() const { return nullptr; }
   // border_rows: num_border_nodes x width, the rows of the border nodes in the
-  // order of border_nodes(). Writes ghost_rows: (num_nodes - num_energy_nodes) x width,
-  // each ghost's row taken from its owner. Rows are in the engine's precision (float for
-  // Precision::float32): those are the bytes that travel.
+  // order of border_nodes(). Writes ghost_rows: (num_nodes - num_energy_nodes - S) x width,
+  // each exchanged ghost's row taken from its owner. Rows are in the engine's precision
+  // (float for Precision::float32): those are the bytes that travel.
   virtual void forward(int width, const double* border_rows, double* ghost_rows) = 0;
   virtual void forward(int width, const float* border_rows, float* ghost_rows) = 0;
-  // ghost_rows: adjoints on ghosts. Writes border_sums: num_border_nodes x width,
-  // for each border node the sum of the adjoints of all its ghost copies (summed in the
-  // rows' type).
+  // ghost_rows: adjoints on the exchanged ghosts (self images' already added to their
+  // sources). Writes border_sums: num_border_nodes x width, for each border entry the sum
+  // of the adjoints of the ghost copies it stands for (summed in the rows' type); the engine
+  // adds the entries to their nodes in entry order.
   virtual void reverse(int width, const double* ghost_rows, double* border_sums) = 0;
   virtual void reverse(int width, const float* ghost_rows, float* border_sums) = 0;
 };

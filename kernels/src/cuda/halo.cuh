@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "e3fuse/engine.h"
@@ -40,16 +41,38 @@ class PinnedBuffer {
   size_t capacity_ = 0;
 };
 
+// Rows added to rows in a fixed order: entry k (a row index, first_entry + k) goes to row
+// targets[k]; targets may repeat. add() does out[targets[k]] += in[first_entry + k] over all
+// k, each target's entries in the order of k, one thread per (target, column): bitwise
+// reproducible, without atomics.
+class RowGroups {
+ public:
+  // targets: count values in [0, bound) (host memory).
+  void build(const int32_t* targets, int64_t count, int64_t bound, int64_t first_entry,
+             cudaStream_t stream);
+  template <class T>
+  void add(int width, const T* in, T* out, cudaStream_t stream) const;
+  int64_t num_groups = 0;  // distinct targets
+
+ private:
+  DeviceArray<int32_t> targets_, offsets_, entries_;
+  std::vector<int32_t> host_targets_, host_offsets_, host_entries_;
+};
+
 // The GPU side of a HaloExchange: border rows are gathered (pack) and added to (reverse
-// unpack) by kernels; only those rows and the ghost rows cross PCIe, in the model's
-// precision, through pinned buffers; the exchange between ranks is the front end's.
+// unpack, per node in entry order: border nodes may repeat) by kernels; only those rows and the
+// exchanged ghost rows cross PCIe, in the model's precision, through pinned buffers; the exchange
+// between ranks is the front end's. Self images never leave the GPU: copied from their sources by a
+// kernel in forward, their adjoints summed into the sources in a fixed order (per source, in node
+// order) in reverse.
 class DeviceHalo {
  public:
   // For one compute call; exchange null: no halo.
   void bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_owned, cudaStream_t stream);
   bool active() const { return exchange_ != nullptr; }
-  // Ghost rows of x (device, num_nodes x width) <- their owners' rows. The ghost rows
-  // (num_owned .. num_nodes) are contiguous: they cross PCIe as they are, in T.
+  // Ghost rows of x (device, num_nodes x width) <- their owners' rows. The exchanged ghost
+  // rows (num_owned .. num_nodes - self images) are contiguous: they cross PCIe as they are,
+  // in T.
   template <class T>
   void forward(int width, T* x);
   // Border rows of grad (device, num_nodes x width) += the adjoints of their ghost copies.
@@ -65,9 +88,14 @@ class DeviceHalo {
       return border_rows_;
   }
   HaloExchange* exchange_ = nullptr;
-  int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0;
+  // num_images_: the self images, nodes [num_nodes_ - num_images_, num_nodes_) (HaloExchange)
+  int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0, num_images_ = 0;
   cudaStream_t stream_ = nullptr;
   DeviceArray<int32_t> border_;
+  DeviceArray<int32_t> image_sources_;  // the source of node num_nodes_ - num_images_ + k
+  RowGroups border_groups_;             // border entry r -> border_[r] (border nodes may repeat)
+  RowGroups image_groups_;              // self image -> its source
+  std::vector<int32_t> kept_border_, kept_sources_;  // the lists the device arrays hold
   DeviceArray<double> border_rows_;
   DeviceArray<float> border_rows_f_;
   PinnedBuffer host_border_, host_ghost_;
