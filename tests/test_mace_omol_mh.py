@@ -212,7 +212,12 @@ def assert_matches(ours: dict[str, Any], ref: dict[str, Any], n: int, exact: boo
         else (FORCES_TABLE, ENERGY_PER_ATOM_TABLE, STRESS_TABLE)
     )
     assert abs(ours["energy"] - float(ref["energy"])) / n < energy
-    assert np.abs(ours["energies"] - ref["energies"]).max() < energy
+    # Per-atom energies carry their element's E0 (about -1000 to -2000 eV for C, N, O here),
+    # where one unit in the last place is 1.1e-13 to 2.3e-13 eV: besides the target, allow 8
+    # of them per value (another summation order than mace-torch's; the exact CUDA path
+    # measured up to 1.8e-12 eV at -2000 eV on an H200).
+    limit = energy + 8 * np.spacing(np.abs(np.asarray(ref["energies"], dtype=np.float64)))
+    assert (np.abs(ours["energies"] - ref["energies"]) < limit).all()
     assert np.abs(ours["forces"] - ref["forces"]).max() < forces
     if "stress" in ref:
         assert np.abs(ours["stress"] - ref["stress"]).max() < stress
