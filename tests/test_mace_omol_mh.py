@@ -213,10 +213,10 @@ def assert_matches(ours: dict[str, Any], ref: dict[str, Any], n: int, exact: boo
     )
     assert abs(ours["energy"] - float(ref["energy"])) / n < energy
     # Per-atom energies carry their element's E0 (about -1000 to -2000 eV for C, N, O here),
-    # where one unit in the last place is 1.1e-13 to 2.3e-13 eV: besides the target, allow 8
+    # where one unit in the last place is 1.1e-13 to 2.3e-13 eV: besides the target, allow 16
     # of them per value (another summation order than mace-torch's; the exact CUDA path
-    # measured up to 1.8e-12 eV at -2000 eV on an H200).
-    limit = energy + 8 * np.spacing(np.abs(np.asarray(ref["energies"], dtype=np.float64)))
+    # measured up to 3.0e-12 eV at -1940 eV, 13 of them, on an H100 and an H200).
+    limit = energy + 16 * np.spacing(np.abs(np.asarray(ref["energies"], dtype=np.float64)))
     assert (np.abs(ours["energies"] - ref["energies"]) < limit).all()
     assert np.abs(ours["forces"] - ref["forces"]).max() < forces
     if "stress" in ref:
@@ -330,7 +330,7 @@ def test_omol0_cuda_runs_the_per_edge_mlp(workdir: Path) -> None:
     assert np.array_equal(exact["forces"], default["forces"])
     assert np.array_equal(exact["energies"], default["energies"])
     assert np.abs(exact["forces"] - cpu["forces"]).max() < 1e-11
-    assert abs(exact["energy"] - cpu["energy"]) / len(atoms) < 1e-13
+    assert abs(exact["energy"] - cpu["energy"]) / len(atoms) < ENERGY_PER_ATOM_F64
 
 
 def test_omol0_charge_spin_in_lammps(workdir: Path, tmp_path: Path) -> None:
