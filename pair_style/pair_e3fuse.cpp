@@ -846,51 +846,47 @@ MPI_Datatype row_type(size_t row_bytes) {
 }
 }  // namespace
 
-template <class T>
-void PairE3fuse::halo_forward(int width, const T *border_rows, T *ghost_rows) {
+// Rows of row_bytes each: for every peer p of `to`, rows to_offsets[p] .. to_offsets[p + 1] of
+// `send` go to rank to[p]; for every peer of `from`, its rows arrive into `recv` likewise.
+void PairE3fuse::exchange_rows(size_t row_bytes, const char *send, const std::vector<int> &to,
+                               const std::vector<int> &to_offsets, char *recv,
+                               const std::vector<int> &from, const std::vector<int> &from_offsets,
+                               int tag) {
   const double start = platform::walltime();
-  const size_t row_bytes = static_cast<size_t>(width) * sizeof(T);
   MPI_Datatype row = row_type(row_bytes);
-  char *ghosts = reinterpret_cast<char *>(ghost_rows);
-  for (size_t p = 0; p < recv_peers_.size(); ++p) {
+  for (size_t p = 0; p < from.size(); ++p) {
     requests_.emplace_back();
-    MPI_Irecv(ghosts + recv_offsets_[p] * row_bytes, recv_offsets_[p + 1] - recv_offsets_[p], row,
-              recv_peers_[p], kTagForward, world, &requests_.back());
+    MPI_Irecv(recv + from_offsets[p] * row_bytes, from_offsets[p + 1] - from_offsets[p], row,
+              from[p], tag, world, &requests_.back());
   }
   // MPI's send buffers are const only since MPI 3
-  char *border = const_cast<char *>(reinterpret_cast<const char *>(border_rows));
-  for (size_t p = 0; p < send_peers_.size(); ++p) {
+  char *out = const_cast<char *>(send);
+  for (size_t p = 0; p < to.size(); ++p) {
     requests_.emplace_back();
-    MPI_Isend(border + send_offsets_[p] * row_bytes, send_offsets_[p + 1] - send_offsets_[p], row,
-              send_peers_[p], kTagForward, world, &requests_.back());
+    MPI_Isend(out + to_offsets[p] * row_bytes, to_offsets[p + 1] - to_offsets[p], row, to[p], tag,
+              world, &requests_.back());
   }
   wait_all(requests_);
   MPI_Type_free(&row);
-  halo_bytes_ += static_cast<double>(send_offsets_.back()) * static_cast<double>(row_bytes);
+  halo_bytes_ += static_cast<double>(to_offsets.back()) * static_cast<double>(row_bytes);
   time_halo_ += platform::walltime() - start;
 }
 
+// forward: the border entries go to the ranks that asked for them, the exchanged ghosts'
+// rows come from their owners
+template <class T>
+void PairE3fuse::halo_forward(int width, const T *border_rows, T *ghost_rows) {
+  exchange_rows(static_cast<size_t>(width) * sizeof(T), reinterpret_cast<const char *>(border_rows),
+                send_peers_, send_offsets_, reinterpret_cast<char *>(ghost_rows), recv_peers_,
+                recv_offsets_, kTagForward);
+}
+
+// reverse: the exchanged ghosts' adjoints go back to their owners, one sum per border entry
 template <class T>
 void PairE3fuse::halo_reverse(int width, const T *ghost_rows, T *border_sums) {
-  const double start = platform::walltime();
-  const size_t row_bytes = static_cast<size_t>(width) * sizeof(T);
-  MPI_Datatype row = row_type(row_bytes);
-  char *sums = reinterpret_cast<char *>(border_sums);
-  for (size_t p = 0; p < send_peers_.size(); ++p) {
-    requests_.emplace_back();
-    MPI_Irecv(sums + send_offsets_[p] * row_bytes, send_offsets_[p + 1] - send_offsets_[p], row,
-              send_peers_[p], kTagReverse, world, &requests_.back());
-  }
-  char *ghosts = const_cast<char *>(reinterpret_cast<const char *>(ghost_rows));
-  for (size_t p = 0; p < recv_peers_.size(); ++p) {
-    requests_.emplace_back();
-    MPI_Isend(ghosts + recv_offsets_[p] * row_bytes, recv_offsets_[p + 1] - recv_offsets_[p], row,
-              recv_peers_[p], kTagReverse, world, &requests_.back());
-  }
-  wait_all(requests_);
-  MPI_Type_free(&row);
-  halo_bytes_ += static_cast<double>(recv_offsets_.back()) * static_cast<double>(row_bytes);
-  time_halo_ += platform::walltime() - start;
+  exchange_rows(static_cast<size_t>(width) * sizeof(T), reinterpret_cast<const char *>(ghost_rows),
+                recv_peers_, recv_offsets_, reinterpret_cast<char *>(border_sums), send_peers_,
+                send_offsets_, kTagReverse);
 }
 
 /* The owner discovery (find_border_nodes): each atom's (rank, local index) as two doubles;

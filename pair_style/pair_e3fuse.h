@@ -96,6 +96,9 @@ class PairE3fuse : public Pair {
   void find_border_nodes();
   template <class T> void halo_forward(int width, const T *border_rows, T *ghost_rows);
   template <class T> void halo_reverse(int width, const T *ghost_rows, T *border_sums);
+  void exchange_rows(size_t row_bytes, const char *send, const std::vector<int> &to,
+                     const std::vector<int> &to_offsets, char *recv, const std::vector<int> &from,
+                     const std::vector<int> &from_offsets, int tag);
   void check_species(int64_t num_nodes);
   void log_graph(int64_t num_local, int64_t num_ghosts, int64_t num_edges);
   long long atom_id(int i) const;  // the atom's ID (its index without IDs)

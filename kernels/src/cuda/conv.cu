@@ -1079,6 +1079,20 @@ __device__ inline double warp_all_sum(double x) {
   return x;
 }
 
+// Column c of a layer's affine map of the warp's activations h: o = b[c] + h . W[:, c], and
+// with TANGENT its r-derivative d = dh . W[:, c] (else 0).
+template <bool TANGENT>
+__device__ inline void mlp_column(const double* W, const double* b, const double* h,
+                                  const double* dh, int K, int N, int c, double& o, double& d) {
+  o = b[c];
+  d = 0.0;
+  for (int k = 0; k < K; ++k) {
+    const double w = W[static_cast<int64_t>(k) * N + c];
+    o += h[k] * w;
+    if (TANGENT) d += dh[k] * w;
+  }
+}
+
 // For every edge e of rows [0, g.num_nodes) inside the cutoff with a neighbor below
 // neighbor_end: out[e][w] = {R_w, dR_w/dr (TANGENT, else 0), 0, 0} of the ordered species pair
 // (s_i, s_j) of row i, or with `reverse` of (s_j, s_i) (the message i -> j of the backward).
@@ -1134,12 +1148,8 @@ __global__ void __launch_bounds__(kEdgeMlpThreads)
       if (l + 1 == mlp.layers) {  // the output layer: straight to the edge's entries
         T* row = out + static_cast<size_t>(e) * numel * 4;
         for (int c = lane; c < N; c += kWarp) {
-          double o = b[c], d = 0.0;
-          for (int k = 0; k < K; ++k) {
-            const double w = W[static_cast<int64_t>(k) * N + c];
-            o += h[k] * w;
-            if (TANGENT) d += dh[k] * w;
-          }
+          double o, d;
+          mlp_column<TANGENT>(W, b, h, dh, K, N, c, o, d);
           row[4 * c] = static_cast<T>(o * f);
           row[4 * c + 1] = TANGENT ? static_cast<T>(d * f + o * df) : T(0);
           row[4 * c + 2] = T(0);
@@ -1149,12 +1159,8 @@ __global__ void __launch_bounds__(kEdgeMlpThreads)
       }
       double sum = 0.0, dsum = 0.0;
       for (int c = lane; c < N; c += kWarp) {
-        double o = b[c], d = 0.0;
-        for (int k = 0; k < K; ++k) {
-          const double w = W[static_cast<int64_t>(k) * N + c];
-          o += h[k] * w;
-          if (TANGENT) d += dh[k] * w;
-        }
+        double o, d;
+        mlp_column<TANGENT>(W, b, h, dh, K, N, c, o, d);
         z[c] = o;
         dz[c] = d;
         sum += o;
