@@ -33,8 +33,9 @@ LAMMPS's "MPI task timing breakdown" (avg column: Pair, Neigh, Comm, Output, Mod
 and the line that pair e3fuse prints at the end of every run,
   pair e3fuse timing: engine A s, halo exchange B s (max over ranks C s), graph build D s;
   K computes; halo M MB packed
-(A, B, D averaged over ranks; M summed over ranks: the node rows packed for the exchange,
-forward and reverse, those copied to a rank's own periodic images included). K counts the
+(A, B, D averaged over ranks; M summed over ranks: the bytes of node rows sent to other
+ranks, forward and reverse; since e5a0373 a rank's own periodic images stay on its device and
+are not counted, before that every row LAMMPS's communication copied was). K counts the
 set-up compute of the run too (K = N + 1), the Loop time does not: the halo exchange per
 step is B / K, its share of a step (B / K) / (Loop time / N), its bytes per step M / K.
 
@@ -880,8 +881,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "bin, every 1 delay 0 check yes. R ranks = R GPUs; the box is R cubes along z with "
         "`processors 1 1 R` (one cube per rank). ms/step = LAMMPS Loop time / steps of the "
         "timed run. halo = pair e3fuse's halo-exchange time per compute (average over ranks), "
-        "its % of a step, and the MB of node rows all ranks packed for it per compute "
-        "(forward and reverse; rows copied to a rank's own periodic images included); "
+        "its % of a step, and the MB of node rows all ranks sent to other ranks for it per "
+        "compute (forward and reverse; a rank's own periodic images stay on its device); "
         "Comm % = LAMMPS's Comm (avg) / Loop time. GPU MiB: peak nvidia-smi "
         "memory.used per GPU minus before the run. Efficiency: weak = t(1 GPU, N) / t(R GPUs, "
         "R N); strong = t(1 GPU, N) / (R t(R GPUs, N)). One-rank runs use comm "
