@@ -365,20 +365,18 @@ def test_self_images_bad_sources(sevennet0_path: Path) -> None:
     positions = cluster(seed=4)
     nodes = np.concatenate([positions, positions[:2] + 30.0])
     all_species = np.concatenate([species, species[:2]])
-    # the last ghost a copy of itself: not an owned node or an exchanged ghost
-    with pytest.raises(E3fuseError, match="self image"):
-        engine.compute_nodes(
-            nodes,
-            all_species,
-            num_owned=40,
-            ghost_owners=np.array([0, 41], dtype=np.int32),
-            self_images=1,
-        )
-    with pytest.raises(E3fuseError, match="self_images"):
-        engine.compute_nodes(
-            nodes,
-            all_species,
-            num_owned=40,
-            ghost_owners=np.array([0, 1], dtype=np.int32),
-            self_images=3,
-        )
+    cases = [
+        # the last ghost a copy of itself: not an owned node or an exchanged ghost
+        ("self image", [0, 41], 1),
+        # more self images than ghosts
+        ("self_images", [0, 1], 3),
+    ]
+    for message, owners, images in cases:
+        with pytest.raises(E3fuseError, match=message):
+            engine.compute_nodes(
+                nodes,
+                all_species,
+                num_owned=40,
+                ghost_owners=np.array(owners, dtype=np.int32),
+                self_images=images,
+            )
