@@ -226,6 +226,26 @@ def periodic_nodes(positions: np.ndarray, length: float, reach: float) -> tuple[
     return np.concatenate(owners).astype(np.int32), np.concatenate(shifts)
 
 
+PERIODIC_LENGTH = 9.6  # A: the cubic cell of the periodic-node tests
+
+
+def periodic_cell(path: Path, device: str) -> tuple[object, np.ndarray, np.ndarray, np.ndarray]:
+    """A 40-atom cubic cell of PERIODIC_LENGTH that one rank owns whole: an engine that
+    evaluates it as a periodic system (float64), the positions, and periodic_nodes' ghosts
+    within cutoff + skin (owners, shifts)."""
+    system, _ = node_engine(path, device, "float64")
+    positions = cluster(seed=4)
+    cutoff = _core.Model.load(str(path)).cutoff
+    owners, shifts = periodic_nodes(positions, PERIODIC_LENGTH, cutoff + SKIN)
+    return system, positions, owners, shifts
+
+
+def periodic_reference(system: object, positions: np.ndarray, species: np.ndarray) -> dict:
+    """compute_system of the periodic cell, per-atom virials included."""
+    cell = np.eye(3) * PERIODIC_LENGTH
+    return system.compute_system(positions, species, cell, [True] * 3, atom_virials=True)
+
+
 def fold(values: np.ndarray, owners: np.ndarray, n: int) -> np.ndarray:
     """Per-node values of owned nodes plus those of their ghosts (reverse communication)."""
     folded = values[:n].copy()
@@ -242,11 +262,7 @@ def test_nodes_with_halo_equal_the_periodic_system(sevennet0_path: Path, device:
     the same (edges found once), each equal, bitwise, to compute_graph with the same
     halo on the graph the engine found."""
     engine, species = node_engine(sevennet0_path, device, "float64")
-    system, _ = node_engine(sevennet0_path, device, "float64")
-    length = 9.6
-    start = cluster(seed=4)
-    cutoff = _core.Model.load(str(sevennet0_path)).cutoff
-    owners, shifts = periodic_nodes(start, length, cutoff + SKIN)
+    system, start, owners, shifts = periodic_cell(sevennet0_path, device)
     n = len(start)
     all_species = np.concatenate([species, species[owners]])
     rng = np.random.default_rng(1)
@@ -262,9 +278,7 @@ def test_nodes_with_halo_equal_the_periodic_system(sevennet0_path: Path, device:
             ghost_owners=owners,
         )
         assert engine.num_neighbor_builds == 1
-        want = system.compute_system(
-            positions, species, np.eye(3) * length, [True] * 3, atom_virials=True
-        )
+        want = periodic_reference(system, positions, species)
         assert abs(got["energy"] - want["energy"]) < 1e-10
         np.testing.assert_allclose(got["energies"][:n], want["energies"], atol=1e-12)
         assert np.all(got["energies"][n:] == 0.0)
@@ -322,11 +336,7 @@ def test_nodes_with_self_images(sevennet0_path: Path, device: str, dtype: str) -
     folding the ghosts' forces and per-atom virials into their owners (float64 rounding;
     float32: float32's). And bitwise the same on a second call (a fixed order of sums)."""
     engine, species = node_engine(sevennet0_path, device, dtype)
-    system, _ = node_engine(sevennet0_path, device, "float64")
-    length = 9.6
-    positions = cluster(seed=4)
-    cutoff = _core.Model.load(str(sevennet0_path)).cutoff
-    owners, shifts = periodic_nodes(positions, length, cutoff + SKIN)
+    system, positions, owners, shifts = periodic_cell(sevennet0_path, device)
     n = len(positions)
     order, halo_owners, num_images = split_self_images(owners, n)
     assert 0 < num_images < len(owners)
@@ -334,9 +344,7 @@ def test_nodes_with_self_images(sevennet0_path: Path, device: str, dtype: str) -
     owners, shifts = owners[order], shifts[order]
     nodes = np.concatenate([positions, positions[owners] + shifts])
     all_species = np.concatenate([species, species[owners]])
-    want = system.compute_system(
-        positions, species, np.eye(3) * length, [True] * 3, atom_virials=True
-    )
+    want = periodic_reference(system, positions, species)
     atol = 1e-11 if dtype == "float64" else 3e-5
     runs = []
     for _ in range(2):
