@@ -11,15 +11,15 @@
 # 3. writes $OUT/ab_summary.md (per model and size, all layers: the median over the rounds of
 #    each round's median ms, forward and backward, and new / base) and every round's JSON.
 #
-# With NCU=1, step 2 is instead ncu on one backward launch (layer NCU_LAYER, default 1) of
+# With NCU=1 (NCU=both: before step 2), step 2 is instead ncu on one backward launch (layer NCU_LAYER, default 1) of
 # each variant for each model of MICRO_MODELS at the first size of MICRO_SIZES: stall reasons,
-# memory and scheduler sections -> $OUT/ncu_<variant>_<model>.txt. It needs the model files
-# and benchmarks/models/cu<N>.bin (conv_micro.py's write_structure) already present.
+# memory, scheduler and source sections and the stall reasons (cycles per issue) -> $OUT/ncu_<variant>_<model>.txt.
 #
 # PATCH (a file): applied to the working tree on the machine before the build (git apply), so
 # that a variant can travel as a patch beside a tree that is the base. VARIANTS ("name=file
 # ..."): more variants, each the working tree (with PATCH) plus its patch, built side by side
 # in /tmp and timed (or profiled) as configurations of their own.
+# NCU_MODELS / NCU_VARIANTS narrow the ncu runs (default: every model and configuration).
 # Environment: BASE (required), OUT (default benchmarks/results/gpu_ab), ROUNDS (default 2),
 # BASE_ENVS / NEW_ENVS (";"-separated settings such as E3FUSE_EDGE_CHUNK_BACKWARD=8: each is
 # one more configuration, the base or new executable run under it),
@@ -105,30 +105,35 @@ for name in "${!OBJ_DIR[@]}"; do # registers and spills of the convolution kerne
 done
 
 models=${MICRO_MODELS:-"7net-0 7net-l3i5 mp0-medium"}
-if [[ ${NCU:-0} == 1 ]]; then
+# shellcheck disable=SC2086
+$PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/micro"); import conv_micro; [print(n, *conv_micro.model_files(n, Path("benchmarks/models")), flush=True) for n in sys.argv[1:]]' $models 2>&1 | tee -a "$LOG"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || die "the model files could not be made"
+if [[ ${NCU:-0} != 0 ]]; then
   read -r atoms _ <<<"${MICRO_SIZES:-32000}"
-  for model in $models; do
+  for model in ${NCU_MODELS:-$models}; do
     e3f=benchmarks/models/$model.e3f
     [[ $model == mp0-medium ]] && e3f=benchmarks/models/mace-mp0-medium-random.e3f
-    for variant in base new "${variant_names[@]}"; do
+    # shellcheck disable=SC2206
+    ncu_variants=(${NCU_VARIANTS:-base new ${variant_names[*]}})
+    for variant in "${ncu_variants[@]}"; do
       exe=${EXE[$variant]}
       say "ncu $variant $model $atoms atoms, backward of layer ${NCU_LAYER:-1}"
       timeout 200 ncu --kernel-name regex:conv_backward --launch-skip "${NCU_LAYER:-1}" \
         --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --section ComputeWorkloadAnalysis --section InstructionStats \
+        --section ComputeWorkloadAnalysis --section InstructionStats --section SourceCounters \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
         "$exe" --model "$e3f" --structure "benchmarks/models/cu$atoms.bin" --warmup 0 \
         --repeats 1 >"$OUTDIR/ncu_${variant}_$model.txt" 2>&1
       SUMMARY+=("$(printf '%-28s rc=%-3s' "ncu $variant $model" "$?")")
     done
   done
-  say "summary"
-  printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"
-  exit 0
+  if [[ $NCU != both ]]; then
+    say "summary"
+    printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"
+    exit 0
+  fi
 fi
-# shellcheck disable=SC2086
-$PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/micro"); import conv_micro; [print(n, *conv_micro.model_files(n, Path("benchmarks/models")), flush=True) for n in sys.argv[1:]]' $models 2>&1 | tee -a "$LOG"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || die "the model files could not be made"
 
 # the configurations timed: base and new, and each of them again under each setting of
 # BASE_ENVS / NEW_ENVS (";"-separated VAR=value, e.g. "E3FUSE_EDGE_CHUNK_BACKWARD=8")
