@@ -673,30 +673,52 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
   const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
   // dw = s x_k M g_j; t = the same product without M, contracted with K for the force
   T dw[C] = {}, f0 = T(0), f1 = T(0), f2 = T(0);
+  if constexpr (C == 1) {
+    // one channel: K g first (4 FMAs per entry with M g), then s x_k[a] (K g)[a] per row
 #pragma unroll
-  for (int a = 0; a < D1; ++a) {
-    T wsxk[C];
+    for (int a = 0; a < D1; ++a) {
+      T mg = T(0), k0 = T(0), k1 = T(0), k2 = T(0);
 #pragma unroll
-    for (int ch = 0; ch < C; ++ch) wsxk[ch] = kFold ? w[ch] * sxk[a][ch] : sxk[a][ch];
-    T mg[C] = {};
+      for (int q = 0; q < D3; ++q) {
+        T v[4];
+        load4_shared(mk + 4 * (a * D3 + q), v);
+        mg += v[0] * gj[q][0];
+        k0 += v[1] * gj[q][0];
+        k1 += v[2] * gj[q][0];
+        k2 += v[3] * gj[q][0];
+      }
+      f0 += sxk[a][0] * k0;
+      f1 += sxk[a][0] * k1;
+      f2 += sxk[a][0] * k2;
+      dw[0] += sxk[a][0] * mg;
+      gxa[a][0] += w[0] * mg;
+    }
+  } else {
 #pragma unroll
-    for (int q = 0; q < D3; ++q) {
-      T v[4];
-      load4_shared(mk + 4 * (a * D3 + q), v);
-      T t = T(0);
+    for (int a = 0; a < D1; ++a) {
+      T wsxk[C];
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) wsxk[ch] = kFold ? w[ch] * sxk[a][ch] : sxk[a][ch];
+      T mg[C] = {};
+#pragma unroll
+      for (int q = 0; q < D3; ++q) {
+        T v[4];
+        load4_shared(mk + 4 * (a * D3 + q), v);
+        T t = T(0);
+#pragma unroll
+        for (int ch = 0; ch < C; ++ch) {
+          mg[ch] += v[0] * gj[q][ch];
+          t += wsxk[ch] * gj[q][ch];
+        }
+        f0 += v[1] * t;
+        f1 += v[2] * t;
+        f2 += v[3] * t;
+      }
 #pragma unroll
       for (int ch = 0; ch < C; ++ch) {
-        mg[ch] += v[0] * gj[q][ch];
-        t += wsxk[ch] * gj[q][ch];
+        dw[ch] += sxk[a][ch] * mg[ch];
+        gxa[a][ch] += w[ch] * mg[ch];
       }
-      f0 += v[1] * t;
-      f1 += v[2] * t;
-      f2 += v[3] * t;
-    }
-#pragma unroll
-    for (int ch = 0; ch < C; ++ch) {
-      dw[ch] += sxk[a][ch] * mg[ch];
-      gxa[a][ch] += w[ch] * mg[ch];
     }
   }
   const T fscale = kFold ? c.inv_denominator : w[0] * c.inv_denominator;
