@@ -22,6 +22,7 @@
 #include "e3fuse/error.h"
 #include "e3fuse/model.h"
 #include "e3fuse/system.h"
+#include "e3fuse_mpi_exchange.h"
 #include "error.h"
 #include "force.h"
 #include "memory.h"
@@ -32,36 +33,6 @@
 #include "utils.h"
 
 using namespace LAMMPS_NS;
-
-/* The engine's view of the halo exchange: PairE3fuse's border nodes, self images and its
-   forward/reverse exchange of node rows with other ranks. */
-class PairE3fuse::Halo : public e3fuse::HaloExchange {
- public:
-  explicit Halo(PairE3fuse *pair) : pair_(pair) {}
-  int64_t num_border_nodes() const override {
-    return static_cast<int64_t>(pair_->border_nodes_.size());
-  }
-  const int32_t *border_nodes() const override { return pair_->border_nodes_.data(); }
-  int64_t num_self_images() const override {
-    return static_cast<int64_t>(pair_->image_sources_.size());
-  }
-  const int32_t *self_image_sources() const override { return pair_->image_sources_.data(); }
-  void forward(int width, const double *border_rows, double *ghost_rows) override {
-    pair_->halo_forward(width, border_rows, ghost_rows);
-  }
-  void forward(int width, const float *border_rows, float *ghost_rows) override {
-    pair_->halo_forward(width, border_rows, ghost_rows);
-  }
-  void reverse(int width, const double *ghost_rows, double *border_sums) override {
-    pair_->halo_reverse(width, ghost_rows, border_sums);
-  }
-  void reverse(int width, const float *ghost_rows, float *border_sums) override {
-    pair_->halo_reverse(width, ghost_rows, border_sums);
-  }
-
- private:
-  PairE3fuse *pair_;
-};
 
 namespace {
 
@@ -112,7 +83,7 @@ PairE3fuse::PairE3fuse(LAMMPS *lmp) : Pair(lmp) {
   ghostneigh = 0;
   cutghost = nullptr;
   comm_forward = comm_reverse = 0;
-  halo_ = std::make_unique<Halo>(this);
+  exchange_ = std::make_unique<E3fuseMpiExchange>(world);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -710,24 +681,15 @@ int PairE3fuse::host_threads() const {
    1. One LAMMPS forward communication carries (rank, local index) from every
       owned atom to all its ghost copies (passed on along LAMMPS's own hops, so
       any decomposition, brick or tiled, and ghosts several ranks away work).
-   2. Ghost nodes owned by this rank are self images (the engine copies the
-      owned row); of those owned by another rank, one per (rank, atom) is
-      exchanged, its further images are self images of that one. Ghost nodes
-      are reordered [exchanged, grouped by owner rank | self images].
-   3. Each rank tells each owner which of its atoms it needs (counts by
-      MPI_Alltoall, the local indices point-to-point): the send lists.
+   2. The owners, checked here (errors name atom IDs), go to e3fuse's exchange
+      (E3fuseMpiExchange::plan, e3fuse_mpi_exchange.h): ghost nodes owned by
+      this rank become self images (the engine copies the owned row); of those
+      owned by another rank, one per (rank, atom) is exchanged, its further
+      images are self images of that one; each rank tells each owner which of
+      its atoms it needs (counts by MPI_Alltoall, the local indices
+      point-to-point): the send lists. It returns the new order of the ghost
+      nodes, [exchanged, grouped by owner rank | self images], applied here.
 ------------------------------------------------------------------------- */
-
-namespace {
-// message tags of the exchange (MPI guarantees tags up to 32767)
-constexpr int kTagRequests = 0x3e30, kTagForward = 0x3e31, kTagReverse = 0x3e32;
-
-void wait_all(std::vector<MPI_Request> &requests) {
-  if (!requests.empty())
-    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-  requests.clear();
-}
-}  // namespace
 
 void PairE3fuse::find_border_nodes() {
   const int nlocal = atom->nlocal, me = comm->me, nprocs = comm->nprocs;
@@ -739,154 +701,29 @@ void PairE3fuse::find_border_nodes() {
   std::vector<int> owned_node(nlocal, -1);
   for (int u = 0; u < num_local_; ++u) owned_node[node_atom_[u]] = u;
 
-  struct Remote {
-    int rank, index, node;
-  };
-  std::vector<Remote> remote;
-  std::vector<int> self_atoms, self_sources;  // self images of owned atoms
+  // the owner of every ghost node
+  std::vector<E3fuseMpiExchange::Owner> owners;
+  owners.reserve(static_cast<size_t>(num_nodes_ - num_local_));
   for (int64_t u = num_local_; u < num_nodes_; ++u) {
     const int g = node_atom_[u] - nlocal;
     const int rank = ghost_owner_rank_[g], index = ghost_owner_index_[g];
     if (rank < 0 || rank >= nprocs || index < 0)
       error->one(FLERR, "pair e3fuse: ghost atom ID {} received no owner", atom_id(node_atom_[u]));
-    if (rank == me) {
-      if (index >= nlocal || owned_node[index] < 0)
-        error->one(FLERR, "pair e3fuse: ghost atom ID {} is an image of local atom {}, not a node",
-                   atom_id(node_atom_[u]), index);
-      self_atoms.push_back(node_atom_[u]);
-      self_sources.push_back(owned_node[index]);
-    } else {
-      remote.push_back({rank, index, static_cast<int>(u)});
-    }
+    if (rank == me && (index >= nlocal || owned_node[index] < 0))
+      error->one(FLERR, "pair e3fuse: ghost atom ID {} is an image of local atom {}, not a node",
+                 atom_id(node_atom_[u]), index);
+    owners.push_back({rank, index});
   }
-  std::sort(remote.begin(), remote.end(), [](const Remote &a, const Remote &b) {
-    if (a.rank != b.rank) return a.rank < b.rank;
-    if (a.index != b.index) return a.index < b.index;
-    return a.node < b.node;
-  });
 
-  // the new order of the ghost nodes: exchanged, then self images
+  std::vector<int> order;
+  try {
+    order = exchange_->plan(num_local_, owned_node, owners);
+  } catch (std::exception &e) {
+    error->one(FLERR, "pair e3fuse: {}", e.what());
+  }
   std::vector<int> atoms(node_atom_.begin(), node_atom_.begin() + num_local_);
-  std::vector<int> request_counts(nprocs, 0);
-  std::vector<int> asked;  // owner local indices of the exchanged ghosts, grouped by rank
-  std::vector<int> duplicate_atoms, duplicate_sources;
-  recv_peers_.clear();
-  recv_offsets_.assign(1, 0);
-  for (size_t k = 0; k < remote.size(); ++k) {
-    const Remote &r = remote[k];
-    const int atom = node_atom_[r.node];
-    if (k > 0 && r.rank == remote[k - 1].rank && r.index == remote[k - 1].index) {
-      duplicate_atoms.push_back(atom);  // another image of the last exchanged one
-      duplicate_sources.push_back(static_cast<int>(atoms.size()) - 1);
-      continue;
-    }
-    if (recv_peers_.empty() || recv_peers_.back() != r.rank) {
-      recv_peers_.push_back(r.rank);
-      recv_offsets_.push_back(recv_offsets_.back());
-    }
-    ++recv_offsets_.back();
-    ++request_counts[r.rank];
-    asked.push_back(r.index);
-    atoms.push_back(atom);
-  }
-  image_sources_.clear();
-  for (size_t k = 0; k < self_atoms.size(); ++k) {
-    atoms.push_back(self_atoms[k]);
-    image_sources_.push_back(self_sources[k]);
-  }
-  for (size_t k = 0; k < duplicate_atoms.size(); ++k) {
-    atoms.push_back(duplicate_atoms[k]);
-    image_sources_.push_back(duplicate_sources[k]);
-  }
+  for (const int u : order) atoms.push_back(node_atom_[u]);
   node_atom_.swap(atoms);
-
-  // the owners learn what to send
-  std::vector<int> send_counts(nprocs, 0);
-  MPI_Alltoall(request_counts.data(), 1, MPI_INT, send_counts.data(), 1, MPI_INT, world);
-  send_peers_.clear();
-  send_offsets_.assign(1, 0);
-  for (int p = 0; p < nprocs; ++p)
-    if (send_counts[p] > 0) {
-      if (p == me) error->one(FLERR, "pair e3fuse: halo exchange lists name this rank itself");
-      send_peers_.push_back(p);
-      send_offsets_.push_back(send_offsets_.back() + send_counts[p]);
-    }
-  std::vector<int> wanted(send_offsets_.back());
-  for (size_t p = 0; p < send_peers_.size(); ++p) {
-    requests_.emplace_back();
-    MPI_Irecv(wanted.data() + send_offsets_[p], send_offsets_[p + 1] - send_offsets_[p], MPI_INT,
-              send_peers_[p], kTagRequests, world, &requests_.back());
-  }
-  for (size_t p = 0; p < recv_peers_.size(); ++p) {
-    requests_.emplace_back();
-    MPI_Isend(asked.data() + recv_offsets_[p], recv_offsets_[p + 1] - recv_offsets_[p], MPI_INT,
-              recv_peers_[p], kTagRequests, world, &requests_.back());
-  }
-  wait_all(requests_);
-
-  // border entries: the owned nodes each rank asked for, peer by peer
-  border_nodes_.resize(wanted.size());
-  for (size_t k = 0; k < wanted.size(); ++k) {
-    const int index = wanted[k];
-    if (index < 0 || index >= nlocal || owned_node[index] < 0)
-      error->one(FLERR, "pair e3fuse: another rank asked for local atom {}, not a node", index);
-    border_nodes_[k] = owned_node[index];
-  }
-}
-
-/* Rows of `width` values of T (the engine's precision) travel as they are, one MPI message
-   per peer and direction, of rows as a contiguous datatype. */
-
-namespace {
-MPI_Datatype row_type(size_t row_bytes) {
-  MPI_Datatype type;
-  MPI_Type_contiguous(static_cast<int>(row_bytes), MPI_BYTE, &type);
-  MPI_Type_commit(&type);
-  return type;
-}
-}  // namespace
-
-// Rows of row_bytes each: for every peer p of `to`, rows to_offsets[p] .. to_offsets[p + 1] of
-// `send` go to rank to[p]; for every peer of `from`, its rows arrive into `recv` likewise.
-void PairE3fuse::exchange_rows(size_t row_bytes, const char *send, const std::vector<int> &to,
-                               const std::vector<int> &to_offsets, char *recv,
-                               const std::vector<int> &from, const std::vector<int> &from_offsets,
-                               int tag) {
-  const double start = platform::walltime();
-  MPI_Datatype row = row_type(row_bytes);
-  for (size_t p = 0; p < from.size(); ++p) {
-    requests_.emplace_back();
-    MPI_Irecv(recv + from_offsets[p] * row_bytes, from_offsets[p + 1] - from_offsets[p], row,
-              from[p], tag, world, &requests_.back());
-  }
-  // MPI's send buffers are const only since MPI 3
-  char *out = const_cast<char *>(send);
-  for (size_t p = 0; p < to.size(); ++p) {
-    requests_.emplace_back();
-    MPI_Isend(out + to_offsets[p] * row_bytes, to_offsets[p + 1] - to_offsets[p], row, to[p], tag,
-              world, &requests_.back());
-  }
-  wait_all(requests_);
-  MPI_Type_free(&row);
-  halo_bytes_ += static_cast<double>(to_offsets.back()) * static_cast<double>(row_bytes);
-  time_halo_ += platform::walltime() - start;
-}
-
-// forward: the border entries go to the ranks that asked for them, the exchanged ghosts'
-// rows come from their owners
-template <class T>
-void PairE3fuse::halo_forward(int width, const T *border_rows, T *ghost_rows) {
-  exchange_rows(static_cast<size_t>(width) * sizeof(T), reinterpret_cast<const char *>(border_rows),
-                send_peers_, send_offsets_, reinterpret_cast<char *>(ghost_rows), recv_peers_,
-                recv_offsets_, kTagForward);
-}
-
-// reverse: the exchanged ghosts' adjoints go back to their owners, one sum per border entry
-template <class T>
-void PairE3fuse::halo_reverse(int width, const T *ghost_rows, T *border_sums) {
-  exchange_rows(static_cast<size_t>(width) * sizeof(T), reinterpret_cast<const char *>(ghost_rows),
-                recv_peers_, recv_offsets_, reinterpret_cast<char *>(border_sums), send_peers_,
-                send_offsets_, kTagReverse);
 }
 
 /* The owner discovery (find_border_nodes): each atom's (rank, local index) as two doubles;
@@ -913,13 +750,14 @@ void PairE3fuse::unpack_forward_comm(int n, int first, double *buf) {
 /* ---------------------------------------------------------------------- */
 
 void PairE3fuse::setup() {
-  time_engine_ = time_halo_ = time_graph_ = 0.0;
-  halo_bytes_ = 0.0;
+  time_engine_ = time_graph_ = 0.0;
+  exchange_->reset_counters();
   num_computes_ = 0;
 }
 
 void PairE3fuse::finish() {
-  double local[4] = {time_engine_, time_halo_, time_graph_, halo_bytes_}, sum[4], most[4];
+  double local[4] = {time_engine_, exchange_->seconds(), time_graph_, exchange_->bytes_sent()},
+         sum[4], most[4];
   MPI_Allreduce(local, sum, 4, MPI_DOUBLE, MPI_SUM, world);
   MPI_Allreduce(local, most, 4, MPI_DOUBLE, MPI_MAX, world);
   if (comm->me != 0 || num_computes_ == 0) return;
@@ -1060,7 +898,7 @@ void PairE3fuse::compute(int eflag, int vflag) {
     if (mode_ == Mode::IMAGES)
       engine_->compute(system, out);
     else if (mode_ == Mode::EXCHANGE)
-      engine_->compute(nodes, out, halo_.get());
+      engine_->compute(nodes, out, exchange_.get());
     else
       engine_->compute(g, out, nullptr);
   } catch (std::exception &e) {

@@ -1,7 +1,7 @@
 /* pair_style e3fuse: equivariant interatomic potentials (SevenNet, MACE) evaluated
    by the e3fuse engine (C++/CUDA). Works as a LAMMPS plugin (e3fusepairplugin.so)
-   or compiled into LAMMPS (copy this file and pair_e3fuse.cpp into src/, see
-   pair_style/README.md of e3fuse).
+   or compiled into LAMMPS (copy this file, pair_e3fuse.cpp and e3fuse_mpi_exchange.h/.cpp
+   into src/, see pair_style/README.md of e3fuse).
 
    pair_style e3fuse [device cpu|cuda|cuda:N] [precision float32|float64] [threads N]
                      [comm auto|exchange|shell|images]
@@ -58,10 +58,11 @@ namespace e3fuse {
 struct SystemView;
 class Model;
 class Engine;
-class HaloExchange;
 }  // namespace e3fuse
 
 namespace LAMMPS_NS {
+
+class E3fuseMpiExchange;
 
 class PairE3fuse : public Pair {
  public:
@@ -83,8 +84,6 @@ class PairE3fuse : public Pair {
  protected:
   int choose_gpu();
   enum class Mode { AUTO, IMAGES, SHELL, EXCHANGE };
-  class Halo;
-  friend class Halo;
 
   void allocate();
   int add_local_nodes();
@@ -94,11 +93,6 @@ class PairE3fuse : public Pair {
   void update_node_positions();
   int host_threads() const;
   void find_border_nodes();
-  template <class T> void halo_forward(int width, const T *border_rows, T *ghost_rows);
-  template <class T> void halo_reverse(int width, const T *ghost_rows, T *border_sums);
-  void exchange_rows(size_t row_bytes, const char *send, const std::vector<int> &to,
-                     const std::vector<int> &to_offsets, char *recv, const std::vector<int> &from,
-                     const std::vector<int> &from_offsets, int tag);
   void check_species(int64_t num_nodes);
   void log_graph(int64_t num_local, int64_t num_ghosts, int64_t num_edges);
   long long atom_id(int i) const;  // the atom's ID (its index without IDs)
@@ -147,29 +141,17 @@ class PairE3fuse : public Pair {
   // engine outputs
   std::vector<double> forces_, atom_energies_, atom_virials_;
 
-  // comm exchange, chosen at every reneighboring (find_border_nodes). Ghost nodes are
-  // ordered [exchanged | self images]: the exchanged ones, one per (owner rank, atom) of
-  // other ranks, grouped by owner rank (recv_peers_, rows recv_offsets_[p] ..
-  // recv_offsets_[p + 1] of the exchanged block); then the self images, copies the engine
-  // makes of an owned node or of an exchanged ghost (image_sources_).
+  // comm exchange, chosen at every reneighboring (find_border_nodes): the owner of every
+  // LAMMPS ghost atom (filled by the forward communication), and e3fuse's own exchange
+  // (e3fuse_mpi_exchange.h), which owns the per-peer lists and self images and reorders the
+  // ghost nodes [exchanged, grouped by owner rank | self images]
   std::vector<int> ghost_owner_rank_, ghost_owner_index_;  // per LAMMPS ghost atom
-  std::vector<int32_t> image_sources_;  // per self image: the node it copies
-  std::vector<int> recv_peers_, recv_offsets_;  // ranks owning exchanged ghosts
-  // ranks that need our atoms: border entries send_offsets_[p] .. send_offsets_[p + 1] are
-  // the owned nodes rank send_peers_[p] asked for, in its order (a node may be sent to
-  // several ranks): each peer's rows are sent from, and its adjoints received into, the
-  // engine's border rows in place
-  std::vector<int32_t> border_nodes_;
-  std::vector<int> send_peers_, send_offsets_;
-  std::vector<MPI_Request> requests_;
-  std::unique_ptr<Halo> halo_;
+  std::unique_ptr<E3fuseMpiExchange> exchange_;
 
-  // seconds in this run (reset by setup(), reported by finish())
-  double time_engine_ = 0.0, time_halo_ = 0.0, time_graph_ = 0.0;
+  // seconds in this run (reset by setup(), reported by finish(); the halo exchange's time
+  // and bytes sent are counted by exchange_)
+  double time_engine_ = 0.0, time_graph_ = 0.0;
   bigint num_computes_ = 0;
-  // bytes of node rows this rank sent to other ranks in the halo exchange (through the
-  // host; self images never leave the engine), forward and reverse, since setup()
-  double halo_bytes_ = 0.0;
 };
 
 }  // namespace LAMMPS_NS

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "cpu/mace.h"
@@ -124,9 +125,51 @@ void embed_species(const cpu::TypedPlan<T>& plan, const GraphView& g, std::vecto
   }
 }
 
+// Entries k of an index array (self images' sources, border nodes: rows that may repeat) grouped
+// by the row they add into, k ascending within a row, so that rows are summed in parallel and
+// each in entry order: the same sums, bit for bit, as one loop over k.
+class RowsByTarget {
+ public:
+  // Regroups only when the targets differ from the last call's.
+  void group(const int32_t* targets, int64_t n) {
+    if (targets_.size() == static_cast<size_t>(n) &&
+        std::equal(targets, targets + n, targets_.begin()))
+      return;
+    targets_.assign(targets, targets + n);
+    entries_.resize(static_cast<size_t>(n));
+    std::iota(entries_.begin(), entries_.end(), int64_t{0});
+    std::stable_sort(entries_.begin(), entries_.end(),
+                     [&](int64_t a, int64_t b) { return targets_[a] < targets_[b]; });
+    starts_.clear();
+    for (int64_t j = 0; j < n; ++j)
+      if (j == 0 || targets_[entries_[j]] != targets_[entries_[j - 1]]) starts_.push_back(j);
+    starts_.push_back(n);
+  }
+
+  // rows[targets[k]] += entry_row(k) (width w) for every k of the last group().
+  template <class T, class EntryRow>
+  void add(T* rows, size_t w, EntryRow entry_row) const {
+    const int64_t num_targets = static_cast<int64_t>(starts_.size()) - 1;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < num_targets; ++t) {
+      T* row = rows + targets_[entries_[starts_[t]]] * w;
+      for (int64_t j = starts_[t]; j < starts_[t + 1]; ++j) {
+        const T* in = entry_row(entries_[j]);
+        for (size_t q = 0; q < w; ++q) row[q] += in[q];
+      }
+    }
+  }
+
+ private:
+  std::vector<int32_t> targets_;
+  std::vector<int64_t> entries_;    // entry indices k, grouped by target row
+  std::vector<int64_t> starts_{0};  // group t: entries_[starts_[t] .. starts_[t + 1])
+};
+
 // Rows of node-major arrays of T through a HaloExchange (T on the wire). The exchanged ghost
 // rows (owned .. num_nodes - self images) are contiguous: the exchange reads and writes them in
 // place; the self images (the last ghosts) are copied from and summed into their sources here.
+// Copies and sums run in parallel over the rows they write (OpenMP, the engine's threads).
 template <class T>
 class HaloRows {
  public:
@@ -134,12 +177,16 @@ class HaloRows {
   void forward(HaloExchange& halo, const GraphView& g, int width, T* x) {
     const size_t w = static_cast<size_t>(width);
     const int32_t* border = halo.border_nodes();
-    border_.resize(static_cast<size_t>(halo.num_border_nodes()) * w);
-    for (int64_t r = 0; r < halo.num_border_nodes(); ++r)
+    const int64_t num_border = halo.num_border_nodes();
+    border_.resize(static_cast<size_t>(num_border) * w);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < num_border; ++r)
       std::copy(x + border[r] * w, x + (border[r] + 1) * w, border_.begin() + r * w);
     halo.forward(width, border_.data(), x + g.num_energy_nodes * w);
+    // sources are owned nodes or exchanged ghosts, never self images
     const int64_t images = halo.num_self_images(), first = g.num_nodes - images;
     const int32_t* sources = halo.self_image_sources();
+#pragma omp parallel for schedule(static)
     for (int64_t k = 0; k < images; ++k)
       std::copy(x + sources[k] * w, x + (sources[k] + 1) * w, x + (first + k) * w);
   }
@@ -148,26 +195,20 @@ class HaloRows {
   // (a node's entries in entry order: border nodes may repeat).
   void reverse(HaloExchange& halo, const GraphView& g, int width, T* grad) {
     const size_t w = static_cast<size_t>(width);
-    // self images first, in node order (a source that is an exchanged ghost sends the sum)
+    // self images first, each source's in node order (a source that is an exchanged ghost
+    // sends the sum)
     const int64_t images = halo.num_self_images(), first = g.num_nodes - images;
-    const int32_t* sources = halo.self_image_sources();
-    for (int64_t k = 0; k < images; ++k) {
-      T* row = grad + sources[k] * w;
-      const T* image = grad + (first + k) * w;
-      for (size_t q = 0; q < w; ++q) row[q] += image[q];
-    }
+    image_sources_.group(halo.self_image_sources(), images);
+    image_sources_.add(grad, w, [&](int64_t k) { return grad + (first + k) * w; });
     border_.resize(static_cast<size_t>(halo.num_border_nodes()) * w);  // written by reverse()
     halo.reverse(width, grad + g.num_energy_nodes * w, border_.data());
-    const int32_t* border = halo.border_nodes();
-    for (int64_t r = 0; r < halo.num_border_nodes(); ++r) {
-      T* row = grad + border[r] * w;
-      const T* sums = &border_[r * w];
-      for (size_t q = 0; q < w; ++q) row[q] += sums[q];
-    }
+    border_nodes_.group(halo.border_nodes(), halo.num_border_nodes());
+    border_nodes_.add(grad, w, [&](int64_t r) { return &border_[r * w]; });
   }
 
  private:
   std::vector<T> border_;
+  RowsByTarget image_sources_, border_nodes_;
 };
 
 template <class T>
