@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Timing variants of the CUDA kernels on a GPU machine, after `scripts/gpu_suite.sh` has
 # built and staged e3fuse (PYTHONPATH=/tmp/e3fuse-stage): for each environment setting in
-# VARIANTS (";"-separated, e.g. "E3FUSE_EDGE_CHUNK_BACKWARD=8;E3FUSE_EDGE_CHUNK_BACKWARD=16"), each model
+# VARIANTS (";"-separated, e.g. "E3FUSE_TF32=1;E3FUSE_TF32=0"), each model
 # in MODELS and each size in SIZES, `e3fuse bench scaling` (float32) prints ms per step.
 # Same build, same machine, one after another: the rows compare.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-VARIANTS=${VARIANTS:-"E3FUSE_EDGE_CHUNK_BACKWARD=8;E3FUSE_EDGE_CHUNK_BACKWARD=16"}
+VARIANTS=${VARIANTS:-"E3FUSE_TF32=1;E3FUSE_TF32=0"}
 MODELS=${MODELS:-"benchmarks/models/7net-0.e3f"}
 SIZES=${SIZES:-"864 32000"}
 STEPS=${STEPS:-10}

@@ -451,12 +451,24 @@ __device__ __forceinline__ void ldg_vec(const T* p, T v[C]) {
 // 4 % slower (one run each, H100, 32,000 atoms; benchmarks/results/gpu_summary.md).
 template <int MAX_D = 7, class F>
 __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
-  static_assert(MAX_D == 3 || MAX_D == 7, "irrep dimensions up to 3 or 7");
+  static_assert(MAX_D == 3 || MAX_D == 5 || MAX_D == 7, "irrep dimensions up to 3, 5 or 7");
   if constexpr (MAX_D == 3) {
     if (d == 1)
       f(std::integral_constant<int, 1>{});
     else
       f(std::integral_constant<int, 3>{});
+  } else if constexpr (MAX_D == 5) {
+    switch (d) {
+      case 1:
+        f(std::integral_constant<int, 1>{});
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>{});
+        break;
+      default:
+        f(std::integral_constant<int, 5>{});
+        break;
+    }
   } else {
     switch (d) {
       case 1:
@@ -489,8 +501,8 @@ E3F_HD constexpr bool pairs_channels(int d1, int d3) { return d1 + d3 <= 8; }
 // (channels per lane) compile-time constants and u this lane's first channel. Lanes past
 // the block's width sit out, or with WHOLE_WARP (the task shuffles across the warp) run
 // with active = false on the task's first channels, contributing nothing. Two channels per
-// lane exist in float32 only. MAX_D1 = 3: every input block has l <= 1 (Conv::View::max_d1),
-// and only those paths are compiled (fewer registers).
+// lane exist in float32 only. MAX_D1 = 3 (5): every input block has l <= 1 (2)
+// (Conv::View::max_d1), and only those paths are compiled (fewer registers).
 template <class T, bool WHOLE_WARP = false, int MAX_D1 = 7, class F>
 __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View& c, F&& f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -771,7 +783,7 @@ __device__ __forceinline__ void gather_backward_edge(
 // C channels per lane share each {M, K} read and the force partials: with C > 1 each
 // channel's weight is folded into s x_k once per task, so that the K contraction runs once
 // for the C channels.
-template <class T, int D1, int D3, int C, bool TABLE>
+template <class T, int D1, int D3, int C, bool TABLE, bool PREFETCH>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
                                  const typename Conv<T>::Path& P, int u, bool active, int64_t k,
@@ -791,11 +803,32 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     }
   }
   T gj[D3][C], coef[C][4];
+  if constexpr (PREFETCH && D1 <= 5 && D3 <= 5) {
+    // the next edge's row and coefficients are loaded before this edge's products (n >= 1)
+    gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, 0, receiver, grad_y, interval, gj, coef);
 #pragma unroll 1
-  for (int e = 0; e < n; ++e) {
-    gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
-    tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK, sxk,
-                                          gxa, fe);
+    for (int e = 0; e < n; ++e) {
+      T gn[D3][C], cn[C][4];
+      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e + 1 < n ? e + 1 : e, receiver, grad_y,
+                                            interval, gn, cn);
+      tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK,
+                                            sxk, gxa, fe);
+#pragma unroll
+      for (int q = 0; q < D3; ++q)
+#pragma unroll
+        for (int ch = 0; ch < C; ++ch) gj[q][ch] = gn[q][ch];
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) coef[ch][i] = cn[ch][i];
+    }
+  } else {
+#pragma unroll 1
+    for (int e = 0; e < n; ++e) {
+      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
+      tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK,
+                                            sxk, gxa, fe);
+    }
   }
   if (!active) return;
 #pragma unroll
@@ -982,7 +1015,9 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
   out = const_cast<T*>(gin);
 }
 
-// MAX_D1: the largest input irrep dimension compiled (3 or 7, see for_each_warp_task).
+// MAX_D1: the largest input irrep dimension compiled (3, 5 or 7, see for_each_warp_task).
+// Below 7, tasks of paths up to l = 2 load each edge's inputs one edge ahead (kPrefetch);
+// with l = 3 inputs compiled the extra registers spill (SevenNet-l3i5 measured 10 % slower).
 // PER_EDGE: as conv_forward_kernel's.
 template <class T, int EC, bool TABLE, int MINB, int MAX_D1, bool PER_EDGE = false>
 __global__ void __launch_bounds__(kThreads, MINB)
@@ -990,6 +1025,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                          int64_t receiver_rows, const T* __restrict__ x,
                          const T* __restrict__ grad_y, T* __restrict__ grad_x, double* forces,
                          double* atom_virials, RemoteForces remote, int64_t* error_node) {
+  constexpr bool kPrefetch = MAX_D1 <= 5;
   extern __shared__ __align__(16) unsigned char smem[];
   const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, true);
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
@@ -1041,9 +1077,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
       __syncthreads();
       for_each_warp_task<T, true, MAX_D1>(c, [&](auto d1, auto d3, auto lc, const auto& B,
                                                  const auto& P, int ch, bool active) {
-        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE>(
-            c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
-            gx + P.gx_offset + ch, part + threadIdx.x / 32);
+        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE,
+                         kPrefetch>(c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval,
+                                    s_t, u, MK, gx + P.gx_offset + ch, part + threadIdx.x / 32);
       });
     }
     __syncthreads();
@@ -1228,14 +1264,11 @@ size_t shared_limit() {
 
 // Channels per lane of the tasks of path p (Conv<T>::Task): 2 in float32 when its block is
 // a multiple of 64 channels, every row it reads starts on an even element (8-byte loads of
-// channel pairs) and the path is small enough (pairs_channels), unless
-// E3FUSE_CONV_LANE_CHANNELS=1 (kept to measure both); 1 otherwise.
+// channel pairs) and the path is small enough (pairs_channels); 1 otherwise.
 template <class T>
 int lane_channels(const typename Conv<T>::View& v, const typename Conv<T>::InBlock& b,
                   const typename Conv<T>::Path& p) {
   if (!std::is_same_v<T, float>) return 1;
-  static const bool one_channel = env_int("E3FUSE_CONV_LANE_CHANNELS", 2) == 1;
-  if (one_channel) return 1;
   const bool aligned = b.mul % 64 == 0 && b.in_offset % 2 == 0 && p.out_offset % 2 == 0 &&
                        v.dim_in % 2 == 0 && v.dim_out % 2 == 0;
   return aligned && pairs_channels(b.d1, p.d3) ? 2 : 1;
@@ -1525,23 +1558,16 @@ void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host) {
 // compiled for input blocks of l <= 1 only): with a radial table and such inputs (MACE with
 // hidden irreps up to l = 1). With l = 2 or 3 inputs those paths would spill more than the
 // occupancy gains (SevenNet-0 at 32,000 atoms 89.0 against 85.1 ms with 2 blocks, H100;
-// gpu_summary.md). E3FUSE_CONV_BACKWARD_BLOCKS=2 keeps 2 (to measure both).
+// gpu_summary.md).
 template <class T>
 bool three_backward_blocks(const typename Conv<T>::View& v) {
-  static const bool allowed = env_int("E3FUSE_CONV_BACKWARD_BLOCKS", 3) == 3;
-  return allowed && v.table != nullptr && v.max_d1 <= 3;
+  return v.table != nullptr && v.max_d1 <= 3;
 }
 
-// Largest edge chunk to try: 8 with the radial MLP, 16 with a radial table, unless
-// E3FUSE_EDGE_CHUNK_FORWARD / _BACKWARD say otherwise (2, 4, 8 or 16). A larger chunk
-// reads the MLP's weights fewer times and synchronizes less, but takes more shared
-// memory (benchmarks/results/gpu_summary.md has the measurements).
-int max_edge_chunk(bool backward, bool table) {
-  static const int forward = static_cast<int>(env_int("E3FUSE_EDGE_CHUNK_FORWARD", 0));
-  static const int backward_chunk = static_cast<int>(env_int("E3FUSE_EDGE_CHUNK_BACKWARD", 0));
-  const int chosen = backward ? backward_chunk : forward;
-  return chosen > 0 ? chosen : table ? 16 : 8;
-}
+// Largest edge chunk to try: 8 with the radial MLP, 16 with a radial table. A larger chunk
+// reads the MLP's weights fewer times and synchronizes less, but takes more shared memory
+// (benchmarks/results/gpu_summary.md has the measurements).
+int max_edge_chunk(bool table) { return table ? 16 : 8; }
 
 // Whether `bytes` of dynamic shared memory (beside the kernel's static shared memory) leave one
 // SM as many blocks of `kernel` as its registers and launch bounds allow; remembered per device,
@@ -1579,7 +1605,7 @@ bool shared_keeps_occupancy(Kernel kernel, size_t bytes) {
 template <class T, int EC, class Pick, class Launch>
 bool launch_with(const Geometry<T>& geom, const typename Conv<T>::View& view, bool backward,
                  bool full_occupancy, size_t& bytes, Pick&& pick, Launch&& launch) {
-  if (EC > max_edge_chunk(backward, view.table != nullptr)) return false;
+  if (EC > max_edge_chunk(view.table != nullptr)) return false;
   bytes = smem_layout<T>(view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
   if (bytes > shared_limit()) return false;
   const auto kernel = pick(std::integral_constant<int, EC>{});
@@ -1710,7 +1736,10 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2, 7>
                                       : conv_backward_kernel<T, EC, false, 2, 7>;
         if constexpr (std::is_same_v<T, float>) {
-          if (three_backward_blocks<T>(conv.view)) kernel = conv_backward_kernel<T, EC, true, 3, 3>;
+          if (three_backward_blocks<T>(conv.view))
+            kernel = conv_backward_kernel<T, EC, true, 3, 3>;
+          else if (conv.view.table && conv.view.max_d1 == 5)
+            kernel = conv_backward_kernel<T, EC, true, 2, 5>;
         }
         return kernel;
       },
