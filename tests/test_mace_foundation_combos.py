@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
 from ase import Atoms  # noqa: E402
-from conftest import DEVICES  # noqa: E402
+from conftest import DEVICES, compute_system, evaluate  # noqa: E402
 from helpers_mace import (  # noqa: E402
     assert_float32_close,
     converted_once,
@@ -32,7 +32,8 @@ from helpers_mace import (  # noqa: E402
     structure,
 )
 
-from e3fuse import reference  # noqa: E402
+from e3fuse import _core, reference  # noqa: E402
+from e3fuse.calculator import Calculator  # noqa: E402
 from e3fuse.convert import mace as mace_convert  # noqa: E402
 
 ELEMENTS = (1, 8, 29, 79)
@@ -118,3 +119,48 @@ def test_float32_close_to_float64(name: str, device: str, workdir: Path) -> None
     f64 = e3fuse_eval(path, atoms, "float64", "cpu")
     f32 = e3fuse_eval(path, atoms, "float32", device)
     assert_float32_close(model, atoms, f32, f64)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_regions_match_one_pass(device: str, dtype: str, workdir: Path) -> None:
+    """OMAT-0's combination evaluated region by region (compute_system's regions: each layer's
+    rows shrink towards the owned atoms, so the density layers' rho and their forces cover
+    different nodes, and ZBL counts only owned atoms) equals one pass."""
+    _, path = converted("omat0", workdir)
+    atoms = alloy(seed=13).repeat((3, 1, 1))  # 96 atoms
+    kinds = ("energy", "energies", "forces", "virial", "atom_virials")
+
+    def compute(region_atoms: int) -> tuple[dict[str, np.ndarray], int]:
+        out, engine = compute_system(path, atoms, device, dtype, region_atoms)
+        return {k: np.asarray(out[k]) for k in kinds}, engine.num_regions
+
+    one_pass, _ = compute(0)
+    regions, count = compute(40)
+    assert count > 1
+    rel = 1e-12 if dtype == "float64" else 1e-5
+    for k in kinds:
+        scale = max(float(np.abs(one_pass[k]).max()), 1e-300)
+        assert float(np.abs(regions[k] - one_pass[k]).max()) <= rel * scale, k
+
+
+@pytest.mark.parametrize(
+    "dtype, radial", [("float64", "auto"), ("float64", "table"), ("float32", "auto")]
+)
+def test_cuda_deterministic(dtype: str, radial: str, workdir: Path) -> None:
+    """The density layers' and ZBL's edge walks write each node's own sums in a fixed order
+    (no atomics): on the GPU, results and per-atom virials are bitwise the same from call to
+    call and calculator to calculator, with the densities tabulated or exact."""
+    if not _core.cuda_available():
+        pytest.skip("e3fuse built without CUDA or no GPU")
+    _, path = converted("omat0", workdir)
+    atoms = alloy(seed=14).repeat((2, 2, 2))
+    runs = []
+    for _ in range(2):
+        calc = Calculator(str(path), device="cuda", dtype=dtype, radial=radial)
+        for _ in range(2):
+            calc.reset()  # evaluate anew, not from the last call's results
+            runs.append(evaluate(calc, atoms, stresses=True))
+    for other in runs[1:]:
+        for key in runs[0]:
+            np.testing.assert_array_equal(other[key], runs[0][key], err_msg=key)

@@ -5,14 +5,23 @@
 // fixed shuffle tree); the backward takes both directed edges of each pair at each end and
 // writes to that node only, so no atomics and a fixed summation order.
 //
-// Per edge, with the density's table (cpu::EdgeDensity, the default in float32): edge vector
-// and r in double (positions are double), then one 16-byte read (32 in float64) of the cubic's
-// coefficients and 3 FMAs (6 with the slope). Without it (float64): the Bessel basis, envelope
-// and distance transform in double (~800 FP64 instructions per edge: 8 double sincos, 2 pow,
-// tanh and 7 divisions for the MACE-OMAT-0 architecture), forward and backward.
+// rho depends on the positions only: one edge walk (EdgeWalk) gives every density layer's rho
+// and ZBL's pair energies, another after the layers' backward all their forces and ZBL's
+// (the per-layer walks cost about the same each: reading the edges, positions in double).
+// Per edge, with the densities' tables (cpu::EdgeDensity, the default in float32): edge
+// vector and r in double, then per layer one 16-byte read (32 in float64) of the cubic's
+// coefficients and 3 FMAs (6 with the slope). Without them (float64): the Bessel basis,
+// envelope and distance transform in double once per edge (~800 FP64 instructions: 8 double
+// sincos, 2 pow, tanh and 7 divisions for the MACE-OMAT-0 architecture), then per layer its
+// weights' dot product and tanh, forward and backward.
 //
 // The non-linear block's density (ops::RadialMlpView overloads): the RadialMLP of the ordered
-// species pair per edge, in double (not tabulated), and z += a / (alpha + beta rho).
+// species pair per edge, in double (not tabulated), and z += a / (alpha + beta rho); its own
+// walks.
+#include <algorithm>
+#include <type_traits>
+
+#include "cpu/ops.h"
 #include "cuda/edge_density.cuh"
 #include "ops/edge_vector.h"
 #include "ops/radial.h"
@@ -49,24 +58,35 @@ __device__ inline void add_node_forces(int lane, int64_t k, double fk[3], double
     for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += wk[q];
 }
 
-// The edge density of the edge (i, j) at distance r, and its r-derivative: with TABLE from the
-// density's table (in T), else evaluated in double.
-template <class T, bool TABLE>
-__device__ __forceinline__ void edge_density_at(const typename Geometry<T>::View& geo,
-                                                const typename EdgeDensity<T>::View& d,
-                                                const GraphView& g, int64_t i, int64_t j, double r,
-                                                double& value, double& grad) {
+static_assert(kMaxWalkDensityLayers <= 32, "one bit per layer in an unsigned mask");
+
+// The edge densities of the walk's layers in `layers` (bit q: layer q) at the edge (i, j) at
+// distance r, value[q] and d/dr grad[q]: with TABLE from each layer's table (in T), else the
+// basis evaluated once in double and contracted with each layer's weights. MAX_LAYERS >=
+// walk.num_layers: the loops unroll, the arrays stay in registers.
+template <class T, bool TABLE, int MAX_LAYERS>
+__device__ __forceinline__ void walk_edge_densities(const typename Geometry<T>::View& geo,
+                                                    const EdgeWalk<T>& walk, const GraphView& g,
+                                                    int64_t i, int64_t j, double r, unsigned layers,
+                                                    double value[MAX_LAYERS],
+                                                    double grad[MAX_LAYERS]) {
   if constexpr (TABLE) {
-    int interval = 0;
-    double t = 0.0;
-    ops::radial_table_locate(r, d.origin, d.inv_step, d.intervals, interval, t);
-    if (d.pair_slot)
-      interval += d.pair_slot[g.species[i] * d.num_species + g.species[j]] * d.intervals;
-    T c[4];
-    load_table_entry(d.table + 4 * static_cast<int64_t>(interval), c);
-    const T tt = static_cast<T>(t);
-    value = static_cast<double>(ops::radial_table_value(c, tt));
-    grad = static_cast<double>(ops::radial_table_grad(c, tt, static_cast<T>(d.inv_step)));
+#pragma unroll
+    for (int q = 0; q < MAX_LAYERS; ++q) {
+      value[q] = grad[q] = 0.0;
+      if (!(layers >> q & 1u)) continue;
+      const typename EdgeDensity<T>::View& d = walk.layers[q].density;
+      int interval = 0;
+      double t = 0.0;
+      ops::radial_table_locate(r, d.origin, d.inv_step, d.intervals, interval, t);
+      if (d.pair_slot)
+        interval += d.pair_slot[g.species[i] * d.num_species + g.species[j]] * d.intervals;
+      T c[4];
+      load_table_entry(d.table + 4 * static_cast<int64_t>(interval), c);
+      const T tt = static_cast<T>(t);
+      value[q] = static_cast<double>(ops::radial_table_value(c, tt));
+      grad[q] = static_cast<double>(ops::radial_table_grad(c, tt, static_cast<T>(d.inv_step)));
+    }
   } else {
     double emb[kMaxBasis], demb[kMaxBasis], f = 1.0, df = 0.0;
     if (geo.mace_embedding) {
@@ -78,56 +98,126 @@ __device__ __forceinline__ void edge_density_at(const typename Geometry<T>::View
       ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, emb,
                                   demb);
     }
-    ops::edge_density<double>(geo.num_basis, d.weights, emb, demb, geo.apply_cutoff, f, df, value,
-                              grad);
+#pragma unroll
+    for (int q = 0; q < MAX_LAYERS; ++q) {
+      value[q] = grad[q] = 0.0;
+      if (layers >> q & 1u)
+        ops::edge_density<double>(geo.num_basis, walk.layers[q].density.weights, emb, demb,
+                                  geo.apply_cutoff, f, df, value[q], grad[q]);
+    }
   }
 }
 
-template <class T, bool TABLE>
-__global__ void edge_density_forward_kernel(typename Geometry<T>::View geo,
-                                            typename EdgeDensity<T>::View d, GraphView g,
-                                            double* rho) {
+// Node i's rho for each layer whose rows hold i, and its pair energy when it is an energy
+// node: per layer the same per-lane sums and shuffle tree as a walk of its own.
+template <class T, bool TABLE, int MAX_LAYERS>
+__global__ void edge_walk_forward_kernel(typename Geometry<T>::View geo, EdgeWalk<T> walk,
+                                         GraphView g) {
   int lane;
   const int64_t i = warp_node(lane);
   if (i >= g.num_nodes) return;  // the whole warp
+  unsigned layers = 0;           // uniform across the warp, as i
+#pragma unroll
+  for (int q = 0; q < MAX_LAYERS; ++q)
+    if (q < walk.num_layers && i < walk.layers[q].nodes) layers |= 1u << q;
+  const bool pair = walk.pair.pair != nullptr && i < walk.pair_nodes;
+  if (layers == 0 && !pair) return;  // the whole warp
   const double cutoff2 = geo.cutoff * geo.cutoff;
-  double sum = 0.0;
+  double rho[MAX_LAYERS], pair_energy = 0.0;
+#pragma unroll
+  for (int q = 0; q < MAX_LAYERS; ++q) rho[q] = 0.0;
   for (int64_t e = g.row_offsets[i] + lane; e < g.row_offsets[i + 1]; e += kWarp) {
+    const int64_t j = g.neighbors[e];
     double v[3];
     ops::edge_vector(g, i, e, v);
     const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
-    if (r2 >= cutoff2 || r2 == 0.0) continue;  // r == 0 is reported by the convolution
-    double value, grad;
-    edge_density_at<T, TABLE>(geo, d, g, i, g.neighbors[e], sqrt(r2), value, grad);
-    sum += value;
+    if (r2 == 0.0) continue;  // r == 0 is reported by the convolution
+    const double r = sqrt(r2);
+    if (layers != 0 && r2 < cutoff2) {
+      double value[MAX_LAYERS], grad[MAX_LAYERS];
+      walk_edge_densities<T, TABLE, MAX_LAYERS>(geo, walk, g, i, j, r, layers, value, grad);
+#pragma unroll
+      for (int q = 0; q < MAX_LAYERS; ++q)
+        if (layers >> q & 1u) rho[q] += value[q];
+    }
+    if (pair && r2 < walk.pair.cutoff2) {
+      double half, dhalf;
+      ops::pair_repulsion_half(walk.pair, g.species[i], g.species[j], r, half, dhalf);
+      pair_energy += half;
+    }
   }
-  sum = warp_sum(sum);
-  if (lane == 0) rho[i] = sum;
+#pragma unroll
+  for (int q = 0; q < MAX_LAYERS; ++q) {
+    if (!(layers >> q & 1u)) continue;
+    const double sum = warp_sum(rho[q]);
+    if (lane == 0) walk.layers[q].rho[i] = sum;
+  }
+  if (pair) {
+    const double sum = warp_sum(pair_energy);
+    if (lane == 0) walk.pair_energies[i] += sum;
+  }
 }
 
-template <class T, bool TABLE>
-__global__ void edge_density_backward_kernel(typename Geometry<T>::View geo,
-                                             typename EdgeDensity<T>::View d, GraphView g,
-                                             const double* grad_rho, double* forces,
-                                             double* atom_virials) {
+// Node k takes both directed edges of each pair (k, j), which share r: dE/dr = sum over the
+// layers holding k of (dE/drho_k + dE/drho_j) d(edge density)/dr (symmetric in the pair),
+// plus weight x (the pair's energy nodes among k, j) x d(0.5 V)/dr for ZBL; one force
+// f = (dE/dr / r) v per edge, written to node k only.
+template <class T, bool TABLE, int MAX_LAYERS>
+__global__ void edge_walk_backward_kernel(typename Geometry<T>::View geo, EdgeWalk<T> walk,
+                                          GraphView g, double* forces, double* atom_virials) {
   int lane;
   const int64_t k = warp_node(lane);
   if (k >= g.num_nodes) return;  // the whole warp
+  unsigned layers = 0;           // uniform across the warp, as k
+  double grad_k[MAX_LAYERS];
+#pragma unroll
+  for (int q = 0; q < MAX_LAYERS; ++q) {
+    grad_k[q] = 0.0;
+    if (q < walk.num_layers && k < walk.layers[q].nodes) {
+      layers |= 1u << q;
+      grad_k[q] = walk.layers[q].grad_rho[k];
+    }
+  }
+  const bool pair = walk.pair.pair != nullptr && k < walk.pair_nodes;
+  if (layers == 0 && !pair) return;  // the whole warp
   const double cutoff2 = geo.cutoff * geo.cutoff;
-  const double grad_k = grad_rho[k];
+  const int k_counts = k < g.num_energy_nodes ? 1 : 0;
   double fk[3] = {0, 0, 0}, wk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
   for (int64_t e = g.row_offsets[k] + lane; e < g.row_offsets[k + 1]; e += kWarp) {
     const int64_t j = g.neighbors[e];
-    const double gsum = grad_k + grad_rho[j];
-    if (gsum == 0.0) continue;
+    double gsum[MAX_LAYERS];
+    unsigned wanted = 0;  // the layers with a nonzero dE/drho_k + dE/drho_j
+#pragma unroll
+    for (int q = 0; q < MAX_LAYERS; ++q) {
+      gsum[q] = 0.0;
+      if (!(layers >> q & 1u)) continue;
+      gsum[q] = grad_k[q] + walk.layers[q].grad_rho[j];
+      if (gsum[q] != 0.0) wanted |= 1u << q;
+    }
+    const int count = pair ? k_counts + (j < g.num_energy_nodes ? 1 : 0) : 0;
+    if (wanted == 0 && count == 0) continue;
     double v[3];
     ops::edge_vector(g, k, e, v);
     const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
-    if (r2 >= cutoff2 || r2 == 0.0) continue;
+    if (r2 == 0.0) continue;
     const double r = sqrt(r2);
-    double value, grad;
-    edge_density_at<T, TABLE>(geo, d, g, k, j, r, value, grad);
-    add_edge_force(gsum * grad / r, v, atom_virials != nullptr, fk, wk);  // one division
+    double dr = 0.0;  // dE/dr of the pair
+    bool inside = false;
+    if (wanted != 0 && r2 < cutoff2) {
+      double value[MAX_LAYERS], grad[MAX_LAYERS];
+      walk_edge_densities<T, TABLE, MAX_LAYERS>(geo, walk, g, k, j, r, wanted, value, grad);
+#pragma unroll
+      for (int q = 0; q < MAX_LAYERS; ++q)
+        if (wanted >> q & 1u) dr += gsum[q] * grad[q];
+      inside = true;
+    }
+    if (count != 0 && r2 < walk.pair.cutoff2) {
+      double half, dhalf;
+      ops::pair_repulsion_half(walk.pair, g.species[k], g.species[j], r, half, dhalf);
+      dr += walk.pair_weight * count * dhalf;
+      inside = true;
+    }
+    if (inside) add_edge_force(dr / r, v, atom_virials != nullptr, fk, wk);  // one division
   }
   add_node_forces(lane, k, fk, wk, forces, atom_virials);
 }
@@ -369,33 +459,66 @@ void upload_density_tables(EdgeDensity<T>& d, const cpu::EdgeDensity<T>& host) {
   set_table_view<T>(d, tables, host.pair_table, S);
 }
 
-template <class T>
-void edge_density_forward(const Geometry<T>& geom, const EdgeDensity<T>& density,
-                          const GraphView& g, double* rho, cudaStream_t stream) {
-  if (g.num_nodes == 0) return;
-  const auto blocks = static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kDensityThreads));
-  if (density.view.table)
-    edge_density_forward_kernel<T, true>
-        <<<blocks, kDensityThreads, 0, stream>>>(geom.view, density.view, g, rho);
+namespace {
+
+// Calls launch(TABLE, MAX_LAYERS) for `walk` (std::integral_constant arguments): MAX_LAYERS the
+// smallest of 2, 4, 8 that holds its layers; TABLE when they are tabulated (all or none).
+template <class T, class Launch>
+void dispatch_walk(const EdgeWalk<T>& walk, Launch&& launch) {
+  const bool table = walk.num_layers > 0 && walk.layers[0].density.table != nullptr;
+  for (int q = 0; q < walk.num_layers; ++q)
+    if ((walk.layers[q].density.table != nullptr) != table)
+      throw Error("internal: density layers mixing tabulated and exact edge densities");
+  const auto with_max = [&](auto max) {
+    if (table)
+      launch(std::true_type{}, max);
+    else
+      launch(std::false_type{}, max);
+  };
+  if (walk.num_layers <= 2)
+    with_max(std::integral_constant<int, 2>{});
+  else if (walk.num_layers <= 4)
+    with_max(std::integral_constant<int, 4>{});
   else
-    edge_density_forward_kernel<T, false>
-        <<<blocks, kDensityThreads, 0, stream>>>(geom.view, density.view, g, rho);
-  check_launch("edge_density_forward_kernel");
+    with_max(std::integral_constant<int, kMaxWalkDensityLayers>{});
+}
+
+// The nodes a walk visits: those of its layers and of its pair term, within the graph.
+template <class T>
+int64_t walk_nodes(const EdgeWalk<T>& walk, const GraphView& g) {
+  int64_t nodes = walk.pair.pair ? walk.pair_nodes : 0;
+  for (int q = 0; q < walk.num_layers; ++q) nodes = std::max(nodes, walk.layers[q].nodes);
+  return std::min(nodes, g.num_nodes);
+}
+
+}  // namespace
+
+template <class T>
+void edge_walk_forward(const Geometry<T>& geom, const EdgeWalk<T>& walk, const GraphView& g,
+                       cudaStream_t stream) {
+  const int64_t nodes = walk_nodes(walk, g);
+  if (nodes <= 0) return;
+  const GraphView graph = cpu::first_receivers(g, nodes);
+  const auto blocks = static_cast<unsigned>(blocks_for(nodes * kWarp, kDensityThreads));
+  dispatch_walk(walk, [&](auto table, auto max) {
+    edge_walk_forward_kernel<T, decltype(table)::value, decltype(max)::value>
+        <<<blocks, kDensityThreads, 0, stream>>>(geom.view, walk, graph);
+  });
+  check_launch("edge_walk_forward_kernel");
 }
 
 template <class T>
-void edge_density_backward(const Geometry<T>& geom, const EdgeDensity<T>& density,
-                           const GraphView& g, const double* grad_rho, double* forces,
-                           double* atom_virials, cudaStream_t stream) {
-  if (g.num_nodes == 0) return;
-  const auto blocks = static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kDensityThreads));
-  if (density.view.table)
-    edge_density_backward_kernel<T, true><<<blocks, kDensityThreads, 0, stream>>>(
-        geom.view, density.view, g, grad_rho, forces, atom_virials);
-  else
-    edge_density_backward_kernel<T, false><<<blocks, kDensityThreads, 0, stream>>>(
-        geom.view, density.view, g, grad_rho, forces, atom_virials);
-  check_launch("edge_density_backward_kernel");
+void edge_walk_backward(const Geometry<T>& geom, const EdgeWalk<T>& walk, const GraphView& g,
+                        double* forces, double* atom_virials, cudaStream_t stream) {
+  const int64_t nodes = walk_nodes(walk, g);
+  if (nodes <= 0) return;
+  const GraphView graph = cpu::first_receivers(g, nodes);
+  const auto blocks = static_cast<unsigned>(blocks_for(nodes * kWarp, kDensityThreads));
+  dispatch_walk(walk, [&](auto table, auto max) {
+    edge_walk_backward_kernel<T, decltype(table)::value, decltype(max)::value>
+        <<<blocks, kDensityThreads, 0, stream>>>(geom.view, walk, graph, forces, atom_virials);
+  });
+  check_launch("edge_walk_backward_kernel");
 }
 
 template <class T>
@@ -421,11 +544,10 @@ void density_scale_backward(int64_t rows, int64_t n, int dim, const T* z, const 
 #define E3FUSE_INSTANTIATE(T)                                                                      \
   template EdgeDensity<T> make_edge_density<T>(const cpu::EdgeDensity<T>&);                        \
   template void upload_density_tables<T>(EdgeDensity<T>&, const cpu::EdgeDensity<T>&);             \
-  template void edge_density_forward<T>(const Geometry<T>&, const EdgeDensity<T>&,                 \
-                                        const GraphView&, double*, cudaStream_t);                  \
-  template void edge_density_backward<T>(const Geometry<T>&, const EdgeDensity<T>&,                \
-                                         const GraphView&, const double*, double*, double*,        \
-                                         cudaStream_t);                                            \
+  template void edge_walk_forward<T>(const Geometry<T>&, const EdgeWalk<T>&, const GraphView&,     \
+                                     cudaStream_t);                                                \
+  template void edge_walk_backward<T>(const Geometry<T>&, const EdgeWalk<T>&, const GraphView&,    \
+                                      double*, double*, cudaStream_t);                             \
   template void density_scale_forward<T>(int64_t, int, const double*, const T*, T*, cudaStream_t); \
   template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const double*,          \
                                           const T*, T*, double*, cudaStream_t);

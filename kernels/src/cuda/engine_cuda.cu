@@ -541,6 +541,10 @@ class MaceModel : public Model {
       host_densities_.push_back(h.edge_density);  // pair tables built in prepare
       layers_.push_back(std::move(q));
     }
+    if (std::count_if(layers_.begin(), layers_.end(), [](const Layer& l) { return l.density; }) >
+        kMaxWalkDensityLayers)
+      throw Error("CUDA backend: more than " + std::to_string(kMaxWalkDensityLayers) +
+                  " density interaction blocks (one edge walk) are not supported");
     e0_.upload(plan.e0);
     scale_ = plan.mace_scale;
     shift_ = plan.mace_shift;
@@ -574,12 +578,32 @@ class MaceModel : public Model {
     up_.resize(L);
     m_.resize(L);
     rho_.resize(L);
+    grad_rho_.resize(L);
     mlin_.resize(L);
     nlz_.resize(L);
     hidden_.resize(L);
     embed_species(g, n, embedding_dim_, embedding_, x_, st);
     inter_.resize(N);
     inter_.zero(st);
+    {  // rho of every density layer (on its rows) and ZBL's pair energies (an interaction
+      // energy, scaled and shifted with the readouts'): one edge walk, positions only
+      EdgeWalk<T> walk;
+      for (int t = 0; t < L; ++t)
+        if (layers_[t].density) {
+          rho_[t].resize(N);
+          walk.add_density(layers_[t].edge_density, cpu::layer_output_rows(g, halo, t),
+                           rho_[t].data(), nullptr);
+        }
+      if (pair_.enabled()) {
+        walk.pair = pair_.view();
+        walk.pair_nodes = g.num_energy_nodes;
+        walk.pair_energies = inter_.data();
+      }
+      if (!walk.empty()) {
+        s.profiler.mark(walk.num_layers > 0 ? "edge density" : "pair repulsion", st);
+        edge_walk_forward(geom_, walk, g, st);
+      }
+    }
     for (int t = 0; t < L; ++t) {
       const Layer& l = layers_[t];
       const int64_t rows = cpu::layer_output_rows(g, halo, t);
@@ -626,13 +650,6 @@ class MaceModel : public Model {
         // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d), Z (mlin_) kept for the backward
         T* z = l.density ? mlin_[t].data() : m_[t].data();
         linear_forward(l.linear, rows, y_.data(), z, st);
-        if (l.density) {
-          s.profiler.mark("edge density", st);
-          rho_[t].resize(N);
-          edge_density_forward(geom_, l.edge_density, cpu::first_receivers(g, rows), rho_[t].data(),
-                               st);
-          s.profiler.mark("linear forward", st);
-        }
         if (!l.residual && l.density) {
           element_linear_forward(l.skip, rows, g.species, z, m_[t].data(), st);
         } else if (!l.residual) {
@@ -669,10 +686,6 @@ class MaceModel : public Model {
       accumulate_kernel<T><<<grid(n), kThreads, 0, st>>>(rows, r_.data(), inter_.data());
       check_launch("accumulate_kernel");
     }
-    if (pair_.enabled()) {  // ZBL: an interaction energy, scaled and shifted with the readouts'
-      s.profiler.mark("pair repulsion", st);
-      pair_repulsion_forward(pair_.view(), g, g.num_energy_nodes, inter_.data(), st);
-    }
     mace_energy_kernel<<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, e0_.data(),
                                                      scale_, shift_, inter_.data(),
                                                      s.energies.data());
@@ -683,11 +696,6 @@ class MaceModel : public Model {
     seed_kernel<T><<<grid(n), kThreads, 0, st>>>(n, g.num_energy_nodes, g.species, nullptr,
                                                  static_cast<T>(scale_), seed_.data());
     check_launch("seed_kernel");
-    if (pair_.enabled()) {
-      s.profiler.mark("pair repulsion", st);
-      pair_repulsion_backward(pair_.view(), g, n, scale_, s.forces.data(),
-                              want_virial ? s.atom_virials.data() : nullptr, st);
-    }
     // The backward's node adjoints reuse the forward's buffers that it no longer reads:
     // dE/dx goes to x's, dE/dp to p's, dE/dm to m's own (the contraction's adjoint runs in
     // place) and dE/dy to y's.
@@ -724,10 +732,10 @@ class MaceModel : public Model {
         // dE/drho = -gz . Z / d^2 (without residual gz is skip's adjoint in y's buffer: this
         // pass replaces its copy)
         s.profiler.mark("edge density", st);
-        grad_rho_.resize(N);
+        grad_rho_[t].resize(N);
         density_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), mlin_[t].data(),
                                rho_[t].data(), l.residual ? gm.data() : y_.data(), gm.data(),
-                               grad_rho_.data(), st);
+                               grad_rho_[t].data(), st);
       }
       s.profiler.mark("linear backward", st);
       // dE/dy reuses y's buffer (dead after the forward's linear; the largest node tensor)
@@ -737,11 +745,11 @@ class MaceModel : public Model {
         linear_backward(l.linear_2, rows, gm.data(), gh_.data(), false, st);
         gz_.resize(N * l.gate.dim_in);
         gate_backward(l.gate, rows, nlz_[t].data(), gh_.data(), gz_.data(), st);
-        grad_rho_.resize(N);
+        grad_rho_[t].resize(N);
         ga_.resize(N * l.linear.dim_out);
         nonlinear_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), l.alpha, l.beta,
                                  mlin_[t].data(), gz_.data(), rho_[t].data(), ga_.data(),
-                                 grad_rho_.data(), st);
+                                 grad_rho_[t].data(), st);
         g_linear_out = ga_.data();
       }
       y_.resize(N * l.linear.dim_in);
@@ -755,14 +763,9 @@ class MaceModel : public Model {
       conv_backward(geom_, l.conv, backward_graph, rows, up_[t].data(), gy, gup_.data(),
                     s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, s.remote(),
                     s.error_node.data(), st);
-      if (l.density) {
-        s.profiler.mark("edge density", st);
-        edge_density_backward(geom_, l.edge_density, backward_graph, grad_rho_.data(),
-                              s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, st);
-      }
       if (l.nonlinear_block) {
         s.profiler.mark("edge density", st);
-        edge_density_backward(geom_, l.density_mlp(), backward_graph, grad_rho_.data(),
+        edge_density_backward(geom_, l.density_mlp(), backward_graph, grad_rho_[t].data(),
                               s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, st);
         s.profiler.mark("linear backward", st);
         linear_backward(l.linear_res, rows, gz_.data(), gup_.data(), true, st);
@@ -779,6 +782,23 @@ class MaceModel : public Model {
       if (l.add_sc)
         element_linear_backward(l.skip, rows, g.species, gx.data(), gprev_.data(), true, st);
       std::swap(gx, gprev_);
+    }
+    // The forces of every density layer's dE/drho (on the nodes its convolution's backward
+    // visits) and of ZBL's pair energies (E = scale x their sum): one edge walk
+    EdgeWalk<T> walk;
+    for (int t = 0; t < L; ++t)
+      if (layers_[t].density)
+        walk.add_density(layers_[t].edge_density, cpu::layer_backward_nodes(g, halo, t), nullptr,
+                         grad_rho_[t].data());
+    if (pair_.enabled()) {
+      walk.pair = pair_.view();
+      walk.pair_nodes = n;
+      walk.pair_weight = scale_;
+    }
+    if (!walk.empty()) {
+      s.profiler.mark(walk.num_layers > 0 ? "edge density" : "pair repulsion", st);
+      edge_walk_backward(geom_, walk, g, s.forces.data(),
+                         want_virial ? s.atom_virials.data() : nullptr, st);
     }
   }
 
@@ -812,7 +832,7 @@ class MaceModel : public Model {
         doubles += 1;
       }
     }
-    if (doubles > 0 && want_grad) doubles += 1;                  // + grad_rho_
+    if (want_grad) doubles *= 2;                                 // + grad_rho_ per layer
     size_t floats = up + m + hidden + x + sc + y + p + 1 + a;    // + r_
     if (want_grad) floats += 1 + gh + gup + gprev;               // + seed_
     return floats * sizeof(T) + (1 + doubles) * sizeof(double);  // + inter_
@@ -840,7 +860,7 @@ class MaceModel : public Model {
   std::vector<DeviceArray<T>> up_, m_, hidden_;
   std::vector<DeviceArray<T>> mlin_;      // density layers: Z = linear(y)
   std::vector<DeviceArray<double>> rho_;  // density layers: rho per node
-  DeviceArray<double> grad_rho_;
+  std::vector<DeviceArray<double>> grad_rho_;
   std::vector<DeviceArray<T>> nlz_;  // non-linear blocks: the gate's input z
   DeviceArray<T> gz_, ga_;           // non-linear blocks: dE/dz, dE/d linear_1(y)
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;

@@ -1,14 +1,12 @@
-// cuda/pair_repulsion.cuh: the CUDA backend's ZBL pair repulsion (ops/pair_repulsion.h),
-// the same math and gather-only scheme as cpu/pair_repulsion.cpp: one thread per node,
-// each writing its own rows (deterministic, no atomics), in double for both precisions.
+// cuda/pair_repulsion.cuh: the CUDA backend's ZBL pair repulsion (ops/pair_repulsion.h): its
+// constants on the device. Its energies and forces are evaluated in the density blocks' edge
+// walks (EdgeWalk in cuda/edge_density.cuh: one warp per node, each writing its own rows,
+// deterministic, no atomics), in double for both precisions, as cpu/pair_repulsion.cpp.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
-
 #include "cuda/common.cuh"
-#include "e3fuse/system.h"
 #include "model/plan.h"
 #include "ops/pair_repulsion.h"
 
@@ -25,16 +23,5 @@ class PairRepulsion {
   DeviceArray<double> table_;
   ops::PairRepulsionView view_;
 };
-
-// energies[i] += sum over i's edges (r < cutoff) of 0.5 V(r_ij), for nodes i < rows
-// (g: a device graph).
-void pair_repulsion_forward(const ops::PairRepulsionView& zbl, const GraphView& g, int64_t rows,
-                            double* energies, cudaStream_t stream);
-
-// For E = weight * sum over energy nodes of their pair energies, adds -dE/dr of nodes
-// [0, nodes) to forces (n x 3) and, when given, their per-atom virials (n x 9).
-void pair_repulsion_backward(const ops::PairRepulsionView& zbl, const GraphView& g, int64_t nodes,
-                             double weight, double* forces, double* atom_virials,
-                             cudaStream_t stream);
 
 }  // namespace e3fuse::cuda

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "cuda/edge_density.cuh"
 #include "cuda/node_ops.cuh"
 #include "cuda/pair_repulsion.cuh"
 #include "cuda/probe.h"
@@ -130,8 +131,15 @@ void probe_pair_repulsion(const ModelPlan& plan, const GraphView& g, double weig
   e.zero();
   f.zero();
   w.zero();
-  pair_repulsion_forward(zbl.view(), d, g.num_energy_nodes, e.data(), nullptr);
-  pair_repulsion_backward(zbl.view(), d, n, weight, f.data(), w.data(), nullptr);
+  EdgeWalk<double> walk;  // the engine's edge walks with no density layer
+  walk.pair = zbl.view();
+  walk.pair_nodes = g.num_energy_nodes;
+  walk.pair_energies = e.data();
+  Geometry<double> no_density;
+  edge_walk_forward(no_density, walk, d, nullptr);
+  walk.pair_nodes = n;
+  walk.pair_weight = weight;
+  edge_walk_backward(no_density, walk, d, f.data(), w.data(), nullptr);
   to_host(e, energies, n);
   to_host(f, forces, 3 * n);
   to_host(w, atom_virials, 9 * n);

@@ -52,7 +52,7 @@ void probe_symmetric_contraction(const cpu::SymmetricContraction<T>& sc, int64_t
 // ---------------------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------
-// ZBL pair repulsion (cuda/pair_repulsion.cu), defined in cuda/probe.cu.
+// ZBL pair repulsion (EdgeWalk in cuda/edge_density.cu), defined in cuda/probe.cu.
 // ---------------------------------------------------------------------------------
 
 // The op on the graph `g` (host arrays; nodes [0, g.num_energy_nodes) count): energies

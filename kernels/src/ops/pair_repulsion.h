@@ -5,8 +5,9 @@
 //     a_ij = a_prefactor * bohr / (Z_i^a_exp + Z_j^a_exp),
 // R the covalent radii and f_p the polynomial envelope (zero from R_i + R_j on). V is
 // symmetric in the pair, so each node can gather its own force from its own edges
-// (pair_repulsion_backward in cpu/ and cuda/). Evaluated in double in both precisions:
-// the values are large at short range and the work is a few exponentials per edge.
+// (cpu/pair_repulsion.cpp; on the GPU the density blocks' edge walks, EdgeWalk in
+// cuda/edge_density.cu, evaluate pair_repulsion_half per edge). Evaluated in double in both
+// precisions: the values are large at short range and the work is a few exponentials per edge.
 #pragma once
 
 #include <cmath>
@@ -89,11 +90,10 @@ E3F_HD void pair_repulsion_half(const PairRepulsionView& v, int si, int sj, doub
 }
 
 // Node i's energy: the sum of 0.5 V over its edges inside the model cutoff.
-// (first, stride: the share of node i's edges one GPU lane takes; 0, 1 for all of them.)
 E3F_HD double pair_repulsion_node_energy(const PairRepulsionView& zbl, const GraphView& g,
-                                         int64_t i, int first = 0, int stride = 1) {
+                                         int64_t i) {
   double energy = 0.0;
-  for (int64_t e = g.row_offsets[i] + first; e < g.row_offsets[i + 1]; e += stride) {
+  for (int64_t e = g.row_offsets[i]; e < g.row_offsets[i + 1]; ++e) {
     double v[3];
     edge_vector(g, i, e, v);
     const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
@@ -111,11 +111,11 @@ E3F_HD double pair_repulsion_node_energy(const PairRepulsionView& zbl, const Gra
 // takes half of each pair's -v (x) f, as the convolution's does (cpu/conv.cpp).
 E3F_HD void pair_repulsion_node_gradient(const PairRepulsionView& zbl, const GraphView& g,
                                          int64_t k, double weight, double force[3],
-                                         double virial[9], int first = 0, int stride = 1) {
+                                         double virial[9]) {
   for (int a = 0; a < 3; ++a) force[a] = 0.0;
   for (int q = 0; q < 9; ++q) virial[q] = 0.0;
   const bool k_counts = k < g.num_energy_nodes;
-  for (int64_t e = g.row_offsets[k] + first; e < g.row_offsets[k + 1]; e += stride) {
+  for (int64_t e = g.row_offsets[k]; e < g.row_offsets[k + 1]; ++e) {
     const int64_t j = g.neighbors[e];
     const int count = (k_counts ? 1 : 0) + (j < g.num_energy_nodes ? 1 : 0);
     if (count == 0) continue;
