@@ -457,18 +457,6 @@ __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
       f(std::integral_constant<int, 1>{});
     else
       f(std::integral_constant<int, 3>{});
-  } else if constexpr (MAX_D == 5) {
-    switch (d) {
-      case 1:
-        f(std::integral_constant<int, 1>{});
-        break;
-      case 3:
-        f(std::integral_constant<int, 3>{});
-        break;
-      default:
-        f(std::integral_constant<int, 5>{});
-        break;
-    }
   } else {
     switch (d) {
       case 1:
@@ -478,10 +466,13 @@ __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
         f(std::integral_constant<int, 3>{});
         break;
       case 5:
-        f(std::integral_constant<int, 5>{});
-        break;
+        if constexpr (MAX_D == 7) {
+          f(std::integral_constant<int, 5>{});
+          break;
+        }
+        [[fallthrough]];  // MAX_D == 5: one copy of f's body for d = 5
       default:
-        f(std::integral_constant<int, 7>{});
+        f(std::integral_constant<int, MAX_D>{});
         break;
     }
   }

@@ -483,12 +483,18 @@ void dispatch_walk(const EdgeWalk<T>& walk, Launch&& launch) {
     with_max(std::integral_constant<int, kMaxWalkDensityLayers>{});
 }
 
-// The nodes a walk visits: those of its layers and of its pair term, within the graph.
-template <class T>
-int64_t walk_nodes(const EdgeWalk<T>& walk, const GraphView& g) {
+// Calls launch(TABLE, MAX_LAYERS, blocks, graph) (dispatch_walk's constants) for the nodes the
+// walk visits, those of its layers and of its pair term within `g` (graph: its first rows),
+// one warp per node; nothing when there are none.
+template <class T, class Launch>
+void launch_walk(const EdgeWalk<T>& walk, const GraphView& g, Launch&& launch) {
   int64_t nodes = walk.pair.pair ? walk.pair_nodes : 0;
   for (int q = 0; q < walk.num_layers; ++q) nodes = std::max(nodes, walk.layers[q].nodes);
-  return std::min(nodes, g.num_nodes);
+  nodes = std::min(nodes, g.num_nodes);
+  if (nodes <= 0) return;
+  const GraphView graph = cpu::first_receivers(g, nodes);
+  const auto blocks = static_cast<unsigned>(blocks_for(nodes * kWarp, kDensityThreads));
+  dispatch_walk(walk, [&](auto table, auto max) { launch(table, max, blocks, graph); });
 }
 
 }  // namespace
@@ -496,29 +502,21 @@ int64_t walk_nodes(const EdgeWalk<T>& walk, const GraphView& g) {
 template <class T>
 void edge_walk_forward(const Geometry<T>& geom, const EdgeWalk<T>& walk, const GraphView& g,
                        cudaStream_t stream) {
-  const int64_t nodes = walk_nodes(walk, g);
-  if (nodes <= 0) return;
-  const GraphView graph = cpu::first_receivers(g, nodes);
-  const auto blocks = static_cast<unsigned>(blocks_for(nodes * kWarp, kDensityThreads));
-  dispatch_walk(walk, [&](auto table, auto max) {
+  launch_walk(walk, g, [&](auto table, auto max, unsigned blocks, const GraphView& graph) {
     edge_walk_forward_kernel<T, decltype(table)::value, decltype(max)::value>
         <<<blocks, kDensityThreads, 0, stream>>>(geom.view, walk, graph);
+    check_launch("edge_walk_forward_kernel");
   });
-  check_launch("edge_walk_forward_kernel");
 }
 
 template <class T>
 void edge_walk_backward(const Geometry<T>& geom, const EdgeWalk<T>& walk, const GraphView& g,
                         double* forces, double* atom_virials, cudaStream_t stream) {
-  const int64_t nodes = walk_nodes(walk, g);
-  if (nodes <= 0) return;
-  const GraphView graph = cpu::first_receivers(g, nodes);
-  const auto blocks = static_cast<unsigned>(blocks_for(nodes * kWarp, kDensityThreads));
-  dispatch_walk(walk, [&](auto table, auto max) {
+  launch_walk(walk, g, [&](auto table, auto max, unsigned blocks, const GraphView& graph) {
     edge_walk_backward_kernel<T, decltype(table)::value, decltype(max)::value>
         <<<blocks, kDensityThreads, 0, stream>>>(geom.view, walk, graph, forces, atom_virials);
+    check_launch("edge_walk_backward_kernel");
   });
-  check_launch("edge_walk_backward_kernel");
 }
 
 template <class T>
