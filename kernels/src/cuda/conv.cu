@@ -793,17 +793,22 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
       gxa[a][ch] = T(0);
     }
   }
+  // AHEAD: the next edge's row and coefficients are loaded before this edge's products (n >= 1)
+  constexpr bool AHEAD = PREFETCH && D1 <= 5 && D3 <= 5;
   T gj[D3][C], coef[C][4];
-  if constexpr (PREFETCH && D1 <= 5 && D3 <= 5) {
-    // the next edge's row and coefficients are loaded before this edge's products (n >= 1)
+  if constexpr (AHEAD)
     gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, 0, receiver, grad_y, interval, gj, coef);
 #pragma unroll 1
-    for (int e = 0; e < n; ++e) {
-      T gn[D3][C], cn[C][4];
+  for (int e = 0; e < n; ++e) {
+    T gn[D3][C], cn[C][4];
+    if constexpr (AHEAD)
       gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e + 1 < n ? e + 1 : e, receiver, grad_y,
                                             interval, gn, cn);
-      tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK,
-                                            sxk, gxa, fe);
+    else
+      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
+    tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK, sxk,
+                                          gxa, fe);
+    if constexpr (AHEAD) {
 #pragma unroll
       for (int q = 0; q < D3; ++q)
 #pragma unroll
@@ -812,13 +817,6 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
       for (int ch = 0; ch < C; ++ch)
 #pragma unroll
         for (int i = 0; i < 4; ++i) coef[ch][i] = cn[ch][i];
-    }
-  } else {
-#pragma unroll 1
-    for (int e = 0; e < n; ++e) {
-      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
-      tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK,
-                                            sxk, gxa, fe);
     }
   }
   if (!active) return;
