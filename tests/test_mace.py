@@ -212,6 +212,30 @@ def test_element_linear_op(workdir: Path, device: str) -> None:
             assert np.abs(ours32 - cpu).max() < 2e-6 * scale
 
 
+def test_element_linear_float32_large_tiles_cuda(workdir: Path) -> None:
+    """The float32 element linear on 34,000 nodes of mixed species, forward and transpose:
+    over 2 blocks of 128 nodes per SM on a 132-SM GPU even for one column tile, so the
+    large-system tiles run, each tile once per species present (301 nodes run the small
+    ones)."""
+    if not _core.cuda_available():
+        pytest.skip("e3fuse built without CUDA or no GPU")
+    model, path = converted("three-interactions", workdir)
+    probe = _core.OpsProbe(_core.Model.load(str(path)))
+    rng = np.random.default_rng(12)
+    n = 34000
+    species = rng.integers(0, len(model.atomic_numbers), size=n).astype(np.int32)
+    for layer, block in enumerate(model.interactions):
+        dims = (block.skip_tp.irreps_in1.dim, block.skip_tp.irreps_out.dim)
+        for transpose in (False, True):
+            x = rng.normal(size=(n, dims[1] if transpose else dims[0]))
+            cpu = probe.element_linear(layer, x, species, transpose=transpose)
+            ours32 = probe.element_linear(
+                layer, x, species, transpose=transpose, device="cuda", dtype="float32"
+            )
+            assert ours32.dtype == np.float32
+            assert np.abs(ours32 - cpu).max() < 2e-6 * max(1.0, float(np.abs(cpu).max()))
+
+
 def test_finite_differences(workdir: Path) -> None:
     """Forces = -dE/dr and stress = dE/d(strain)/V, central differences in float64."""
     _, path = converted("three-interactions", workdir)

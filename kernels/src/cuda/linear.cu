@@ -18,8 +18,10 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <type_traits>
 #include <vector>
 
+#include "cuda/mma_tf32.cuh"
 #include "cuda/node_ops.cuh"
 
 namespace e3fuse::cuda {
@@ -155,6 +157,191 @@ __global__ void __launch_bounds__(linear_threads<TN>())
   }
 }
 
+// ---------------------------------------------------------------------------------
+// float32 on the tensor cores (sm_80 and later)
+// ---------------------------------------------------------------------------------
+//
+// The same tiles on mma.sync.m16n8k8 with TF32 operands in the 3xTF32 split of
+// mma_tf32.cuh (float32 accuracy): A = 16 nodes x 8 k of the source rows, staged in
+// shared memory and split into high/low parts as a warp reads its fragment; B = 8 k x
+// 8 channels of W, split at load time (build_linear_tables) and read as one float4
+// per lane {hi(W[t][g]), hi(W[t + 4][g]), lo(W[t][g]), lo(W[t + 4][g])} (lane = 4 g
+// + t), a warp's n-tile of one k-step being 512 contiguous bytes. A block of 4 warps
+// takes TN nodes x the task's 32 channels (4 n-tiles); warp (wr, wc) of kWarpRows x
+// kWarpCols computes kMTiles m-tiles of 16 nodes x 4 / kWarpCols n-tiles. Each output
+// element is summed by one lane: sources in path order, k-steps ascending, in each the
+// three products in a fixed order (deterministic; the order within a k-step is the
+// tensor core's, also fixed).
+constexpr int kMmaThreads = 128;
+constexpr int kMmaSliceK = 32;  // k per shared-memory slice: 4 k-steps of 8
+constexpr int kMmaNTiles = kLinearTileCols / 8;
+// Slice rows padded by 4 floats: a fragment read (node g, k t) hits bank 4 g + t, all 32.
+constexpr int kMmaRow = kMmaSliceK + 4;
+
+template <int kWarpRows, int kMTiles>
+constexpr int mma_tile_nodes() {
+  return kWarpRows * 16 * kMTiles;
+}
+
+// Blocks per SM that the register allocation must allow: 3 for the large tiles (at most
+// 170 registers; ptxas left alone takes 225, 2 blocks), 1 for the small ones (94).
+template <int kWarpRows, int kMTiles>
+constexpr int mma_min_blocks() {
+  return kMTiles > 1 ? 3 : 1;
+}
+
+// Where a block is in its list of (source, k0) slices.
+struct SliceCursor {
+  int si, k0;
+};
+
+template <int kWarpRows, int kMTiles>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles>())
+    linear_mma_kernel(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
+                      const LinearTask* __restrict__ tasks,
+                      const LinearSource* __restrict__ sources, const float4* __restrict__ frags,
+                      int64_t frag_species_stride, const float* __restrict__ bias,
+                      const int32_t* __restrict__ species, bool accumulate, bool split_m,
+                      const float* __restrict__ src, float* __restrict__ dst) {
+#ifdef E3FUSE_HAVE_MMA_TF32
+  constexpr int TN = mma_tile_nodes<kWarpRows, kMTiles>();
+  constexpr int kWarpCols = kMmaThreads / 32 / kWarpRows;
+  constexpr int kNTiles = kMmaNTiles / kWarpCols;
+  constexpr int kRowsPerLoad = kMmaThreads / kMmaSliceK;
+  constexpr int kLoads = TN / kRowsPerLoad;
+  static_assert(kWarpCols * kWarpRows * 32 == kMmaThreads && kNTiles * kWarpCols == kMmaNTiles &&
+                kLoads * kRowsPerLoad == TN);
+  __shared__ __align__(16) float a_tile[TN * kMmaRow];
+  __shared__ int next_species;
+
+  const LinearTask task = tasks[blockIdx.x % num_tasks];
+  const int m_begin = split_m ? static_cast<int>(blockIdx.z) : 0;
+  const int m_end = split_m ? m_begin + 1 : task.d;
+  if (m_begin >= task.d) return;
+  const int64_t node0 = static_cast<int64_t>(blockIdx.x / num_tasks) * TN;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int row0 = (warp / kWarpCols) * 16 * kMTiles;  // this warp's first node in the tile
+  const int nt0 = (warp % kWarpCols) * kNTiles;        // and its first n-tile
+  // staging: thread tid loads k = k0 + tid % kMmaSliceK of rows tid / kMmaSliceK + j kRowsPerLoad
+  const int load_k = tid % kMmaSliceK, load_row = tid / kMmaSliceK;
+
+  int species_done = -1;
+  for (;;) {
+    int s = 0;
+    if (species) {  // the smallest species above the ones done, among this tile's nodes
+      if (tid == 0) next_species = INT_MAX;
+      __syncthreads();
+      for (int r = tid; r < TN; r += kMmaThreads) {
+        const int64_t n = node0 + r;
+        if (n < num_nodes && species[n] > species_done) atomicMin(&next_species, species[n]);
+      }
+      __syncthreads();
+      s = next_species;
+      __syncthreads();
+      if (s == INT_MAX) return;
+    }
+    const float4* frag_set = frags + static_cast<int64_t>(s) * frag_species_stride;
+    for (int m = m_begin; m < m_end; ++m) {
+      // rows of slice `c` into registers (zero past K and past the last node)
+      auto load_slice = [&](const SliceCursor& c, float (&v)[kLoads]) {
+        const LinearSource& so = sources[c.si];
+        const bool k_ok = c.k0 + load_k < so.K;
+        const float* p = src + so.offset + static_cast<int64_t>(m) * so.m_stride +
+                         static_cast<int64_t>(c.k0 + load_k) * so.k_stride;
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+          const int64_t n = node0 + load_row + j * kRowsPerLoad;
+          v[j] = k_ok && n < num_nodes ? __ldg(p + n * dim_src) : 0.0f;
+        }
+      };
+      auto advance = [&](SliceCursor& c) {
+        c.k0 += kMmaSliceK;
+        while (c.si < task.source_end && c.k0 >= sources[c.si].K) {
+          ++c.si;
+          c.k0 = 0;
+        }
+      };
+      float acc[kMTiles][kNTiles][4];
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+      SliceCursor next{task.source_begin, -kMmaSliceK};
+      advance(next);  // the first slice of a source with K > 0
+      float staged[kLoads];
+      if (next.si < task.source_end) load_slice(next, staged);
+      while (next.si < task.source_end) {
+        const SliceCursor cur = next;
+        __syncthreads();  // the previous slice's fragments have been read
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j)
+          a_tile[(load_row + j * kRowsPerLoad) * kMmaRow + load_k] = staged[j];
+        __syncthreads();
+        advance(next);  // the next slice's loads fly while this one's products run
+        if (next.si < task.source_end) load_slice(next, staged);
+
+        const LinearSource& so = sources[cur.si];
+        const int ksteps = min(kMmaSliceK / 8, (so.K - cur.k0 + 7) / 8);
+        const float4* f =
+            frag_set + so.frag + (static_cast<int64_t>(cur.k0 / 8) * kMmaNTiles + nt0) * 32 + lane;
+#pragma unroll
+        for (int ks = 0; ks < kMmaSliceK / 8; ++ks) {
+          if (ks >= ksteps) break;
+          uint32_t ah[kMTiles][4], al[kMTiles][4];
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i) {
+            const float* a = a_tile + (row0 + 16 * i + g) * kMmaRow + 8 * ks + t;
+            const float v[4] = {a[0], a[8 * kMmaRow], a[4], a[8 * kMmaRow + 4]};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              ah[i][q] = to_tf32(v[q]);
+              al[i][q] = to_tf32(v[q] - __uint_as_float(ah[i][q]));
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+            const float4 b = __ldg(f + (ks * kMmaNTiles + j) * 32);
+            const uint32_t bh[2] = {__float_as_uint(b.x), __float_as_uint(b.y)};
+            const uint32_t bl[2] = {__float_as_uint(b.z), __float_as_uint(b.w)};
+#pragma unroll
+            for (int i = 0; i < kMTiles; ++i) mma_3xtf32(acc[i][j], ah[i], al[i], bh, bl);
+          }
+        }
+      }
+
+      // acc[i][j][q]: node row0 + 16 i + g (+ 8 for q >= 2), channel 8 (nt0 + j) + 2 t + q % 2
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t n = node0 + row0 + 16 * i + g + 8 * h;
+          if (n >= num_nodes || (species && species[n] != s)) continue;
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              const int c = 8 * (nt0 + j) + 2 * t + q;
+              if (c >= task.cols) continue;
+              const int64_t e = task.offset + static_cast<int64_t>(task.col0 + c) * task.c_stride +
+                                static_cast<int64_t>(m) * task.m_stride;
+              float base = bias ? bias[e] : 0.0f;
+              if (accumulate) base += dst[n * dim_dst + e];
+              dst[n * dim_dst + e] = base + acc[i][j][2 * h + q];
+            }
+        }
+    }
+    if (!species) return;
+    species_done = s;
+  }
+#else
+  __trap();  // launched only where the device and this code are sm_80 or later
+#endif
+}
+
 // One side of a path: the irrep block at `offset` with `mul` channels of dimension d.
 struct Block {
   int64_t offset = 0;
@@ -253,6 +440,78 @@ void launch_linear(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_
   check_launch("linear_gemm_kernel");
 }
 
+// Appends W[k][c] (k < K, c < cols, at w[k * w_row + c]) as m16n8k8 B fragments split
+// into TF32 parts, zero-padded to whole k-steps of 8 and kMmaNTiles n-tiles of 8: for
+// k-step ks, n-tile nt and lane = 4 g + t, float4 (ks * kMmaNTiles + nt) * 32 + lane is
+// {hi(W[8 ks + t][8 nt + g]), hi(W[8 ks + t + 4][8 nt + g]), lo(same), lo(same)}.
+void append_b_fragments(const float* w, int64_t w_row, int K, int cols, std::vector<float>& out) {
+  auto at = [&](int k, int c) { return k < K && c < cols ? w[k * w_row + c] : 0.0f; };
+  for (int ks = 0; ks < (K + 7) / 8; ++ks)
+    for (int nt = 0; nt < kMmaNTiles; ++nt)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int c = 8 * nt + lane / 4, k = 8 * ks + lane % 4;
+        const float v[2] = {at(k, c), at(k + 4, c)};
+        for (float x : v) out.push_back(round_tf32(x));
+        for (float x : v) out.push_back(round_tf32(x - round_tf32(x)));
+      }
+}
+
+// The float4 count of append_b_fragments for K.
+int64_t b_fragment_count(int K) { return static_cast<int64_t>((K + 7) / 8) * kMmaNTiles * 32; }
+
+// Numbers the sources' fragments (LinearSource::frag) and appends them for each of the
+// `sets` weight sets (set s at weights + s * per_set); returns the float4 count per set.
+int64_t plan_fragments(const std::vector<LinearTask>& tasks, std::vector<LinearSource>& sources,
+                       const std::vector<float>& weights, int64_t per_set, size_t sets,
+                       std::vector<float>& frags) {
+  int64_t count = 0;
+  for (LinearSource& so : sources) {
+    so.frag = count;
+    count += b_fragment_count(so.K);
+  }
+  for (size_t set = 0; set < sets; ++set)
+    for (const LinearTask& t : tasks)
+      for (int si = t.source_begin; si < t.source_end; ++si) {
+        const LinearSource& so = sources[si];
+        append_b_fragments(weights.data() + static_cast<int64_t>(set) * per_set + so.w, so.w_row,
+                           so.K, t.cols, frags);
+      }
+  return count;
+}
+
+// float32 linear layers on the tensor cores unless the device or the compiled code is
+// older than sm_80, or E3FUSE_LINEAR_SIMT=1.
+// TEMPORARY (issue 21): E3FUSE_LINEAR_SIMT=1 keeps float32 on the FMA kernel, so that one
+// build times both; the variant that loses is deleted.
+bool linear_tensor_cores() {
+  static const bool forced_simt = env_int("E3FUSE_LINEAR_SIMT", 0) == 1;
+  if (forced_simt) return false;
+  int device = 0, major = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+        "cudaDeviceGetAttribute");
+  cudaFuncAttributes attr{};
+  check(cudaFuncGetAttributes(&attr, linear_mma_kernel<4, 2>), "cudaFuncGetAttributes");
+  return major >= 8 && attr.ptxVersion >= 80;
+}
+
+template <int kWarpRows, int kMTiles>
+void launch_linear_mma(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
+                       int split_d, const LinearTask* tasks, const LinearSource* sources,
+                       const float* frags, int64_t frag_stride, const float* bias,
+                       const int32_t* species, bool accumulate, const float* src, float* dst,
+                       cudaStream_t stream) {
+  constexpr int TN = mma_tile_nodes<kWarpRows, kMTiles>();
+  const int64_t blocks = (num_nodes + TN - 1) / TN * num_tasks;
+  if (blocks > INT32_MAX) throw Error("linear layer: too many nodes for one launch");
+  const dim3 grid(static_cast<unsigned>(blocks), 1u, static_cast<unsigned>(split_d));
+  linear_mma_kernel<kWarpRows, kMTiles>
+      <<<grid, kMmaThreads, 0, stream>>>(num_nodes, dim_src, dim_dst, num_tasks, tasks, sources,
+                                         reinterpret_cast<const float4*>(frags), frag_stride, bias,
+                                         species, accumulate, split_d > 1, src, dst);
+  check_launch("linear_mma_kernel");
+}
+
 }  // namespace
 
 namespace detail {
@@ -325,6 +584,18 @@ void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool 
   std::vector<LinearSource> fwd_sources, bwd_sources;
   plan_products(first.dim_out, fwd, fwd_tasks, fwd_sources);
   plan_products(first.dim_in, bwd, bwd_tasks, bwd_sources);
+  if constexpr (std::is_same_v<T, float>) {
+    if (linear_tensor_cores()) {
+      std::vector<float> frags;
+      tables.frag_fwd_stride =
+          plan_fragments(fwd_tasks, fwd_sources, weights, per_set, layers.size(), frags);
+      tables.frag_fwd.upload(frags);
+      frags.clear();
+      tables.frag_bwd_stride =
+          plan_fragments(bwd_tasks, bwd_sources, weights_t, per_set, layers.size(), frags);
+      tables.frag_bwd.upload(frags);
+    }
+  }
   tables.fwd_tasks.upload(fwd_tasks);
   tables.bwd_tasks.upload(bwd_tasks);
   tables.fwd_sources.upload(fwd_sources);
@@ -349,9 +620,28 @@ void run_linear_tables(const LinearTables<T>& tables, int64_t dim_in, int64_t di
   const T* weights = transpose ? tables.weights_t.data() : tables.weights.data();
   const T* bias = transpose || tables.bias.size() == 0 ? nullptr : tables.bias.data();
   const int num_tasks = static_cast<int>(tasks.size());
+  static const int multiprocessors = device_multiprocessors();
+  if constexpr (std::is_same_v<T, float>) {
+    const DeviceArray<float>& frags = transpose ? tables.frag_bwd : tables.frag_fwd;
+    if (frags.size() != 0) {
+      const int64_t stride = transpose ? tables.frag_bwd_stride : tables.frag_fwd_stride;
+      // Large: 128-node tiles, each warp 32 nodes x 32 channels (2 x 4 mma tiles, each B
+      // fragment feeds 2 m-tiles). Small (fewer than 2 blocks of those per SM): 32-node
+      // tiles, each warp 16 x 16, and one block per component m (split_m): 4x the node
+      // tiles and up to max_d x the blocks, each with a serial chain of K / 8 k-steps of
+      // 2 x 3 mma per warp.
+      if ((num_nodes + 127) / 128 * num_tasks < 2 * multiprocessors)
+        launch_linear_mma<2, 1>(num_nodes, dim_src, dim_dst, num_tasks, tables.max_d, tasks.data(),
+                                sources, frags.data(), stride, bias, species, accumulate, src, dst,
+                                stream);
+      else
+        launch_linear_mma<4, 2>(num_nodes, dim_src, dim_dst, num_tasks, 1, tasks.data(), sources,
+                                frags.data(), stride, bias, species, accumulate, src, dst, stream);
+      return;
+    }
+  }
   // Small systems: half-height tiles and one block per component m, so that the grid
   // still fills the GPU and each block's serial chain of slices is short.
-  static const int multiprocessors = device_multiprocessors();
   const bool small = (num_nodes + 127) / 128 * num_tasks < 2 * multiprocessors;
   if (small)
     launch_linear<T, 64>(num_nodes, dim_src, dim_dst, num_tasks, tables.max_d, tasks.data(),

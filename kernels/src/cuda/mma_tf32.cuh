@@ -97,6 +97,14 @@ __device__ __forceinline__ void mma_3xtf32(float d[4], const float4& ah, const f
   mma_tf32(d, h0, h1, h2, h3, bh[0], bh[1]);
 }
 
+// The same with both operands already split: A as a[4] high / low parts, B as b[2].
+__device__ __forceinline__ void mma_3xtf32(float d[4], const uint32_t ah[4], const uint32_t al[4],
+                                           const uint32_t bh[2], const uint32_t bl[2]) {
+  mma_tf32(d, al[0], al[1], al[2], al[3], bh[0], bh[1]);
+  mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
+  mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+}
+
 // Writes the D tile (rows m0.., edges e0..) transposed into out[e][m] (stride M).
 __device__ __forceinline__ void store_d(const float d[4], int m0, int e0, int g, int t, int M,
                                         float* out) {

@@ -31,6 +31,9 @@ namespace e3fuse::cuda {
 // ([mul][2l+1] "mul_ir": strides (d, 1); [2l+1][mul] "ir_mul": (1, mul)).
 struct LinearSource {
   int64_t w = 0;  // W[k][c] at w + k * w_row + c (c counted from the task's col0)
+  // float32 on the tensor cores: this source's W as mma B fragments (hi/lo TF32 parts), at
+  // float4 frag + (k_step * 4 + n_tile) * 32 + lane of its weight set (linear.cu)
+  int64_t frag = 0;
   int32_t offset = 0, k_stride = 1, m_stride = 1, K = 0, w_row = 0;
 };
 // One column tile (cols <= kLinearTileCols channels from col0) of one destination
@@ -51,6 +54,9 @@ struct LinearTables {
   DeviceArray<T> bias;  // [dim_out], empty when the layer has no bias
   int64_t species_stride = 0;
   int max_d = 1;  // the widest irrep dimension of the paths
+  // float32 only: the weights as tensor-core fragments (empty: the FMA kernel runs)
+  DeviceArray<float> frag_fwd, frag_bwd;
+  int64_t frag_fwd_stride = 0, frag_bwd_stride = 0;  // float4 per weight set
 };
 
 template <class T>
