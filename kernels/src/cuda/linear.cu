@@ -13,6 +13,10 @@
 // With `species` (MACE's element-dependent linear) the block runs once per species
 // present among its nodes, with that species' weights, and writes only those
 // nodes' rows: one pass when the tile has a single element.
+//
+// float32 runs the same tiles on the tensor cores (linear_mma_kernel: mma.sync with
+// the 3xTF32 split of mma_tf32.cuh, float32-accurate) on sm_80 and later; float64 and
+// E3FUSE_LINEAR_SIMT=1 (a temporary switch to time both) run the FMA kernel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -173,21 +177,19 @@ __global__ void __launch_bounds__(linear_threads<TN>())
 // three products in a fixed order (deterministic; the order within a k-step is the
 // tensor core's, also fixed).
 constexpr int kMmaThreads = 128;
-constexpr int kMmaSliceK = 32;  // k per shared-memory slice: 4 k-steps of 8
 constexpr int kMmaNTiles = kLinearTileCols / 8;
-// Slice rows padded by 4 floats: a fragment read (node g, k t) hits bank 4 g + t, all 32.
-constexpr int kMmaRow = kMmaSliceK + 4;
 
 template <int kWarpRows, int kMTiles>
 constexpr int mma_tile_nodes() {
   return kWarpRows * 16 * kMTiles;
 }
 
-// Blocks per SM that the register allocation must allow: 3 for the large tiles (at most
-// 170 registers; ptxas left alone takes 225, 2 blocks), 1 for the small ones (94).
+// Blocks per SM that the register allocation must allow (ptxas, sm_90, no spills): 3 for
+// the large tiles (167 registers; bound to 1 block ptxas takes 225: 2 blocks), 5 for the
+// small ones (96 registers; bound to 1, 140: 3 blocks; 5 x 132 = 660 resident blocks).
 template <int kWarpRows, int kMTiles>
 constexpr int mma_min_blocks() {
-  return kMTiles > 1 ? 3 : 1;
+  return kMTiles > 1 ? 3 : 5;
 }
 
 // Where a block is in its list of (source, k0) slices.
@@ -195,7 +197,8 @@ struct SliceCursor {
   int si, k0;
 };
 
-template <int kWarpRows, int kMTiles>
+// kSliceK: k per shared-memory slice (32 or 64: 4 or 8 k-steps of 8).
+template <int kWarpRows, int kMTiles, int kSliceK>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles>())
     linear_mma_kernel(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
                       const LinearTask* __restrict__ tasks,
@@ -207,9 +210,12 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
   constexpr int TN = mma_tile_nodes<kWarpRows, kMTiles>();
   constexpr int kWarpCols = kMmaThreads / 32 / kWarpRows;
   constexpr int kNTiles = kMmaNTiles / kWarpCols;
-  constexpr int kRowsPerLoad = kMmaThreads / kMmaSliceK;
+  // Slice rows padded by 4 floats: a fragment read (node g, k t) hits bank 4 g + t, all 32.
+  constexpr int kMmaRow = kSliceK + 4;
+  constexpr int kRowsPerLoad = kMmaThreads / kSliceK;
   constexpr int kLoads = TN / kRowsPerLoad;
   static_assert(kWarpCols * kWarpRows * 32 == kMmaThreads && kNTiles * kWarpCols == kMmaNTiles &&
+                kSliceK % 8 == 0 && kRowsPerLoad * kSliceK == kMmaThreads &&
                 kLoads * kRowsPerLoad == TN);
   __shared__ __align__(16) float a_tile[TN * kMmaRow];
   __shared__ int next_species;
@@ -223,8 +229,8 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = (warp / kWarpCols) * 16 * kMTiles;  // this warp's first node in the tile
   const int nt0 = (warp % kWarpCols) * kNTiles;        // and its first n-tile
-  // staging: thread tid loads k = k0 + tid % kMmaSliceK of rows tid / kMmaSliceK + j kRowsPerLoad
-  const int load_k = tid % kMmaSliceK, load_row = tid / kMmaSliceK;
+  // staging: thread tid loads k = k0 + tid % kSliceK of rows tid / kSliceK + j kRowsPerLoad
+  const int load_k = tid % kSliceK, load_row = tid / kSliceK;
 
   int species_done = -1;
   for (;;) {
@@ -256,7 +262,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
         }
       };
       auto advance = [&](SliceCursor& c) {
-        c.k0 += kMmaSliceK;
+        c.k0 += kSliceK;
         while (c.si < task.source_end && c.k0 >= sources[c.si].K) {
           ++c.si;
           c.k0 = 0;
@@ -270,7 +276,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
 #pragma unroll
           for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-      SliceCursor next{task.source_begin, -kMmaSliceK};
+      SliceCursor next{task.source_begin, -kSliceK};
       advance(next);  // the first slice of a source with K > 0
       float staged[kLoads];
       if (next.si < task.source_end) load_slice(next, staged);
@@ -285,11 +291,11 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
         if (next.si < task.source_end) load_slice(next, staged);
 
         const LinearSource& so = sources[cur.si];
-        const int ksteps = min(kMmaSliceK / 8, (so.K - cur.k0 + 7) / 8);
+        const int ksteps = min(kSliceK / 8, (so.K - cur.k0 + 7) / 8);
         const float4* f =
             frag_set + so.frag + (static_cast<int64_t>(cur.k0 / 8) * kMmaNTiles + nt0) * 32 + lane;
 #pragma unroll
-        for (int ks = 0; ks < kMmaSliceK / 8; ++ks) {
+        for (int ks = 0; ks < kSliceK / 8; ++ks) {
           if (ks >= ksteps) break;
           uint32_t ah[kMTiles][4], al[kMTiles][4];
 #pragma unroll
@@ -491,11 +497,11 @@ bool linear_tensor_cores() {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
         "cudaDeviceGetAttribute");
   cudaFuncAttributes attr{};
-  check(cudaFuncGetAttributes(&attr, linear_mma_kernel<4, 2>), "cudaFuncGetAttributes");
+  check(cudaFuncGetAttributes(&attr, linear_mma_kernel<4, 2, 32>), "cudaFuncGetAttributes");
   return major >= 8 && attr.ptxVersion >= 80;
 }
 
-template <int kWarpRows, int kMTiles>
+template <int kWarpRows, int kMTiles, int kSliceK>
 void launch_linear_mma(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
                        int split_d, const LinearTask* tasks, const LinearSource* sources,
                        const float* frags, int64_t frag_stride, const float* bias,
@@ -505,7 +511,7 @@ void launch_linear_mma(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int 
   const int64_t blocks = (num_nodes + TN - 1) / TN * num_tasks;
   if (blocks > INT32_MAX) throw Error("linear layer: too many nodes for one launch");
   const dim3 grid(static_cast<unsigned>(blocks), 1u, static_cast<unsigned>(split_d));
-  linear_mma_kernel<kWarpRows, kMTiles>
+  linear_mma_kernel<kWarpRows, kMTiles, kSliceK>
       <<<grid, kMmaThreads, 0, stream>>>(num_nodes, dim_src, dim_dst, num_tasks, tasks, sources,
                                          reinterpret_cast<const float4*>(frags), frag_stride, bias,
                                          species, accumulate, split_d > 1, src, dst);
@@ -626,17 +632,18 @@ void run_linear_tables(const LinearTables<T>& tables, int64_t dim_in, int64_t di
     if (frags.size() != 0) {
       const int64_t stride = transpose ? tables.frag_bwd_stride : tables.frag_fwd_stride;
       // Large: 128-node tiles, each warp 32 nodes x 32 channels (2 x 4 mma tiles, each B
-      // fragment feeds 2 m-tiles). Small (fewer than 2 blocks of those per SM): 32-node
-      // tiles, each warp 16 x 16, and one block per component m (split_m): 4x the node
-      // tiles and up to max_d x the blocks, each with a serial chain of K / 8 k-steps of
-      // 2 x 3 mma per warp.
+      // fragment feeds 2 m-tiles), 32-deep slices. Small (fewer than 2 blocks of those per
+      // SM): 32-node tiles, each warp 16 x 16, one block per component m (split_m): 4x
+      // the node tiles and up to max_d x the blocks; 64-deep slices halve the serial
+      // chain of slices (each a global round trip) to K / 64 per block.
       if ((num_nodes + 127) / 128 * num_tasks < 2 * multiprocessors)
-        launch_linear_mma<2, 1>(num_nodes, dim_src, dim_dst, num_tasks, tables.max_d, tasks.data(),
-                                sources, frags.data(), stride, bias, species, accumulate, src, dst,
-                                stream);
+        launch_linear_mma<2, 1, 64>(num_nodes, dim_src, dim_dst, num_tasks, tables.max_d,
+                                    tasks.data(), sources, frags.data(), stride, bias, species,
+                                    accumulate, src, dst, stream);
       else
-        launch_linear_mma<4, 2>(num_nodes, dim_src, dim_dst, num_tasks, 1, tasks.data(), sources,
-                                frags.data(), stride, bias, species, accumulate, src, dst, stream);
+        launch_linear_mma<4, 2, 32>(num_nodes, dim_src, dim_dst, num_tasks, 1, tasks.data(),
+                                    sources, frags.data(), stride, bias, species, accumulate, src,
+                                    dst, stream);
       return;
     }
   }
