@@ -590,8 +590,10 @@ void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool 
   std::vector<LinearSource> fwd_sources, bwd_sources;
   plan_products(first.dim_out, fwd, fwd_tasks, fwd_sources);
   plan_products(first.dim_in, bwd, bwd_tasks, bwd_sources);
+  bool fragments = false;  // float32 on the tensor cores: the FMA kernel's copies unused
   if constexpr (std::is_same_v<T, float>) {
     if (linear_tensor_cores()) {
+      fragments = true;
       std::vector<float> frags;
       tables.frag_fwd_stride =
           plan_fragments(fwd_tasks, fwd_sources, weights, per_set, layers.size(), frags);
@@ -606,8 +608,10 @@ void build_linear_tables(const std::vector<const cpu::Linear<T>*>& layers, bool 
   tables.bwd_tasks.upload(bwd_tasks);
   tables.fwd_sources.upload(fwd_sources);
   tables.bwd_sources.upload(bwd_sources);
-  tables.weights.upload(weights);
-  tables.weights_t.upload(weights_t);
+  if (!fragments) {
+    tables.weights.upload(weights);
+    tables.weights_t.upload(weights_t);
+  }
   tables.bias.upload(bias);
   tables.species_stride = per_set;
   tables.max_d = max_d;

@@ -54,7 +54,8 @@ struct LinearTables {
   DeviceArray<T> bias;  // [dim_out], empty when the layer has no bias
   int64_t species_stride = 0;
   int max_d = 1;  // the widest irrep dimension of the paths
-  // float32 only: the weights as tensor-core fragments (empty: the FMA kernel runs)
+  // float32 only: the weights as tensor-core fragments (empty: the FMA kernel runs, on
+  // `weights`, which are left empty when these are set)
   DeviceArray<float> frag_fwd, frag_bwd;
   int64_t frag_fwd_stride = 0, frag_bwd_stride = 0;  // float4 per weight set
 };
