@@ -53,6 +53,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         correlation=[2, 2, 1],
         **DENSITY,
     ),
+    # 24 channels: a warp of the GPU's symmetric contraction spans two nodes, so its
+    # partial sums of dE/drho are kept per channel, not per warp (RowDensity, node_ops.cuh)
+    "density-24": dict(SMALL, hidden="24x0e+24x1o", **DENSITY),
 }
 
 _CACHE: dict[str, tuple[Any, Path]] = {}
@@ -217,6 +220,30 @@ def test_device_agrees_with_cpu(name: str, device: str, workdir: Path) -> None:
         f32 = e3fuse_eval(path, atoms, "float32", radial=radial, device=device)
         assert np.abs(f32["forces"] - cpu["forces"]).max() < 3e-5
         assert np.abs(f32["stress"] - cpu["stress"]).max() < 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])  # the CPU engine is the reference here
+@pytest.mark.parametrize("name", ["density-24", "omat"])
+def test_density_scale_in_the_contraction(name: str, device: str, workdir: Path) -> None:
+    """The density blocks' 1 / (1 + rho), applied by the GPU's symmetric contraction as it
+    loads its input and, in the backward, with dE/drho summed per warp (32 channels) or per
+    channel (24): float64 equals the CPU engine to 1e-10 eV/A, per-atom virials included,
+    float32 within 3e-5 eV/A, and a second run is bitwise the first."""
+    _, path = converted(name, workdir)
+    atoms = mixed_structure(seed=15).repeat((2, 1, 1))  # 64 atoms
+    cpu = e3fuse_eval(path, atoms, stresses=True)
+    ours = e3fuse_eval(path, atoms, device=device, stresses=True)
+    again = e3fuse_eval(path, atoms, device=device, stresses=True)
+    for key in ours:
+        np.testing.assert_array_equal(again[key], ours[key], err_msg=key)
+    assert abs(ours["energy"] - cpu["energy"]) / len(atoms) < 1e-12
+    assert np.abs(ours["energies"] - cpu["energies"]).max() < 1e-12
+    assert np.abs(ours["forces"] - cpu["forces"]).max() < 1e-10
+    assert np.abs(ours["stress"] - cpu["stress"]).max() < 1e-12
+    assert np.abs(ours["stresses"] - cpu["stresses"]).max() < 1e-10
+    f32 = e3fuse_eval(path, atoms, "float32", device=device)
+    assert np.abs(f32["forces"] - cpu["forces"]).max() < 3e-5
+    assert np.abs(f32["stress"] - cpu["stress"]).max() < 1e-6
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -217,7 +217,7 @@ void zero_rows_from(std::vector<T>& a, int64_t first_row, int width) {
 }
 
 // a[i] *= 1 / (1 + rho[i]) for the first `rows` rows of `width` values (mace's density blocks;
-// the CUDA backend's density_scale_forward and _backward).
+// the CUDA backend scales as the symmetric contraction loads its rows: RowDensity).
 template <class T>
 void scale_rows(std::vector<T>& a, int64_t rows, int64_t width, const std::vector<double>& rho) {
   for (int64_t i = 0; i < rows; ++i) {

@@ -222,44 +222,6 @@ __global__ void edge_walk_backward_kernel(typename Geometry<T>::View geo, EdgeWa
   add_node_forces(lane, k, fk, wk, forces, atom_virials);
 }
 
-// One block per row (node): its dim values scaled by 1 / (1 + rho), coalesced.
-template <class T>
-__global__ void density_scale_forward_kernel(int dim, const double* rho, const T* z, T* out) {
-  const int64_t i = blockIdx.x;
-  const T inv_d = static_cast<T>(1.0 / (1.0 + rho[i]));
-  const T* row = z + i * dim;
-  T* out_row = out + i * dim;
-  for (int q = threadIdx.x; q < dim; q += blockDim.x) out_row[q] = row[q] * inv_d;
-}
-
-// One warp per node: grad_rho = -gz . Z / d^2 and gz_out = gz / d, in one pass over the row
-// (gz_out may be gz).
-template <class T>
-__global__ void density_scale_backward_kernel(int64_t rows, int64_t n, int dim, const T* z,
-                                              const double* rho, const T* gz, T* gz_out,
-                                              double* grad_rho) {
-  int lane;
-  const int64_t i = warp_node(lane);
-  if (i >= n) return;  // the whole warp
-  if (i >= rows) {
-    if (lane == 0) grad_rho[i] = 0.0;
-    return;
-  }
-  const double inv_d = 1.0 / (1.0 + rho[i]);
-  const T inv_d_t = static_cast<T>(inv_d);
-  const T* zi = z + i * dim;
-  const T* gi = gz + i * dim;
-  T* oi = gz_out + i * dim;
-  double s = 0.0;
-  for (int q = lane; q < dim; q += kWarp) {
-    const T gq = gi[q];
-    s += static_cast<double>(zi[q]) * static_cast<double>(gq);
-    oi[q] = gq * inv_d_t;
-  }
-  s = warp_sum(s);
-  if (lane == 0) grad_rho[i] = -s * inv_d * inv_d;
-}
-
 template <class T>
 void set_table_view(EdgeDensity<T>& d, const std::vector<const cpu::RadialTable<T>*>& tables,
                     const std::vector<int>& pair_slot, int num_species) {
@@ -519,36 +481,13 @@ void edge_walk_backward(const Geometry<T>& geom, const EdgeWalk<T>& walk, const 
   });
 }
 
-template <class T>
-void density_scale_forward(int64_t rows, int dim, const double* rho, const T* z, T* out,
-                           cudaStream_t stream) {
-  if (rows == 0 || dim == 0) return;
-  const int threads = dim >= 256 ? 256 : 128;
-  density_scale_forward_kernel<T>
-      <<<static_cast<unsigned>(rows), threads, 0, stream>>>(dim, rho, z, out);
-  check_launch("density_scale_forward_kernel");
-}
-
-template <class T>
-void density_scale_backward(int64_t rows, int64_t n, int dim, const T* z, const double* rho,
-                            const T* gz, T* gz_out, double* grad_rho, cudaStream_t stream) {
-  if (n == 0) return;
-  density_scale_backward_kernel<T>
-      <<<static_cast<unsigned>(blocks_for(n * kWarp, kDensityThreads)), kDensityThreads, 0,
-         stream>>>(rows, n, dim, z, rho, gz, gz_out, grad_rho);
-  check_launch("density_scale_backward_kernel");
-}
-
-#define E3FUSE_INSTANTIATE(T)                                                                      \
-  template EdgeDensity<T> make_edge_density<T>(const cpu::EdgeDensity<T>&);                        \
-  template void upload_density_tables<T>(EdgeDensity<T>&, const cpu::EdgeDensity<T>&);             \
-  template void edge_walk_forward<T>(const Geometry<T>&, const EdgeWalk<T>&, const GraphView&,     \
-                                     cudaStream_t);                                                \
-  template void edge_walk_backward<T>(const Geometry<T>&, const EdgeWalk<T>&, const GraphView&,    \
-                                      double*, double*, cudaStream_t);                             \
-  template void density_scale_forward<T>(int64_t, int, const double*, const T*, T*, cudaStream_t); \
-  template void density_scale_backward<T>(int64_t, int64_t, int, const T*, const double*,          \
-                                          const T*, T*, double*, cudaStream_t);
+#define E3FUSE_INSTANTIATE(T)                                                                   \
+  template EdgeDensity<T> make_edge_density<T>(const cpu::EdgeDensity<T>&);                     \
+  template void upload_density_tables<T>(EdgeDensity<T>&, const cpu::EdgeDensity<T>&);          \
+  template void edge_walk_forward<T>(const Geometry<T>&, const EdgeWalk<T>&, const GraphView&,  \
+                                     cudaStream_t);                                             \
+  template void edge_walk_backward<T>(const Geometry<T>&, const EdgeWalk<T>&, const GraphView&, \
+                                      double*, double*, cudaStream_t);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)
 #undef E3FUSE_INSTANTIATE

@@ -89,19 +89,6 @@ void edge_walk_forward(const Geometry<T>& geom, const EdgeWalk<T>& walk, const G
 template <class T>
 void edge_walk_backward(const Geometry<T>& geom, const EdgeWalk<T>& walk, const GraphView& g,
                         double* forces, double* atom_virials, cudaStream_t stream);
-// out[i] = z[i] / (1 + rho[i]) for i < rows (dim values per row; out may be z): mace's
-// linear(message) / (density + 1).
-template <class T>
-void density_scale_forward(int64_t rows, int dim, const double* rho, const T* z, T* out,
-                           cudaStream_t stream);
-// Its adjoint with respect to rho and to Z, for m = P(Z) / (1 + rho) with P linear per node
-// (skip, or the identity) and gz = P^T dE/dm: grad_rho[i] = -gz_i . Z_i / (1 + rho_i)^2 for
-// i < rows, 0 for rows <= i < n, and gz_out[i] = gz[i] / (1 + rho_i) (dE/dZ) for i < rows;
-// gz_out may be gz.
-template <class T>
-void density_scale_backward(int64_t rows, int64_t n, int dim, const T* Z, const double* rho,
-                            const T* gz, T* gz_out, double* grad_rho, cudaStream_t stream);
-
 // mace's non-linear block: the same with the edge density tanh(MLP(emb_ij, s_i, s_j)^2) of its
 // RadialMLP (cpu/edge_density.cpp's RadialMlpView overloads), always evaluated exactly in
 // double; mlp.params in device memory, mlp.max_dim <= kMaxDensityMlpDim.

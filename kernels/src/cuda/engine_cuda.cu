@@ -228,6 +228,7 @@ class DeviceState {
   // error_node: [0] coincident atoms, [1] a force out of the fixed-point range (node + 1)
   DeviceArray<int64_t> row_offsets, error_node;
   DeviceArray<double> shifts;
+  int64_t num_edges = -1;  // the graph's edge count, known on the host (-1: unknown)
   // the convolutions' forces and per-atom virials on message receivers (conv.cuh)
   DeviceArray<unsigned long long> remote_forces, remote_virials;
   // Per-atom virials asked for: each edge's virial term goes half to each end, as on the
@@ -582,6 +583,7 @@ class MaceModel : public Model {
     mlin_.resize(L);
     nlz_.resize(L);
     hidden_.resize(L);
+    geom_.num_edges = s.num_edges;  // the non-linear block's per-edge weights: no read-back
     embed_species(g, n, embedding_dim_, embedding_, x_, st);
     inter_.resize(N);
     inter_.zero(st);
@@ -628,7 +630,6 @@ class MaceModel : public Model {
                    s.error_node.data(), st);
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
-      if (l.density) mlin_[t].resize(N * l.linear.dim_out);
       if (l.nonlinear_block) {  // z = linear_1(y) / (alpha + beta rho) + linear_res(u)
         s.profiler.mark("edge density", st);
         rho_[t].resize(N);
@@ -647,27 +648,22 @@ class MaceModel : public Model {
         linear_forward(l.linear_2, rows, a_.data(), m_[t].data(), st);
       } else {
         // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
-        // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d), Z (mlin_) kept for the backward
-        T* z = l.density ? mlin_[t].data() : m_[t].data();
-        linear_forward(l.linear, rows, y_.data(), z, st);
-        if (!l.residual && l.density) {
-          element_linear_forward(l.skip, rows, g.species, z, m_[t].data(), st);
-        } else if (!l.residual) {
+        // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d): m_ keeps P(Z) unscaled and
+        // the contraction scales its rows as it loads them (RowDensity), forward and backward
+        linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
+        if (!l.residual) {
           // m = skip(linear(y)): y's buffer, dead after the linear, takes skip's output
           y_.resize(std::max(y_.size(), N * l.skip.dim_out));
           element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
           copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
         }
-        if (l.density) {  // m = (skip of) Z / (1 + rho)
-          s.profiler.mark("edge density", st);
-          const T* unscaled = l.residual ? z : m_[t].data();
-          const auto dim = static_cast<int>(l.residual ? l.linear.dim_out : l.skip.dim_out);
-          density_scale_forward(rows, dim, rho_[t].data(), unscaled, m_[t].data(), st);
-        }
       }
       p_.resize(N * l.product.dim_out);
       s.profiler.mark("symmetric contraction", st);
-      symmetric_contraction_forward(l.product, rows, g.species, m_[t].data(), p_.data(), st);
+      RowDensity density;
+      if (l.density) density.rho = rho_[t].data();
+      symmetric_contraction_forward(l.product, rows, g.species, m_[t].data(), p_.data(), st,
+                                    density);
       x_.resize(N * l.product_linear.dim_out);
       s.profiler.mark("linear forward", st);
       linear_forward(l.product_linear, rows, p_.data(), x_.data(), st);
@@ -721,22 +717,20 @@ class MaceModel : public Model {
       linear_backward(l.product_linear, rows, gx.data(), gp.data(), false, st);
       DeviceArray<T>& gm = m_[t];
       s.profiler.mark("symmetric contraction", st);
-      symmetric_contraction_backward(l.product, rows, g.species, m_[t].data(), gp.data(), gm.data(),
-                                     st);
-      if (!l.residual) {  // dE/d linear(y) = skip^T dE/dm, through y's (dead) buffer
-        y_.resize(std::max(y_.size(), N * l.skip.dim_in));
-        element_linear_backward(l.skip, rows, g.species, gm.data(), y_.data(), false, st);
-        if (!l.density) copy_values(y_.data(), gm.data(), rows * l.skip.dim_in, st);
-      }
-      if (l.density) {  // m = P(Z) / d (P: skip or 1), gz = P^T dE/dm: dE/dZ = gz / d and
-        // dE/drho = -gz . Z / d^2 (without residual gz is skip's adjoint in y's buffer: this
-        // pass replaces its copy)
-        s.profiler.mark("edge density", st);
+      RowDensity density;  // density blocks: m = P(Z) / d (P: skip or 1), m_ holds P(Z): the
+      // contraction's adjoint writes dE/dP(Z) = dE/dm / d and dE/drho = -dE/dm . m / d
+      if (l.density) {
         grad_rho_[t].resize(N);
-        density_scale_backward(rows, n, static_cast<int>(l.linear.dim_out), mlin_[t].data(),
-                               rho_[t].data(), l.residual ? gm.data() : y_.data(), gm.data(),
-                               grad_rho_[t].data(), st);
+        rho_partials_.resize(N * static_cast<size_t>(sc_density_partials(l.product)));
+        density = {rho_[t].data(), grad_rho_[t].data(), n, rho_partials_.data()};
       }
+      // without residual, dE/d skip(Z) goes to y's (dead) buffer and dE/dZ = skip^T of it to m's
+      if (!l.residual) y_.resize(std::max(y_.size(), N * l.skip.dim_out));
+      T* g_product_in = l.residual ? gm.data() : y_.data();
+      symmetric_contraction_backward(l.product, rows, g.species, m_[t].data(), gp.data(),
+                                     g_product_in, st, density);
+      if (!l.residual)
+        element_linear_backward(l.skip, rows, g.species, y_.data(), gm.data(), false, st);
       s.profiler.mark("linear backward", st);
       // dE/dy reuses y's buffer (dead after the forward's linear; the largest node tensor)
       const T* g_linear_out = gm.data();
@@ -804,7 +798,7 @@ class MaceModel : public Model {
 
   size_t node_bytes(int64_t /*n*/, bool want_grad) const override {
     size_t up = 0, m = 0, hidden = 0, x = embedding_dim_, sc = 0, y = 0, p = 0, a = 0, gh = 0,
-           gup = 0, gprev = 0, doubles = 0;
+           gup = 0, gprev = 0, doubles = 0, partials = 0;
     for (const Layer& l : layers_) {
       up += l.linear_up.dim_out;
       m += l.linear.dim_out;
@@ -820,9 +814,9 @@ class MaceModel : public Model {
       }
       gup = std::max<size_t>(gup, l.conv.view.dim_in);
       gprev = std::max<size_t>(gprev, l.linear_up.dim_in);
-      if (l.density) {  // mlin_ and rho_
-        m += l.linear.dim_out;
+      if (l.density) {  // rho_; the contraction's backward's partials of dE/drho
         doubles += 1;
+        partials = std::max<size_t>(partials, sc_density_partials(l.product));
       }
       if (l.nonlinear_block) {  // mlin_, nlz_, rho_; gate output in a_, gz_ and ga_
         m += l.linear.dim_out + l.linear_res.dim_out;
@@ -832,7 +826,7 @@ class MaceModel : public Model {
         doubles += 1;
       }
     }
-    if (want_grad) doubles *= 2;                                 // + grad_rho_ per layer
+    if (want_grad) doubles = 2 * doubles + partials;             // + grad_rho_, rho_partials_
     size_t floats = up + m + hidden + x + sc + y + p + 1 + a;    // + r_
     if (want_grad) floats += 1 + gh + gup + gprev;               // + seed_
     return floats * sizeof(T) + (1 + doubles) * sizeof(double);  // + inter_
@@ -858,11 +852,12 @@ class MaceModel : public Model {
   // per layer, with the density's pair tables (cpu::EdgeDensity)
   std::vector<cpu::EdgeDensity<T>> host_densities_;
   std::vector<DeviceArray<T>> up_, m_, hidden_;
-  std::vector<DeviceArray<T>> mlin_;      // density layers: Z = linear(y)
+  std::vector<DeviceArray<T>> mlin_;      // non-linear blocks: linear_1(y)
   std::vector<DeviceArray<double>> rho_;  // density layers: rho per node
   std::vector<DeviceArray<double>> grad_rho_;
-  std::vector<DeviceArray<T>> nlz_;  // non-linear blocks: the gate's input z
-  DeviceArray<T> gz_, ga_;           // non-linear blocks: dE/dz, dE/d linear_1(y)
+  DeviceArray<double> rho_partials_;  // density layers' backward: RowDensity::partials
+  std::vector<DeviceArray<T>> nlz_;   // non-linear blocks: the gate's input z
+  DeviceArray<T> gz_, ga_;            // non-linear blocks: dE/dz, dE/d linear_1(y)
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
 };
 
@@ -902,6 +897,7 @@ class BackendImpl : public Backend {
     const cudaStream_t st = s.stream();
     const int64_t n = h.num_nodes;
     const int64_t edges = n > 0 ? h.row_offsets[n] : 0;
+    s.num_edges = edges;
     s.positions.upload(h.positions, 3 * n, st);
     s.species.upload(h.species, n, st);
     // the edges of the caller's previous graph are still here: Engine::compute, this
@@ -957,6 +953,7 @@ class BackendImpl : public Backend {
     g.layer_rows = layer_rows;
     s.halo.bind(nullptr, n, n, st);
     model_->prepare(sys.species, n);
+    s.num_edges = neighbors_->num_edges();
     // a minimum-distance check left in flight by update() is reported before the model's own
     run(g, out, [&] { neighbors_->finish_checks(s.positions.data(), st); });
     largest_call_bytes_ = std::max(
@@ -989,6 +986,7 @@ class BackendImpl : public Backend {
     g.shifts = nullptr;
     s.halo.bind(halo, n, nodes.num_owned, st);
     model_->prepare(nodes.species, n);
+    s.num_edges = node_neighbors_->num_edges();
     run(g, out, [&] { node_neighbors_->finish_checks(s.positions.data(), st); });
   }
 

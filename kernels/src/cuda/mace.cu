@@ -14,6 +14,11 @@
 // out [slot][thread] (bank-conflict free, no synchronisation needed), which allows the
 // groups' data-dependent indices. The sums run in a fixed order: deterministic, but not the
 // CPU's order (the CPU sums the rows).
+//
+// mace's density blocks divide the contraction's input by 1 + rho per node (RowDensity in
+// node_ops.cuh): the kernels scale each value as they load it and, in the backward, scale
+// the adjoint they write and leave per-warp partial sums of dE/drho, so that the message
+// rows are read and written once per direction (no passes of their own, no stored copy).
 #include <algorithm>
 #include <map>
 #include <string>
@@ -44,17 +49,20 @@ __global__ void sc_forward_kernel(
     const int32_t* __restrict__ ell_stride, const ScContraction* __restrict__ contractions,
     const int32_t* __restrict__ group_begin, const uint32_t* __restrict__ factors,
     const T* __restrict__ weights, const int32_t* __restrict__ species, const T* __restrict__ x,
-    T* __restrict__ out) {
+    const double* __restrict__ rho, T* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int bd = blockDim.x;
-  T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i], xt[num_ell] = 1
+  T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: m[c][i], xt[num_ell] = 1
   const int64_t t = static_cast<int64_t>(blockIdx.x) * bd + threadIdx.x;
   if (t >= num_nodes * C) return;
   const int c = static_cast<int>(t % C);
   const int64_t n = t / C;
   const T* xn = x + n * dim_in;
-  for (int i = 0; i < num_ell; ++i)
-    xt[i * bd] = xn[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]];
+  const T scale = rho ? static_cast<T>(1.0 / (1.0 + rho[n])) : T(1);  // m = x * scale
+  for (int i = 0; i < num_ell; ++i) {
+    const T v = xn[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]];
+    xt[i * bd] = rho ? v * scale : v;
+  }
   xt[num_ell * bd] = T(1);
   const T* W = weights + static_cast<int64_t>(species[n]) * num_groups * C + c;  // W[g * C]
   T* on = out + n * dim_out;
@@ -77,6 +85,11 @@ __global__ void sc_forward_kernel(
 
 // grad_x may be x (in place): each thread reads its own elements of x before it writes
 // the same elements of grad_x, and no other thread touches them.
+// With rho (density blocks, m = x * scale): grad_x = dE/dm * scale, and the thread's share
+// dE/dm . m of its node's -dE/drho * (1 + rho) goes to partials: summed over the warp when
+// C % kWarp == 0 (a warp then lies within one node: t counts from a multiple of 32, blocks
+// are whole warps, and num_nodes * C is a multiple of 32, so whole warps return), else
+// one per thread; density_grad_kernel adds them up per node.
 template <class T, int NU>
 __global__ void sc_backward_kernel(
     int64_t num_nodes, int C, int num_ell, int num_groups, int64_t dim_in, int64_t dim_out,
@@ -84,18 +97,21 @@ __global__ void sc_backward_kernel(
     const int32_t* __restrict__ ell_stride, const ScContraction* __restrict__ contractions,
     const int32_t* __restrict__ group_begin, const uint32_t* __restrict__ factors,
     const T* __restrict__ weights, const int32_t* __restrict__ species, const T* x,
-    const T* __restrict__ grad_out, T* grad_x) {
+    const double* __restrict__ rho, const T* __restrict__ grad_out, T* grad_x,
+    double* __restrict__ partials) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int bd = blockDim.x;
-  T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: x[c][i], xt[num_ell] = 1
-  T* gxt = xt + static_cast<int64_t>(num_ell + 1) * bd;  // gxt[i * bd]: dE/dx[c][i]
+  T* xt = reinterpret_cast<T*>(smem_raw) + threadIdx.x;  // xt[i * bd]: m[c][i], xt[num_ell] = 1
+  T* gxt = xt + static_cast<int64_t>(num_ell + 1) * bd;  // gxt[i * bd]: dE/dm[c][i]
   const int64_t t = static_cast<int64_t>(blockIdx.x) * bd + threadIdx.x;
   if (t >= num_nodes * C) return;
   const int c = static_cast<int>(t % C);
   const int64_t n = t / C;
   const T* xn = x + n * dim_in;
+  const T scale = rho ? static_cast<T>(1.0 / (1.0 + rho[n])) : T(1);  // m = x * scale
   for (int i = 0; i < num_ell; ++i) {
-    xt[i * bd] = xn[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]];
+    const T v = xn[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]];
+    xt[i * bd] = rho ? v * scale : v;
     gxt[i * bd] = T(0);
   }
   xt[num_ell * bd] = T(1);
@@ -125,8 +141,41 @@ __global__ void sc_backward_kernel(
     }
   }
   T* gx = grad_x + n * dim_in;
-  for (int i = 0; i < num_ell; ++i)
-    gx[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]] = gxt[i * bd];
+  if (!rho) {
+    for (int i = 0; i < num_ell; ++i)
+      gx[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]] = gxt[i * bd];
+    return;
+  }
+  double dot = 0.0;  // dE/dm . m over this thread's components
+  for (int i = 0; i < num_ell; ++i) {
+    const T g = gxt[i * bd];
+    dot += static_cast<double>(g) * static_cast<double>(xt[i * bd]);
+    gx[ell_offset[i] + static_cast<int64_t>(c) * ell_stride[i]] = g * scale;
+  }
+  if (C % kWarp == 0) {
+    dot = warp_sum(dot);
+    if (threadIdx.x % kWarp == 0) partials[t / kWarp] = dot;
+  } else {
+    partials[t] = dot;
+  }
+}
+
+// One thread per node: grad_rho[i] = -(its partials' sum, in order) / (1 + rho[i]) for
+// i < rows, 0 for rows <= i < n (mace's m = P(Z) / (1 + rho): dE/drho = -dE/dm . m / (1 + rho)).
+__global__ void density_grad_kernel(int64_t rows, int64_t n, int per_node,
+                                    const double* __restrict__ rho,
+                                    const double* __restrict__ partials,
+                                    double* __restrict__ grad_rho) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (i >= rows) {
+    grad_rho[i] = 0.0;
+    return;
+  }
+  const double* p = partials + i * per_node;
+  double s = 0.0;
+  for (int q = 0; q < per_node; ++q) s += p[q];
+  grad_rho[i] = -s / (1.0 + rho[i]);
 }
 
 // f(std::integral_constant<int, NU>{}) for the correlation order nu (1..4).
@@ -306,8 +355,8 @@ SymmetricContraction<T> make_symmetric_contraction(const cpu::SymmetricContracti
 
 template <class T>
 void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t num_nodes,
-                                   const int32_t* species, const T* x, T* out,
-                                   cudaStream_t stream) {
+                                   const int32_t* species, const T* x, T* out, cudaStream_t stream,
+                                   const RowDensity& density) {
   const int64_t work = num_nodes * sc.C;
   if (work <= 0) return;
   with_correlation(sc.max_nu, [&](auto nu) {
@@ -317,7 +366,7 @@ void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t nu
     kernel<<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
         num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, sc.num_contractions,
         sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.group_begin.data(),
-        sc.factors.data(), sc.weights.data(), species, x, out);
+        sc.factors.data(), sc.weights.data(), species, x, density.rho, out);
   });
   check_launch("sc_forward_kernel");
 }
@@ -325,34 +374,47 @@ void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t nu
 template <class T>
 void symmetric_contraction_backward(const SymmetricContraction<T>& sc, int64_t num_nodes,
                                     const int32_t* species, const T* x, const T* grad_out,
-                                    T* grad_x, cudaStream_t stream) {
+                                    T* grad_x, cudaStream_t stream, const RowDensity& density) {
+  if (density.rho && (!density.grad_rho || !density.partials || density.nodes < num_nodes))
+    throw Error("internal: the symmetric contraction's density adjoint without its buffers");
   const int64_t work = num_nodes * sc.C;
-  if (work <= 0) return;
-  with_correlation(sc.max_nu, [&](auto nu) {
-    auto kernel = sc_backward_kernel<T, decltype(nu)::value>;
-    size_t bytes = 0;
-    const int threads = sc_block<T>(kernel, 2 * (sc.num_ell + 1), bytes);
-    kernel<<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
-        num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, sc.num_contractions,
-        sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.group_begin.data(),
-        sc.factors.data(), sc.weights.data(), species, x, grad_out, grad_x);
-  });
-  check_launch("sc_backward_kernel");
+  if (work > 0) {
+    with_correlation(sc.max_nu, [&](auto nu) {
+      auto kernel = sc_backward_kernel<T, decltype(nu)::value>;
+      size_t bytes = 0;
+      const int threads = sc_block<T>(kernel, 2 * (sc.num_ell + 1), bytes);
+      kernel<<<static_cast<unsigned>(blocks_for(work, threads)), threads, bytes, stream>>>(
+          num_nodes, sc.C, sc.num_ell, sc.num_groups, sc.dim_in, sc.dim_out, sc.num_contractions,
+          sc.ell_offset.data(), sc.ell_stride.data(), sc.contractions.data(), sc.group_begin.data(),
+          sc.factors.data(), sc.weights.data(), species, x, density.rho, grad_out, grad_x,
+          density.partials);
+    });
+    check_launch("sc_backward_kernel");
+  }
+  if (density.rho && density.nodes > 0) {
+    constexpr int kGradThreads = 256;
+    density_grad_kernel<<<static_cast<unsigned>(blocks_for(density.nodes, kGradThreads)),
+                          kGradThreads, 0, stream>>>(num_nodes, density.nodes,
+                                                     sc_density_partials(sc), density.rho,
+                                                     density.partials, density.grad_rho);
+    check_launch("density_grad_kernel");
+  }
 }
 
-#define E3FUSE_INSTANTIATE(T)                                                                 \
-  template ElementLinear<T> make_element_linear<T>(const cpu::ElementLinear<T>&);             \
-  template void element_linear_forward<T>(const ElementLinear<T>&, int64_t, const int32_t*,   \
-                                          const T*, T*, cudaStream_t);                        \
-  template void element_linear_backward<T>(const ElementLinear<T>&, int64_t, const int32_t*,  \
-                                           const T*, T*, bool, cudaStream_t);                 \
-  template SymmetricContraction<T> make_symmetric_contraction<T>(                             \
-      const cpu::SymmetricContraction<T>&);                                                   \
-  template void symmetric_contraction_forward<T>(const SymmetricContraction<T>&, int64_t,     \
-                                                 const int32_t*, const T*, T*, cudaStream_t); \
-  template void symmetric_contraction_backward<T>(const SymmetricContraction<T>&, int64_t,    \
-                                                  const int32_t*, const T*, const T*, T*,     \
-                                                  cudaStream_t);
+#define E3FUSE_INSTANTIATE(T)                                                                \
+  template ElementLinear<T> make_element_linear<T>(const cpu::ElementLinear<T>&);            \
+  template void element_linear_forward<T>(const ElementLinear<T>&, int64_t, const int32_t*,  \
+                                          const T*, T*, cudaStream_t);                       \
+  template void element_linear_backward<T>(const ElementLinear<T>&, int64_t, const int32_t*, \
+                                           const T*, T*, bool, cudaStream_t);                \
+  template SymmetricContraction<T> make_symmetric_contraction<T>(                            \
+      const cpu::SymmetricContraction<T>&);                                                  \
+  template void symmetric_contraction_forward<T>(const SymmetricContraction<T>&, int64_t,    \
+                                                 const int32_t*, const T*, T*, cudaStream_t, \
+                                                 const RowDensity&);                         \
+  template void symmetric_contraction_backward<T>(const SymmetricContraction<T>&, int64_t,   \
+                                                  const int32_t*, const T*, const T*, T*,    \
+                                                  cudaStream_t, const RowDensity&);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)
 #undef E3FUSE_INSTANTIATE

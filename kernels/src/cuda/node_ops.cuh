@@ -185,15 +185,39 @@ struct SymmetricContraction {
 
 template <class T>
 SymmetricContraction<T> make_symmetric_contraction(const cpu::SymmetricContraction<T>& host);
-// out[n] = SC(x[n]; species s_n), out overwritten.
+
+// mace's density blocks (RealAgnosticDensity[Residual]InteractionBlock) divide the message
+// by 1 + rho: the contraction's input is m[n] = x[n] / (1 + rho[n]) with x = P(Z) (Z =
+// linear(conv), P = the element skip or the identity) kept unscaled, the scale applied as
+// the contraction loads its input (as 1 / (1 + rho) in double rounded to T, the CPU's
+// scale_rows), instead of passes of their own over the rows.
+struct RowDensity {
+  const double* rho = nullptr;  // per node; null: no scaling (every other block)
+  // backward only: dE/drho for nodes < num_nodes, 0 for num_nodes <= i < nodes
+  double* grad_rho = nullptr;
+  int64_t nodes = 0;
+  // backward scratch: sc_density_partials(sc) doubles per node
+  double* partials = nullptr;
+};
+// Partial sums of dE/drho per node that the contraction's backward leaves in
+// RowDensity::partials: one per warp of the node's channels when they fill whole warps
+// (C % 32 == 0, a warp's shuffle sum), else one per channel.
+template <class T>
+int sc_density_partials(const SymmetricContraction<T>& sc) {
+  return sc.C % kWarp == 0 ? sc.C / kWarp : sc.C;
+}
+// out[n] = SC(m[n]; species s_n), out overwritten; m = x, or x / (1 + rho) with density.rho.
 template <class T>
 void symmetric_contraction_forward(const SymmetricContraction<T>& sc, int64_t num_nodes,
-                                   const int32_t* species, const T* x, T* out, cudaStream_t stream);
-// grad_x = (d SC / dx)^T grad_out (overwritten; grad_x may be x).
+                                   const int32_t* species, const T* x, T* out, cudaStream_t stream,
+                                   const RowDensity& density = {});
+// grad_x = (d SC / dx)^T grad_out (overwritten; grad_x may be x). With density.rho (x unscaled,
+// m = x / d, d = 1 + rho): grad_x = (dSC/dm)^T grad_out / d (= dE/dx) and
+// density.grad_rho[n] = -(dE/dm . m) / d (= -dE/dm . x / d^2), summed in a fixed order.
 template <class T>
 void symmetric_contraction_backward(const SymmetricContraction<T>& sc, int64_t num_nodes,
                                     const int32_t* species, const T* x, const T* grad_out,
-                                    T* grad_x, cudaStream_t stream);
+                                    T* grad_x, cudaStream_t stream, const RowDensity& density = {});
 
 // ---------------------------------------------------------------------------------
 // Elementwise helpers
