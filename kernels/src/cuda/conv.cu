@@ -63,6 +63,9 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   s.interval = take_if(!mlp, sizeof(int) * ec);
   s.local_t = take_if(!mlp, t * ec);
   s.Y = take(t * ec * sh_dim);
+  // each edge's vector and {unit vector, length}: the spherical harmonics read them
+  s.vec = take(t * ec * 3);
+  s.u = take(t * ec * 4);
   s.h0 = take_if(mlp, t * ec * c.max_hidden);
   s.h1 = take_if(mlp, t * ec * c.max_hidden);
   s.wts = take_if(mlp, t * ec * c.weight_numel);
@@ -70,8 +73,6 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   if (!backward) {
     s.acc = take(t * c.dim_out);
   } else {
-    s.vec = take(t * ec * 3);
-    s.u = take(t * ec * 3);
     s.J = take(t * ec * sh_dim * 3);
     s.emb = take_if(mlp, t * ec * num_basis);
     s.demb = take_if(mlp, t * ec * num_basis);
@@ -158,49 +159,50 @@ __device__ void take_chunk(const GraphView& g, int64_t i, double cutoff2, int64_
   __syncthreads();
 }
 
-// Spherical harmonics of the unit vector (or the raw vector when !normalize) and,
-// if J is given, J[m][a] = dY_m/dv_a (projected onto the sphere, see ops/sh.h).
+// Component m of the spherical harmonics of the unit vector (or the raw vector when
+// !normalize) and, if J is given, J[a] = dY_m/dv_a (projected onto the sphere, see ops/sh.h).
 template <class T>
-__device__ void edge_sh(const typename Geometry<T>::View& geo, const T v[3], const T u[3], T r,
-                        T* Y, T* J) {
+__device__ void edge_sh_component(const typename Geometry<T>::View& geo, int m, const T v[3],
+                                  const T u[3], T r, T* Y, T* J) {
   const T* p = geo.normalize ? u : v;
   T pw[3][8];
   for (int a = 0; a < 3; ++a) {
     pw[a][0] = T(1);
     for (int k = 1; k <= geo.lmax && k < 8; ++k) pw[a][k] = pw[a][k - 1] * p[a];
   }
-  for (int m = 0; m < geo.sh_dim; ++m) {
-    T y = 0, gx = 0, gy = 0, gz = 0;
-    for (int t = geo.term_begin[m]; t < geo.term_begin[m + 1]; ++t) {
-      const int packed = geo.exps[t];
-      const int e0 = packed & 255, e1 = (packed >> 8) & 255, e2 = (packed >> 16) & 255;
-      const T c = geo.sh_coeffs[t];
-      y += c * pw[0][e0] * pw[1][e1] * pw[2][e2];
-      if (J) {
-        if (e0) gx += c * T(e0) * pw[0][e0 - 1] * pw[1][e1] * pw[2][e2];
-        if (e1) gy += c * T(e1) * pw[0][e0] * pw[1][e1 - 1] * pw[2][e2];
-        if (e2) gz += c * T(e2) * pw[0][e0] * pw[1][e1] * pw[2][e2 - 1];
-      }
-    }
-    Y[m] = y;
+  T y = 0, gx = 0, gy = 0, gz = 0;
+  for (int t = geo.term_begin[m]; t < geo.term_begin[m + 1]; ++t) {
+    const int packed = geo.exps[t];
+    const int e0 = packed & 255, e1 = (packed >> 8) & 255, e2 = (packed >> 16) & 255;
+    const T c = geo.sh_coeffs[t];
+    y += c * pw[0][e0] * pw[1][e1] * pw[2][e2];
     if (J) {
-      if (geo.normalize) {
-        const T qu = gx * u[0] + gy * u[1] + gz * u[2];
-        const T inv_r = T(1) / r;
-        J[3 * m] = (gx - qu * u[0]) * inv_r;
-        J[3 * m + 1] = (gy - qu * u[1]) * inv_r;
-        J[3 * m + 2] = (gz - qu * u[2]) * inv_r;
-      } else {
-        J[3 * m] = gx;
-        J[3 * m + 1] = gy;
-        J[3 * m + 2] = gz;
-      }
+      if (e0) gx += c * T(e0) * pw[0][e0 - 1] * pw[1][e1] * pw[2][e2];
+      if (e1) gy += c * T(e1) * pw[0][e0] * pw[1][e1 - 1] * pw[2][e2];
+      if (e2) gz += c * T(e2) * pw[0][e0] * pw[1][e1] * pw[2][e2 - 1];
     }
+  }
+  *Y = y;
+  if (!J) return;
+  if (geo.normalize) {
+    const T qu = gx * u[0] + gy * u[1] + gz * u[2];
+    const T inv_r = T(1) / r;
+    J[0] = (gx - qu * u[0]) * inv_r;
+    J[1] = (gy - qu * u[1]) * inv_r;
+    J[2] = (gz - qu * u[2]) * inv_r;
+  } else {
+    J[0] = gx;
+    J[1] = gy;
+    J[2] = gz;
   }
 }
 
-// Geometry of the chunk's edges: thread t < n handles edge t. Rows past n of the
-// MLP input are zeroed so the chunk GEMM reads defined values.
+// Geometry of the chunk's edges, in two steps with a block-wide sync between them: thread
+// t < n takes edge t (vector, length, neighbor, table interval or MLP embedding), then
+// thread q < n sh_dim takes component q % sh_dim of edge q / sh_dim's spherical harmonics
+// (each component's sum in the same order as one thread for all: the same bits).
+// vec[3 e + a]: the edge vector; unit[4 e + a]: its unit vector, unit[4 e + 3] its length.
+// Rows past n of the MLP input are zeroed so the chunk GEMM reads defined values.
 // With a radial table (c.table), emb is null and each edge's table interval and local
 // coordinate go to s_interval and s_t instead; receiver_is_i: node i receives the chunk's
 // messages (forward), else it sends them (backward), which orders the species pair.
@@ -210,7 +212,7 @@ template <class T, bool PER_EDGE = false>
 __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
                                const typename Conv<T>::View& c, const GraphView& g, int64_t i,
                                int n, int ec, const int64_t* s_edge, int* s_sender, T* Y, T* emb,
-                               int emb_stride, T* J, T* demb, T* vec, T* u_out, int* s_interval,
+                               int emb_stride, T* J, T* demb, T* vec, T* unit, int* s_interval,
                                T* s_t, bool receiver_is_i) {
   const int t = threadIdx.x;
   if (t < n) {
@@ -219,55 +221,55 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
     edge_vector(g, i, e, v);
     const double r = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
     s_sender[t] = g.neighbors[e];
-    T vt[3], ut[3];
     for (int a = 0; a < 3; ++a) {
-      vt[a] = static_cast<T>(v[a]);
-      ut[a] = static_cast<T>(v[a] / r);
+      vec[3 * t + a] = static_cast<T>(v[a]);
+      unit[4 * t + a] = static_cast<T>(v[a] / r);
     }
-    if (vec)
-      for (int a = 0; a < 3; ++a) {
-        vec[3 * t + a] = vt[a];
-        u_out[3 * t + a] = ut[a];
-      }
-    edge_sh<T>(geo, vt, ut, static_cast<T>(r), Y + t * geo.sh_dim,
-               J ? J + t * geo.sh_dim * 3 : nullptr);
+    unit[4 * t + 3] = static_cast<T>(r);
     if (!emb) {
       if constexpr (PER_EDGE) {
         s_interval[t] = static_cast<int>(e);  // conv_forward / conv_backward check E < 2^31
         s_t[t] = T(0);
-        return;
+      } else {
+        int iv = 0;
+        double x = 0.0;
+        ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals, iv, x);
+        if (c.pair_slot) {  // the table of the message's (receiver, sender) species pair
+          const int si = g.species[i], sj = g.species[s_sender[t]];
+          const int pair = receiver_is_i ? si * c.num_species + sj : sj * c.num_species + si;
+          iv += c.pair_slot[pair] * c.table_intervals;
+        }
+        s_interval[t] = iv;
+        s_t[t] = static_cast<T>(x);
       }
-      int iv = 0;
-      double x = 0.0;
-      ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals, iv, x);
-      if (c.pair_slot) {  // the table of the message's (receiver, sender) species pair
-        const int si = g.species[i], sj = g.species[s_sender[t]];
-        const int pair = receiver_is_i ? si * c.num_species + sj : sj * c.num_species + si;
-        iv += c.pair_slot[pair] * c.table_intervals;
-      }
-      s_interval[t] = iv;
-      s_t[t] = static_cast<T>(x);
-      return;
-    }
-    // The embedding in double whatever T is (as on the CPU: accurate near the cutoff).
-    double b[kMaxBasis], db[kMaxBasis];
-    if (geo.mace_embedding) {  // apply_cutoff false is refused with the MLP (engine_cuda.cu)
-      const double r0 =
-          geo.pair_r0 ? geo.pair_r0[g.species[i] * geo.num_species + g.species[s_sender[t]]] : 1.0;
-      double f = 1.0, df = 0.0;
-      ops::mace_edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope,
-                                       geo.transform, geo.apply_cutoff, r, r0, b,
-                                       demb ? db : nullptr, f, df);
     } else {
-      ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, b,
-                                  demb ? db : nullptr);
-    }
-    for (int k = 0; k < geo.num_basis; ++k) {
-      emb[t * emb_stride + k] = static_cast<T>(b[k]);
-      if (demb) demb[t * geo.num_basis + k] = static_cast<T>(db[k]);
+      // The embedding in double whatever T is (as on the CPU: accurate near the cutoff).
+      double b[kMaxBasis], db[kMaxBasis];
+      if (geo.mace_embedding) {  // apply_cutoff false is refused with the MLP (engine_cuda.cu)
+        const double r0 = geo.pair_r0
+                              ? geo.pair_r0[g.species[i] * geo.num_species + g.species[s_sender[t]]]
+                              : 1.0;
+        double f = 1.0, df = 0.0;
+        ops::mace_edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope,
+                                         geo.transform, geo.apply_cutoff, r, r0, b,
+                                         demb ? db : nullptr, f, df);
+      } else {
+        ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, b,
+                                    demb ? db : nullptr);
+      }
+      for (int k = 0; k < geo.num_basis; ++k) {
+        emb[t * emb_stride + k] = static_cast<T>(b[k]);
+        if (demb) demb[t * geo.num_basis + k] = static_cast<T>(db[k]);
+      }
     }
   } else if (t < ec && emb) {
     for (int k = 0; k < emb_stride; ++k) emb[t * emb_stride + k] = T(0);
+  }
+  __syncthreads();
+  for (int q = t; q < n * geo.sh_dim; q += blockDim.x) {
+    const int e = q / geo.sh_dim, m = q - e * geo.sh_dim;
+    edge_sh_component<T>(geo, m, vec + 3 * e, unit + 4 * e, unit[4 * e + 3], Y + q,
+                         J ? J + 3 * q : nullptr);
   }
 }
 
@@ -732,9 +734,9 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
     T dr = T(0);
 #pragma unroll
     for (int ch = 0; ch < C; ++ch) dr += dw[ch] * c.inv_denominator * dw_dr[ch];
-    f0 += dr * unit[3 * e];
-    f1 += dr * unit[3 * e + 1];
-    f2 += dr * unit[3 * e + 2];
+    f0 += dr * unit[4 * e];
+    f1 += dr * unit[4 * e + 1];
+    f2 += dr * unit[4 * e + 2];
   } else if (active) {
     T* slot = wts + e * c.weight_numel + P.weight_offset + u;
 #pragma unroll
@@ -911,6 +913,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
   int* s_sender = reinterpret_cast<int*>(smem + L.sender);
   T* Y = reinterpret_cast<T*>(smem + L.Y);
+  T* vec = reinterpret_cast<T*>(smem + L.vec);
+  T* unit = reinterpret_cast<T*>(smem + L.u);
   T* h0 = reinterpret_cast<T*>(smem + L.h0);
   T* h1 = reinterpret_cast<T*>(smem + L.h1);
   T* wts = reinterpret_cast<T*>(smem + L.wts);
@@ -933,8 +937,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if (n == 0) break;
     // h0 holds the embedding with row stride num_basis = dims[0].
     chunk_geometry<T, PER_EDGE>(geo, c, g, i, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : h0,
-                                c.dims[0], nullptr, nullptr, nullptr, nullptr, s_interval, s_t,
-                                true);
+                                c.dims[0], nullptr, nullptr, vec, unit, s_interval, s_t, true);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     if constexpr (!SPARSE) chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M);
@@ -1083,7 +1086,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         T dr = T(0);
         for (int b = 0; b < geo.num_basis; ++b)
           dr += gemb[e * geo.num_basis + b] * demb[e * geo.num_basis + b];
-        for (int a = 0; a < 3; ++a) edge_force[3 * e + a] += static_cast<double>(dr * u[3 * e + a]);
+        for (int a = 0; a < 3; ++a) edge_force[3 * e + a] += static_cast<double>(dr * u[4 * e + a]);
       }
       __syncthreads();
     }
