@@ -102,7 +102,9 @@ DeviceHalo::DeviceHalo() : overlap_enabled_(env_int("E3FUSE_HALO_OVERLAP", 1) !=
 
 DeviceHalo::~DeviceHalo() {
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
-  if (packed_) cudaEventDestroy(packed_);
+  for (cudaEvent_t e : {packed_, computed_, copied_in_})
+    if (e) cudaEventDestroy(e);
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
 }
 
 void DeviceHalo::bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_owned,
@@ -311,18 +313,51 @@ void RowGroups::add(int width, const T* in, T* out, cudaStream_t stream) const {
 // exchange takes device rows (HaloExchange::takes_device_rows), the device's own: the packed
 // border rows and the ghost rows of x in place (forward), the ghosts' adjoints in place and
 // the border sums in the border rows' array (reverse).
+//
+// The PCIe copies run on copies_: the compute stream in the synchronous order; in the
+// overlapped one a stream of their own, ordered after the compute stream's work so far by an
+// event (begin_copies), so that they run beside the convolution, and the compute stream waits
+// for the copies in (join_copies). Their rows are disjoint from the rows the convolution
+// meanwhile reads and writes (see DeviceHalo).
+
+void DeviceHalo::begin_copies(bool overlapped) {
+  copies_ = stream_;
+  if (!overlapped || device_rows_) return;
+  if (!copy_stream_) {
+    check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "stream");
+    check(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&copied_in_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  check(cudaEventRecord(computed_, stream_), "cudaEventRecord");
+  check(cudaStreamWaitEvent(copy_stream_, computed_, 0), "cudaStreamWaitEvent");
+  copies_ = copy_stream_;
+}
+
+void DeviceHalo::join_copies() {
+  if (copies_ == stream_) return;
+  check(cudaEventRecord(copied_in_, copies_), "cudaEventRecord");
+  check(cudaStreamWaitEvent(stream_, copied_in_, 0), "cudaStreamWaitEvent");
+}
+
+void DeviceHalo::record_packed() {
+  if (!packed_)
+    check(cudaEventCreateWithFlags(&packed_, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventRecord(packed_, copies_), "cudaEventRecord");
+}
 
 template <class T>
-void DeviceHalo::pack_border(int width, const T* x) {
+void DeviceHalo::pack_border(int width, const T* x, bool overlapped) {
   const size_t w = static_cast<size_t>(width);
   DeviceArray<T>& border_rows = rows<T>();
   border_rows.resize(num_border_ * w);
-  if (num_border_ == 0) return;
-  gather_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
-      num_border_, width, border_.data(), x, border_rows.data());
-  check_launch("gather_rows_kernel");
-  if (!device_rows_)
-    border_rows.download(host_border_.reserve<T>(num_border_ * w + 1), num_border_ * w, stream_);
+  if (num_border_ > 0) {
+    gather_rows_kernel<T><<<grid(num_border_ * width), kThreads, 0, stream_>>>(
+        num_border_, width, border_.data(), x, border_rows.data());
+    check_launch("gather_rows_kernel");
+  }
+  begin_copies(overlapped);
+  if (!device_rows_ && num_border_ > 0)
+    border_rows.download(host_border_.reserve<T>(num_border_ * w + 1), num_border_ * w, copies_);
 }
 
 template <class T>
@@ -338,21 +373,26 @@ void DeviceHalo::exchange_forward(int width, T* x) {
   T* host_border = host_border_.reserve<T>(num_border_ * w + 1);  // pack_border's
   T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);
   exchange_->forward(width, host_border, host_ghost);
-  record_resume();
+  if (copies_ == stream_) record_resume();  // the copy in is the compute stream's work
   if (ghosts > 0)
     check(cudaMemcpyAsync(ghost_rows, host_ghost, ghosts * w * sizeof(T), cudaMemcpyHostToDevice,
-                          stream_),
+                          copies_),
           "halo unpack");
+  if (copies_ != stream_) {  // the compute stream resumes once the ghost rows are in
+    join_copies();
+    record_resume();
+  }
 }
 
 template <class T>
-void DeviceHalo::pack_ghosts(int width, T* grad) {
+void DeviceHalo::pack_ghosts(int width, T* grad, bool overlapped) {
   const size_t w = static_cast<size_t>(width);
   const int64_t ghosts = num_nodes_ - num_owned_ - num_images_;  // exchanged ghosts
   rows<T>().resize(num_border_ * w);  // the border sums' array, before the exchange
+  begin_copies(overlapped);
   if (!device_rows_ && ghosts > 0)
     check(cudaMemcpyAsync(host_ghost_.reserve<T>(ghosts * w + 1), grad + num_owned_ * width,
-                          ghosts * w * sizeof(T), cudaMemcpyDeviceToHost, stream_),
+                          ghosts * w * sizeof(T), cudaMemcpyDeviceToHost, copies_),
           "halo pack");
 }
 
@@ -368,8 +408,12 @@ void DeviceHalo::exchange_reverse(int width, T* grad) {
     T* host_border = host_border_.reserve<T>(num_border_ * w + 1);
     T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);  // pack_ghosts'
     exchange_->reverse(width, host_ghost, host_border);
-    record_resume();
-    if (num_border_ > 0) border_rows.upload(host_border, num_border_ * w, stream_);
+    if (copies_ == stream_) record_resume();  // the copy in is the compute stream's work
+    if (num_border_ > 0) border_rows.upload(host_border, num_border_ * w, copies_);
+    if (copies_ != stream_) {  // the compute stream resumes once the border sums are in
+      join_copies();
+      record_resume();
+    }
   }
   if (num_border_ > 0)
     border_groups_.add(width, static_cast<const T*>(border_rows.data()), grad, stream_);
@@ -377,7 +421,7 @@ void DeviceHalo::exchange_reverse(int width, T* grad) {
 
 template <class T>
 void DeviceHalo::forward(int width, T* x) {
-  pack_border(width, x);
+  pack_border(width, x, false);
   record_stop();
   check(cudaStreamSynchronize(stream_), "halo pack");
   exchange_forward(width, x);
@@ -392,7 +436,7 @@ template <class T>
 void DeviceHalo::reverse(int width, T* grad) {
   // self images into their sources, before the exchanged ghosts leave (some are sources)
   image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
-  pack_ghosts(width, grad);
+  pack_ghosts(width, grad, false);
   record_stop();
   check(cudaStreamSynchronize(stream_), "halo pack");
   exchange_reverse(width, grad);
@@ -404,10 +448,8 @@ void DeviceHalo::reverse(int width, T* grad) {
 template <class T>
 void DeviceHalo::begin_forward(int width, T* x) {
   ensure_split();
-  pack_border(width, x);
-  if (!packed_)
-    check(cudaEventCreateWithFlags(&packed_, cudaEventDisableTiming), "cudaEventCreate");
-  check(cudaEventRecord(packed_, stream_), "cudaEventRecord");
+  pack_border(width, x, true);
+  record_packed();
   // images of owned nodes: the interior rows may read them
   if (num_local_images_ > 0) {
     copy_rows_kernel<T><<<grid(num_local_images_ * width), kThreads, 0, stream_>>>(
@@ -432,10 +474,8 @@ template <class T>
 void DeviceHalo::begin_reverse(int width, T* grad) {
   // images of exchanged ghosts into their sources before those leave (image_groups_'s sums)
   remote_image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
-  pack_ghosts(width, grad);
-  if (!packed_)
-    check(cudaEventCreateWithFlags(&packed_, cudaEventDisableTiming), "cudaEventCreate");
-  check(cudaEventRecord(packed_, stream_), "cudaEventRecord");
+  pack_ghosts(width, grad, true);
+  record_packed();
 }
 
 template <class T>

@@ -128,12 +128,15 @@ class DeviceHalo {
       return border_rows_;
   }
   // the steps of forward() and reverse() (see halo.cu)
+  void begin_copies(bool overlapped);
+  void join_copies();
+  void record_packed();
   template <class T>
-  void pack_border(int width, const T* x);
+  void pack_border(int width, const T* x, bool overlapped);
   template <class T>
   void exchange_forward(int width, T* x);
   template <class T>
-  void pack_ghosts(int width, T* grad);
+  void pack_ghosts(int width, T* grad, bool overlapped);
   template <class T>
   void exchange_reverse(int width, T* grad);
   void ensure_split();
@@ -156,6 +159,10 @@ class DeviceHalo {
   DeviceArray<int32_t> local_images_, local_image_sources_, remote_images_, remote_image_sources_;
   int64_t num_local_images_ = 0, num_remote_images_ = 0;
   RowGroups local_image_groups_, remote_image_groups_;
+  // the PCIe copies' stream (copy_stream_ or stream_), their events: the compute stream's
+  // work before them done, the rows copied in
+  cudaStream_t copies_ = nullptr, copy_stream_ = nullptr;
+  cudaEvent_t computed_ = nullptr, copied_in_ = nullptr;
   cudaEvent_t packed_ = nullptr;                 // the packed rows reached the host
   std::vector<cudaEvent_t> event_pool_, waits_;  // waits_: stop, resume pairs of this call
   size_t events_used_ = 0;
