@@ -7,6 +7,13 @@
 #include <stdexcept>
 #include <string>
 
+// Open MPI declares its CUDA query in mpi-ext.h (OMPI_HAVE_MPI_EXT_CUDA)
+#if defined(OPEN_MPI) && OPEN_MPI && defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+#endif
+
 using namespace LAMMPS_NS;
 
 namespace {
@@ -220,6 +227,25 @@ void E3fuseMpiExchange::reverse(int width, const float *ghost_rows, float *borde
   reverse_rows(width, ghost_rows, border_sums);
 }
 
+bool E3fuseMpiExchange::mpi_supports_cuda() {
+#if defined(MPIX_GPU_SUPPORT_CUDA)
+  int supported = 0;
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) != MPI_SUCCESS) return false;
+  return supported != 0;
+#elif defined(OMPI_HAVE_MPI_EXT_CUDA) && OMPI_HAVE_MPI_EXT_CUDA
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
+void E3fuseMpiExchange::add_device_wait(double seconds, bool overlapped) {
+  device_wait_ += seconds;
+  device_reports_ = true;
+  device_overlapped_ = overlapped;
+}
+
 void E3fuseMpiExchange::reset_counters() {
-  seconds_ = bytes_sent_ = 0.0;
+  seconds_ = bytes_sent_ = device_wait_ = 0.0;
+  device_reports_ = device_overlapped_ = false;
 }

@@ -60,12 +60,28 @@ class E3fuseMpiExchange : public e3fuse::HaloExchange {
   void forward(int width, const float *border_rows, float *ghost_rows) override;
   void reverse(int width, const double *ghost_rows, double *border_sums) override;
   void reverse(int width, const float *ghost_rows, float *border_sums) override;
+  void add_device_wait(double seconds, bool overlapped) override;
+  bool takes_device_rows() const override { return device_rows_; }
 
-  // seconds spent in forward() and reverse(), and bytes of rows this rank sent to other
-  // ranks (self images never leave the engine), since reset_counters()
+  // Whether this MPI library reads and writes GPU memory itself (CUDA-aware), asked at run
+  // time: MPICH >= 4 MPIX_GPU_query_support, Open MPI MPIX_Query_cuda_support (mpi-ext.h);
+  // false for other libraries or when neither is declared.
+  static bool mpi_supports_cuda();
+  // Rows in GPU memory (a GPU engine and a CUDA-aware MPI library) or in host memory.
+  void set_device_rows(bool on) { device_rows_ = on; }
+
+  // seconds spent in forward() and reverse() (the exchange's wall time), and bytes of rows
+  // this rank sent to other ranks (self images never leave the engine), since
+  // reset_counters()
   void reset_counters();
   double seconds() const { return seconds_; }
   double bytes_sent() const { return bytes_sent_; }
+  // Of a GPU engine (add_device_wait): the seconds its device waited for the exchange, and
+  // whether it overlapped the exchange with its convolution; device_reports() false: no
+  // report (CPU engine: the computation waits for the whole exchange).
+  double device_wait() const { return device_wait_; }
+  bool device_reports() const { return device_reports_; }
+  bool device_overlapped() const { return device_overlapped_; }
 
  private:
   template <class T> void forward_rows(int width, const T *border_rows, T *ghost_rows);
@@ -87,7 +103,8 @@ class E3fuseMpiExchange : public e3fuse::HaloExchange {
   std::vector<int> send_peers_, send_offsets_;
   std::vector<int32_t> image_sources_;  // per self image: the node it copies
   std::vector<MPI_Request> requests_;
-  double seconds_ = 0.0, bytes_sent_ = 0.0;
+  double seconds_ = 0.0, bytes_sent_ = 0.0, device_wait_ = 0.0;
+  bool device_reports_ = false, device_overlapped_ = false, device_rows_ = false;
 };
 
 }  // namespace LAMMPS_NS

@@ -120,6 +120,8 @@ void PairE3fuse::allocate() {
                                                "tabulated": "table" under pair_style hybrid)
                      [charge Q] [spin S]   (per-system inputs of MACE models with
                                             embedding_specs; mace's defaults 0 and 1)
+                     [cuda_aware auto|yes|no]   (comm exchange on a GPU: rows sent from GPU
+                                                 memory by a CUDA-aware MPI library)
 ------------------------------------------------------------------------- */
 
 void PairE3fuse::settings(int narg, char **arg) {
@@ -138,6 +140,7 @@ void PairE3fuse::settings(int narg, char **arg) {
   radial_name_ = "auto";
   num_threads_ = 0;
   mode_requested_ = Mode::AUTO;
+  cuda_aware_ = "auto";
   system_inputs_.clear();
 
   int iarg = 0;
@@ -171,6 +174,10 @@ void PairE3fuse::settings(int narg, char **arg) {
       num_threads_ = utils::inumeric(FLERR, value, false, lmp);
       if (num_threads_ < 0)
         error->all(FLERR, "pair_style e3fuse: threads must be >= 0 (0: OpenMP default)");
+    } else if (key == "cuda_aware") {
+      if (value != "auto" && value != "yes" && value != "no")
+        error->all(FLERR, "pair_style e3fuse: cuda_aware '{}' (expected auto, yes or no)", value);
+      cuda_aware_ = value;
     } else if (key == "charge" || key == "spin") {
       system_inputs_[key] = utils::numeric(FLERR, value, false, lmp);
     } else if (key == "comm" || key == "mode") {
@@ -190,7 +197,7 @@ void PairE3fuse::settings(int narg, char **arg) {
       error->all(
           FLERR,
           "pair_style e3fuse: unknown keyword '{}' (expected device, precision, threads, comm, "
-          "radial, charge or spin)",
+          "radial, charge, spin or cuda_aware)",
           key);
     }
     iarg += 2;
@@ -445,13 +452,28 @@ void PairE3fuse::init_style() {
                    (raised ? " (set to " : " (>= ") + std::to_string(num_layers_) + " layers x " +
                    format_double(cutoff_) + " A + skin " + format_double(neighbor->skin) + " A)\n");
   } else if (mode_ == Mode::EXCHANGE) {
+    // CUDA-aware MPI (the library's own answer, at run time): rows straight from GPU memory
+    const bool gpu = device_name_ != "cpu";
+    const bool cuda_mpi = gpu && cuda_aware_ != "no" && E3fuseMpiExchange::mpi_supports_cuda();
+    if (gpu && cuda_aware_ == "yes" && !cuda_mpi)
+      error->all(FLERR,
+                 "pair e3fuse: cuda_aware yes, but this MPI library does not report CUDA "
+                 "support (MPIX_GPU_query_support / MPIX_Query_cuda_support); use cuda_aware "
+                 "auto or no");
+    exchange_->set_device_rows(cuda_mpi);
     if (comm->me == 0)
-      utils::logmesg(lmp,
-                     "pair e3fuse: comm exchange; ghosts one cutoff + skin thick, node features "
-                     "({} values per atom) exchanged with the neighbor ranks before each of the "
-                     "last {} layers, their adjoints after each (periodic images of a rank's "
-                     "own atoms kept by the engine)\n",
-                     engine_->halo_width(), num_layers_ - 1);
+      utils::logmesg(
+          lmp,
+          "pair e3fuse: comm exchange; ghosts one cutoff + skin thick, node features "
+          "({} values per atom) exchanged with the neighbor ranks before each of the "
+          "last {} layers, their adjoints after each (periodic images of a rank's "
+          "own atoms kept by the engine); rows {}\n",
+          engine_->halo_width(), num_layers_ - 1,
+          !gpu       ? "in host memory (device cpu)"
+          : cuda_mpi ? "sent from GPU memory (CUDA-aware MPI)"
+                     : (cuda_aware_ == "no" ? "staged through pinned host memory (cuda_aware no)"
+                                            : "staged through pinned host memory (this MPI library "
+                                              "does not report CUDA support)"));
   } else if (comm->me == 0) {
     utils::logmesg(
         lmp,
@@ -756,10 +778,21 @@ void PairE3fuse::setup() {
 }
 
 void PairE3fuse::finish() {
-  double local[4] = {time_engine_, exchange_->seconds(), time_graph_, exchange_->bytes_sent()},
-         sum[4], most[4];
-  MPI_Allreduce(local, sum, 4, MPI_DOUBLE, MPI_SUM, world);
-  MPI_Allreduce(local, most, 4, MPI_DOUBLE, MPI_MAX, world);
+  // halo exchange: the time the computation waited for it. A GPU engine reports how long its
+  // device waited (with the overlap, the part of the exchange its convolution of interior
+  // atoms did not cover); the CPU engine waits for the whole exchange (its wall time).
+  const bool reports = exchange_->device_reports();
+  const double wall = exchange_->seconds();
+  double local[7] = {time_engine_,
+                     reports ? exchange_->device_wait() : wall,
+                     time_graph_,
+                     exchange_->bytes_sent(),
+                     wall,
+                     reports ? 1.0 : 0.0,
+                     exchange_->device_overlapped() ? 1.0 : 0.0},
+         sum[7], most[7];
+  MPI_Allreduce(local, sum, 7, MPI_DOUBLE, MPI_SUM, world);
+  MPI_Allreduce(local, most, 7, MPI_DOUBLE, MPI_MAX, world);
   if (comm->me != 0 || num_computes_ == 0) return;
   const double n = comm->nprocs;
   // halo MB: node rows all ranks together sent to other ranks (through the host), forward
@@ -768,6 +801,17 @@ void PairE3fuse::finish() {
                  "pair e3fuse timing: engine {:.6g} s, halo exchange {:.6g} s (max over ranks "
                  "{:.6g} s), graph build {:.6g} s; {} computes; halo {:.6g} MB packed\n",
                  sum[0] / n, sum[1] / n, most[1], sum[2] / n, num_computes_, sum[3] * 1e-6);
+  if (most[5] > 0.0)
+    utils::logmesg(
+        lmp,
+        "pair e3fuse halo: exchange wall time {:.6g} s (max over ranks {:.6g} s); the GPU "
+        "waited {:.6g} s for it (the halo exchange time above); {}; rows {}\n",
+        sum[4] / n, most[4], sum[1] / n,
+        most[6] > 0.0 ? "overlapped with the convolution of the atoms that have no exchanged "
+                        "ghost among their neighbors"
+                      : "synchronous order (E3FUSE_HALO_OVERLAP=0), no overlap",
+        exchange_->takes_device_rows() ? "sent from GPU memory (CUDA-aware MPI)"
+                                       : "staged through pinned host memory");
 }
 
 /* ----------------------------------------------------------------------

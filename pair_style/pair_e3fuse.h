@@ -109,6 +109,9 @@ class PairE3fuse : public Pair {
   static std::string file_stamp(const std::string &path);
   int num_threads_ = 0;
   Mode mode_requested_ = Mode::AUTO;
+  // pair_style cuda_aware auto|yes|no: comm exchange's rows sent from GPU memory when the
+  // MPI library is CUDA-aware (auto: when it says so; yes: an error if it does not)
+  std::string cuda_aware_ = "auto";
   Mode mode_ = Mode::IMAGES;
   bool graph_logged_ = false;   // graph size logged once per run setup
   bool graph_current_ = false;  // exchange mode: the nodes of LAMMPS's current ghosts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -388,3 +389,83 @@ def test_self_images_bad_sources(sevennet0_path: Path) -> None:
                 ghost_owners=np.array(owners, dtype=np.int32),
                 self_images=images,
             )
+
+
+# The CUDA engine overlaps each layer's halo exchange with the convolution of the receivers
+# that need no exchanged ghost row (cuda/halo.cuh, DeviceHalo; E3FUSE_HALO_OVERLAP=0: the
+# synchronous order). Same rows, same sums in the same order: bitwise the same results.
+OVERLAP_LENGTH = 19.2  # A: cluster(n=512)'s grid of 8 x 2.4 A as a periodic cell
+
+
+def overlap_runs(
+    path: Path,
+    dtype: str,
+    elements: tuple[int, ...],
+    monkeypatch: Any,
+    radial: str = "auto",
+    device: str = "cuda",
+) -> dict[str, list[dict]]:
+    """compute_nodes of a 512-atom periodic cell owned by one rank, its images within cutoff +
+    skin as ghosts ordered as comm exchange orders them (split_self_images: exchanged
+    ghosts, self images of owned nodes and of exchanged ghosts), on CUDA with and without
+    the overlap: three steps each, the second with the nodes promised the same (the split of
+    the rows kept), the third with atoms moved past skin / 2 (edges and split found again).
+    Some owned atoms are farther than cutoff + skin from every face: interior rows."""
+    model = _core.Model.load(str(path))
+    positions = cluster(seed=6, n=512)
+    n = len(positions)
+    species = np.array([model.species_of(z) for z in elements] * n, dtype=np.int32)[:n]
+    owners, shifts = periodic_nodes(positions, OVERLAP_LENGTH, model.cutoff + SKIN)
+    order, halo_owners, num_images = split_self_images(owners, n)
+    owners, shifts = owners[order], shifts[order]
+    all_species = np.concatenate([species, species[owners]])
+    rng = np.random.default_rng(3)
+    steps = [positions, positions + rng.uniform(-0.2, 0.2, positions.shape)]
+    steps.append(steps[1].copy())
+    steps[2][100] += [0.6, 0.0, 0.0]
+    runs: dict[str, list[dict]] = {}
+    for overlap in ("1", "0"):
+        monkeypatch.setenv("E3FUSE_HALO_OVERLAP", overlap)
+        engine = _core.Engine(model, device, dtype, radial=radial)
+        engine.set_neighbor_skin(SKIN)
+        runs[overlap] = []
+        for step, moved in enumerate(steps):
+            nodes = np.concatenate([moved, moved[owners] + shifts])
+            runs[overlap].append(
+                engine.compute_nodes(
+                    nodes,
+                    all_species,
+                    num_owned=n,
+                    atom_virials=True,
+                    same_nodes_as_last=step > 0,
+                    ghost_owners=halo_owners,
+                    self_images=num_images,
+                )
+            )
+        assert engine.num_neighbor_builds == 2, overlap
+    monkeypatch.delenv("E3FUSE_HALO_OVERLAP")
+    return runs
+
+
+def assert_overlap_bitwise(runs: dict[str, list[dict]]) -> None:
+    for step, (got, want) in enumerate(zip(runs["1"], runs["0"], strict=True)):
+        for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+            assert np.array_equal(got[key], want[key]), (step, key)
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_cuda_halo_overlap_bitwise_sevennet(
+    sevennet0_path: Path, dtype: str, monkeypatch: Any
+) -> None:
+    """SevenNet-0: the overlapped halo exchange equals the synchronous order bitwise."""
+    assert_overlap_bitwise(overlap_runs(sevennet0_path, dtype, (29, 28, 8), monkeypatch))
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_cuda_halo_overlap_bitwise_mace(dtype: str, monkeypatch: Any) -> None:
+    """The shipped MACE model (Cu): the overlapped halo exchange equals the synchronous
+    order bitwise."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "models" / "mace-cu-emt.e3f"
+    assert_overlap_bitwise(overlap_runs(path, dtype, (29,), monkeypatch))

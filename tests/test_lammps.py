@@ -530,6 +530,7 @@ def test_error_bad_settings(model: Path) -> None:
     base = structure_commands(atoms) + [f"plugin load {PLUGIN}"]
     assert "unknown keyword" in lammps_error(base + ["pair_style e3fuse colour blue"])
     assert "device" in lammps_error(base + ["pair_style e3fuse device tpu"])
+    assert "cuda_aware" in lammps_error(base + ["pair_style e3fuse cuda_aware maybe"])
     assert "expected" in lammps_error(base + ["pair_style e3fuse", f"pair_coeff * * {model} Ni"])
 
 
@@ -847,15 +848,17 @@ def test_device_cuda_own_exchange_bitwise_repeatable(
 
 def test_own_exchange_one_rank(model: Path, tmp_path: Path) -> None:
     """comm exchange on one rank: every ghost is a self image, nothing crosses the host
-    (0 MB packed), and the results equal comm images' to 1e-12 (float64)."""
+    (0 MB packed), and the results equal comm images' to 1e-12 (float64). The log names
+    where the rows travel (device cpu: host memory; cuda_aware is a GPU keyword)."""
     atoms = cu_small_box()
     one = tmp_path / "images"
     one_rank = parse_lmp(one, run_lmp(one, lmp_input(atoms, model)))
     workdir = tmp_path / "exchange"
-    proc = run_lmp(workdir, lmp_input(atoms, model, style="comm exchange"))
+    proc = run_lmp(workdir, lmp_input(atoms, model, style="comm exchange cuda_aware auto"))
     got = parse_lmp(workdir, proc)
     assert_same_results(got, one_rank, len(atoms), "np 1 comm exchange vs images", 1e-12)
     assert halo_megabytes(proc) == 0.0
+    assert "rows in host memory (device cpu)" in proc.stdout
 
 
 def result_line(proc: Any) -> np.ndarray:
@@ -920,6 +923,65 @@ def test_device_cuda_own_exchange_grids(
         f64_mb = runs["float64"][1]
         assert abs(mb - f64_mb / 2) <= 1e-6 * f64_mb, (label, mb, f64_mb)
     assert mb > 0, label
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize(
+    ("name", "grid", "ranks"), OWN_EXCHANGE_GRIDS[:3] + [("small", "1 1 1", 1)]
+)
+def test_device_cuda_halo_overlap_bitwise(
+    model: Path, tmp_path: Path, name: str, grid: str, ranks: int, precision: str
+) -> None:
+    """device cuda, comm exchange: each layer's halo exchange overlapped with the
+    convolution of the atoms that have no exchanged ghost among their neighbors (the
+    default) gives the synchronous order's results (E3FUSE_HALO_OVERLAP=0) bit for bit, on
+    the exchange grids and on one rank; the log says which order ran, with the exchange's
+    wall time and the GPU's wait for it."""
+    if ranks > 1 and mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = own_exchange_case(name)
+    style = f"device cuda precision {precision} comm exchange"
+    text = own_exchange_input(atoms, model, style, grid)
+    runs = {}
+    for overlap in ("1", "0"):
+        workdir = tmp_path / f"overlap{overlap}"
+        proc = run_lmp(workdir, text, ranks=ranks, env=lmp_env(E3FUSE_HALO_OVERLAP=overlap))
+        runs[overlap] = parse_lmp(workdir, proc)
+        halo = next(s for s in proc.stdout.splitlines() if s.startswith("pair e3fuse halo:"))
+        said = "overlapped with the convolution" if overlap == "1" else "synchronous order"
+        assert said in halo, halo
+        assert re.search(r"exchange wall time [-+.\deE]+ s", halo), halo
+    for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+        assert np.array_equal(runs["1"][key], runs["0"][key]), (name, grid, precision, key)
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
+def test_device_cuda_aware_mpi(model: Path, tmp_path: Path) -> None:
+    """pair_style cuda_aware: with an MPI library that reports CUDA support (asked at run
+    time), "yes" sends the rows from GPU memory and gives the pinned staging's results
+    ("no") bit for bit; with one that does not, "yes" is an error that says so and "auto"
+    stages through pinned host memory. The log names the path."""
+    if mpirun() is None:
+        pytest.skip("no mpirun")
+    atoms = own_exchange_case("bulk")
+    runs, logs = {}, {}
+    for aware in ("no", "yes"):
+        style = f"device cuda precision float64 comm exchange cuda_aware {aware}"
+        workdir = tmp_path / aware
+        proc = run_lmp(workdir, own_exchange_input(atoms, model, style, "1 1 2"), ranks=2)
+        if aware == "yes" and proc.returncode != 0:
+            assert "does not report CUDA support" in proc.stdout + proc.stderr
+            auto = own_exchange_input(atoms, model, style.replace("yes", "auto"), "1 1 2")
+            proc = run_lmp(tmp_path / "auto", auto, ranks=2)
+            assert "staged through pinned host memory (this MPI library" in proc.stdout
+            return
+        runs[aware] = parse_lmp(workdir, proc)
+        logs[aware] = proc.stdout
+    assert "pinned host memory (cuda_aware no)" in logs["no"]
+    assert "sent from GPU memory (CUDA-aware MPI)" in logs["yes"]
+    for key in ("energy", "energies", "forces", "virial", "atom_virials"):
+        assert np.array_equal(runs["yes"][key], runs["no"][key]), key
 
 
 @pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")

@@ -287,6 +287,22 @@ def test_exact_radial_mlp_regions_match_one_pass(device: str, workdir: Path) -> 
         assert float(np.abs(regions[k] - one_pass[k]).max()) <= 1e-12 * scale, k
 
 
+@pytest.mark.parametrize("radial", ["mlp", "table"])
+def test_cuda_halo_overlap_bitwise(workdir: Path, radial: str, monkeypatch: Any) -> None:
+    """The CUDA engine's halo exchange overlapped with the convolution of interior rows
+    (cuda/halo.cuh) equals the synchronous order bitwise, with the per-edge RadialMLP
+    (radial="mlp": its weights written once for both row sets of a convolution) and with
+    the pair tables (test_graph_reuse.overlap_runs)."""
+    from test_graph_reuse import assert_overlap_bitwise, overlap_runs
+
+    from e3fuse import _core
+
+    if not _core.cuda_available():
+        pytest.skip("e3fuse built without CUDA or no GPU")
+    _, path = converted("omol-like", workdir)
+    assert_overlap_bitwise(overlap_runs(path, "float64", ELEMENTS, monkeypatch, radial=radial))
+
+
 def test_radial_weights_differ_between_edge_directions() -> None:
     """The premise of the ordered-pair backward: R(r, s_i, s_j) != R(r, s_j, s_i)."""
     model = _build("omol-like")

@@ -907,7 +907,8 @@ __device__ void deliver_edge_forces(const RemoteForces& remote, const int* recei
 template <class T, int EC, bool TABLE, int MINB, bool SPARSE, bool PER_EDGE = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
-                        const T* __restrict__ x, T* __restrict__ y, int64_t* error_node) {
+                        const T* __restrict__ x, T* __restrict__ y, int64_t* error_node,
+                        const int32_t* __restrict__ rows) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, false);
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
@@ -925,7 +926,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   __shared__ int64_t s_pos;
   __shared__ int s_count;
 
-  const int64_t i = blockIdx.x;
+  const int64_t i = rows ? rows[blockIdx.x] : blockIdx.x;  // ConvRows
   for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yacc[q] = T(0);
   if (threadIdx.x == 0) s_pos = g.row_offsets[i];
   const int64_t end = g.row_offsets[i + 1];
@@ -1016,7 +1017,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          int64_t receiver_rows, const T* __restrict__ x,
                          const T* __restrict__ grad_y, T* __restrict__ grad_x, double* forces,
-                         double* atom_virials, RemoteForces remote, int64_t* error_node) {
+                         double* atom_virials, RemoteForces remote, int64_t* error_node,
+                         const int32_t* __restrict__ rows) {
   constexpr bool kPrefetch = MAX_D1 <= 5;
   extern __shared__ __align__(16) unsigned char smem[];
   const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, true);
@@ -1042,7 +1044,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   __shared__ int64_t s_pos;
   __shared__ int s_count;
 
-  const int64_t k = blockIdx.x;
+  const int64_t k = rows ? rows[blockIdx.x] : blockIdx.x;  // ConvRows
   for (int q = threadIdx.x; q < c.gx_slots; q += blockDim.x) gx[q] = T(0);
   if (threadIdx.x == 0) s_pos = g.row_offsets[k];
   const int64_t end = g.row_offsets[k + 1];
@@ -1643,7 +1645,7 @@ void launch_largest_chunk(const Geometry<T>& geom, const typename Conv<T>::View&
 template <class T>
 typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& conv,
                                         const GraphView& g, int64_t neighbor_end, bool reverse,
-                                        cudaStream_t stream) {
+                                        cudaStream_t stream, bool ready = false) {
   int64_t edges = 0;
   if (geom.num_edges >= 0) {
     edges = geom.num_edges;
@@ -1661,13 +1663,15 @@ typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& 
   const int hidden = conv.radial_mlp_hidden;
   const size_t smem = sizeof(double) * 4 * hidden * (kEdgeMlpThreads / kWarp);
   const auto blocks = static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kEdgeMlpThreads));
-  if (reverse)
-    radial_mlp_edges_kernel<T, true><<<blocks, kEdgeMlpThreads, smem, stream>>>(
-        geom.view, conv.radial_mlp, hidden, g, neighbor_end, true, out.data());
-  else
-    radial_mlp_edges_kernel<T, false><<<blocks, kEdgeMlpThreads, smem, stream>>>(
-        geom.view, conv.radial_mlp, hidden, g, neighbor_end, false, out.data());
-  check_launch("radial_mlp_edges_kernel");
+  if (!ready) {  // ConvRows::edge_weights_ready: written for this graph just before
+    if (reverse)
+      radial_mlp_edges_kernel<T, true><<<blocks, kEdgeMlpThreads, smem, stream>>>(
+          geom.view, conv.radial_mlp, hidden, g, neighbor_end, true, out.data());
+    else
+      radial_mlp_edges_kernel<T, false><<<blocks, kEdgeMlpThreads, smem, stream>>>(
+          geom.view, conv.radial_mlp, hidden, g, neighbor_end, false, out.data());
+    check_launch("radial_mlp_edges_kernel");
+  }
   typename Conv<T>::View v = conv.view;
   v.table = out.data();
   v.table_intervals = static_cast<int>(std::max<int64_t>(1, edges));
@@ -1680,20 +1684,24 @@ typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& 
 
 template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
-                  T* y, int64_t* error_node, cudaStream_t stream) {
+                  T* y, int64_t* error_node, cudaStream_t stream, const ConvRows& rows) {
   if (g.num_nodes == 0) return;
   check_row_alignment<T>(conv.view, x);
+  const int64_t blocks = rows.all() ? g.num_nodes : rows.count;
+  const int32_t* row_list = rows.all() ? nullptr : rows.rows;
   if (conv.radial_mlp.layers > 0) {
-    const typename Conv<T>::View v =
-        per_edge_weights(geom, conv, g, std::numeric_limits<int64_t>::max(), false, stream);
+    const typename Conv<T>::View v = per_edge_weights(
+        geom, conv, g, std::numeric_limits<int64_t>::max(), false, stream, rows.edge_weights_ready);
+    if (blocks == 0) return;
     launch_largest_chunk(
         geom, v, false, "convolution", "conv_forward_kernel",
         [&](auto ec) { return conv_forward_kernel<T, decltype(ec)::value, true, 4, false, true>; },
         [&](auto kernel, size_t smem) {
-          kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, v, g, x, y, error_node);
+          kernel<<<blocks, kThreads, smem, stream>>>(geom.view, v, g, x, y, error_node, row_list);
         });
     return;
   }
+  if (blocks == 0) return;
   launch_largest_chunk(
       geom, conv.view, false, "convolution", "conv_forward_kernel",
       [&](auto ec) {
@@ -1703,7 +1711,8 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
                                            : conv_forward_kernel<T, EC, true, 4, false>;
       },
       [&](auto kernel, size_t smem) {
-        kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node);
+        kernel<<<blocks, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node,
+                                                   row_list);
       });
 }
 
@@ -1711,22 +1720,27 @@ template <class T>
 void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g,
                    int64_t receiver_rows, const T* x, const T* grad_y, T* grad_x, double* forces,
                    double* atom_virials, const RemoteForces& remote, int64_t* error_node,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, const ConvRows& rows) {
   if (g.num_nodes == 0) return;
   check_row_alignment<T>(conv.view, x);
   check_row_alignment<T>(conv.view, grad_y);
+  const int64_t blocks = rows.all() ? g.num_nodes : rows.count;
+  const int32_t* row_list = rows.all() ? nullptr : rows.rows;
   if (conv.radial_mlp.layers > 0) {
-    const typename Conv<T>::View v = per_edge_weights(geom, conv, g, receiver_rows, true, stream);
+    const typename Conv<T>::View v =
+        per_edge_weights(geom, conv, g, receiver_rows, true, stream, rows.edge_weights_ready);
+    if (blocks == 0) return;
     launch_largest_chunk(
         geom, v, true, "convolution backward", "conv_backward_kernel",
         [&](auto ec) { return conv_backward_kernel<T, decltype(ec)::value, true, 2, 7, true>; },
         [&](auto kernel, size_t smem) {
-          kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, v, g, receiver_rows, x, grad_y,
-                                                          grad_x, forces, atom_virials, remote,
-                                                          error_node);
+          kernel<<<blocks, kThreads, smem, stream>>>(geom.view, v, g, receiver_rows, x, grad_y,
+                                                     grad_x, forces, atom_virials, remote,
+                                                     error_node, row_list);
         });
     return;
   }
+  if (blocks == 0) return;
   launch_largest_chunk(
       geom, conv.view, true, "convolution backward", "conv_backward_kernel",
       [&](auto ec) {
@@ -1742,9 +1756,9 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         return kernel;
       },
       [&](auto kernel, size_t smem) {
-        kernel<<<g.num_nodes, kThreads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x,
-                                                        grad_y, grad_x, forces, atom_virials,
-                                                        remote, error_node);
+        kernel<<<blocks, kThreads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x,
+                                                   grad_y, grad_x, forces, atom_virials, remote,
+                                                   error_node, row_list);
       });
 }
 
@@ -1778,10 +1792,10 @@ void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* fo
   template Conv<T> make_conv<T>(const cpu::Conv<T>&, std::shared_ptr<DeviceArray<T>>);          \
   template void upload_pair_tables<T>(Conv<T>&, const cpu::Conv<T>&);                           \
   template void conv_forward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, const T*, \
-                                T*, int64_t*, cudaStream_t);                                    \
+                                T*, int64_t*, cudaStream_t, const ConvRows&);                   \
   template void conv_backward<T>(const Geometry<T>&, const Conv<T>&, const GraphView&, int64_t, \
                                  const T*, const T*, T*, double*, double*, const RemoteForces&, \
-                                 int64_t*, cudaStream_t);
+                                 int64_t*, cudaStream_t, const ConvRows&);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)
 #undef E3FUSE_INSTANTIATE

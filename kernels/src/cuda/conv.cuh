@@ -173,6 +173,19 @@ struct RemoteForces {
   int64_t* overflow_node = nullptr;
 };
 
+// The rows one convolution call runs (pair_style e3fuse comm exchange overlaps the halo
+// exchange with the rows that need no exchanged data, cuda/halo.cuh): thread block b runs
+// row rows[b] instead of row b. Each row's sums are those of the call over every row, so
+// results do not depend on how the rows are split over calls.
+struct ConvRows {
+  const int32_t* rows = nullptr;  // device, `count` row indices (count >= 0)
+  int64_t count = -1;             // -1: every row of the graph, in order
+  // the non-linear block's per-edge RadialMLP weights of this graph and call kind were
+  // written by the call on the other rows just before: not computed again
+  bool edge_weights_ready = false;
+  bool all() const { return count < 0; }
+};
+
 template <class T>
 Geometry<T> make_geometry(const cpu::TypedPlan<T>& plan);
 // `edge_weights`: the per-edge array a non-linear block's exact RadialMLP writes (shared
@@ -184,20 +197,22 @@ template <class T>
 void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host);
 
 // y_i = (1/D) sum_j TP(x_j, Y(v_ij), MLP(emb(r_ij))) for every node of the device
-// graph `g` (ir_mul layouts, as on the CPU). Sets *error_node = i + 1 if two atoms coincide.
+// graph `g` (ir_mul layouts, as on the CPU), or for `rows` of them. Sets *error_node = i + 1
+// if two atoms coincide.
 template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
-                  T* y, int64_t* error_node, cudaStream_t stream);
+                  T* y, int64_t* error_node, cudaStream_t stream, const ConvRows& rows = {});
 
 // Adjoint: grad_x overwritten for the g.num_nodes senders; their side of the forces
 // (num_nodes x 3) and atom_virials (num_nodes x 9, may be null) accumulated, the receivers'
 // side added to `remote` (add_remote_forces finishes; together as cpu::conv_backward).
-// Receivers at or past receiver_rows have dE/dy = 0 and are skipped.
+// Receivers at or past receiver_rows have dE/dy = 0 and are skipped. `rows`: the senders
+// this call runs (default all of g's nodes).
 template <class T>
 void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g,
                    int64_t receiver_rows, const T* x, const T* grad_y, T* grad_x, double* forces,
                    double* atom_virials, const RemoteForces& remote, int64_t* error_node,
-                   cudaStream_t stream);
+                   cudaStream_t stream, const ConvRows& rows = {});
 
 // forces[i] += remote.forces[i] (and the virials, when both are given) for every node.
 void add_remote_forces(int64_t num_nodes, const RemoteForces& remote, double* forces,

@@ -246,6 +246,60 @@ class DeviceState {
   cudaStream_t stream_ = nullptr;
 };
 
+// A layer's input rows x (width values) exchanged with the neighbor ranks, then conv(rows)
+// over the layer's receivers. With the overlap (DeviceHalo), the interior rows run while the
+// host exchanges, the boundary rows after it; otherwise the exchange, then every row.
+template <class T, class Launch>
+void exchange_then_convolve(DeviceState& s, bool exchange, int width, T* x, Launch&& conv) {
+  const cudaStream_t st = s.stream();
+  if (exchange && s.halo.overlapped()) {
+    s.profiler.mark("halo exchange", st);
+    s.halo.begin_forward(width, x);
+    s.profiler.mark("conv forward", st);
+    conv(s.halo.interior_receivers());
+    s.profiler.mark("halo exchange", st);  // the device's wait for the host, and the copy in
+    s.halo.finish_forward(width, x);
+    s.profiler.mark("conv forward", st);
+    conv(s.halo.boundary_receivers());
+    return;
+  }
+  if (exchange) {
+    s.profiler.mark("halo exchange", st);
+    s.halo.forward(width, x);
+  }
+  s.profiler.mark("conv forward", st);
+  conv(ConvRows{});
+}
+
+// conv(rows) over the senders of a layer's backward; with an exchange, the reverse exchange
+// of their adjoints grad is begun (finish_reverse_exchange ends it, after the caller's other
+// work on owned rows). With the overlap, the senders that need the exchange run first and
+// their adjoints go to the host while the other senders run.
+template <class T, class Launch>
+void convolve_then_begin_reverse(DeviceState& s, bool exchange, int width, T* grad,
+                                 Launch&& conv) {
+  const cudaStream_t st = s.stream();
+  s.profiler.mark("conv backward", st);
+  if (!exchange || !s.halo.overlapped()) {
+    conv(ConvRows{});
+    return;
+  }
+  conv(s.halo.exchanged_senders());
+  s.profiler.mark("halo exchange", st);
+  s.halo.begin_reverse(width, grad);
+  s.profiler.mark("conv backward", st);
+  conv(s.halo.other_senders());
+}
+
+template <class T>
+void finish_reverse_exchange(DeviceState& s, int width, T* grad) {
+  s.profiler.mark("halo exchange", s.stream());
+  if (s.halo.overlapped())
+    s.halo.finish_reverse(width, grad);
+  else
+    s.halo.reverse(width, grad);
+}
+
 // The model part of a runner: forward + backward on a device graph.
 class Model {
  public:
@@ -350,15 +404,13 @@ class SevennetModel : public Model {
       // layer 0's input (the embedding) is known on every node; later ones come from owners
       // (halo) or from the previous layer's rows
       linear_forward(l.linear_1, in_rows, x_.data(), x1.data(), st);
-      if (halo && t > 0) {
-        s.profiler.mark("halo exchange", st);
-        s.halo.forward(l.linear_1.dim_out, x1.data());
-      }
       if (!halo) zero_rows(x1.data(), in_rows, n, static_cast<int>(l.linear_1.dim_out), st);
       y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
-      s.profiler.mark("conv forward", st);
-      conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), x1.data(), y_.data(),
-                   s.error_node.data(), st);
+      exchange_then_convolve(s, halo && t > 0, static_cast<int>(l.linear_1.dim_out), x1.data(),
+                             [&](const ConvRows& part) {
+                               conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), x1.data(),
+                                            y_.data(), s.error_node.data(), st, part);
+                             });
       s.profiler.mark("linear forward", st);
       linear_forward_add(l.linear_2, rows, y_.data(), pre_gate_[t].data(), st);
       x_.resize(static_cast<size_t>(n) * l.gate.dim_out);
@@ -425,16 +477,17 @@ class SevennetModel : public Model {
       }
       const T* x1 = x1_[recompute_x1 ? 0 : t].data();
       grad_x1_.resize(static_cast<size_t>(n) * l.conv.view.dim_in);
-      s.profiler.mark("conv backward", st);
-      conv_backward(geom_, l.conv, cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)),
-                    rows, x1, grad_y, grad_x1_.data(), s.forces.data(),
-                    want_virial ? s.atom_virials.data() : nullptr, s.remote(), s.error_node.data(),
-                    st);
+      const bool exchange = s.halo.active() && t > 0;
+      convolve_then_begin_reverse(
+          s, exchange, l.conv.view.dim_in, grad_x1_.data(), [&](const ConvRows& part) {
+            conv_backward(geom_, l.conv,
+                          cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t)), rows, x1,
+                          grad_y, grad_x1_.data(), s.forces.data(),
+                          want_virial ? s.atom_virials.data() : nullptr, s.remote(),
+                          s.error_node.data(), st, part);
+          });
       if (t == 0) break;
-      if (s.halo.active()) {
-        s.profiler.mark("halo exchange", st);
-        s.halo.reverse(l.conv.view.dim_in, grad_x1_.data());
-      }
+      if (exchange) finish_reverse_exchange(s, l.conv.view.dim_in, grad_x1_.data());
       s.profiler.mark("linear backward", st);
       linear_backward(l.linear_1, in_rows, grad_x1_.data(), grad_.data(), true, st);
     }
@@ -619,15 +672,14 @@ class MaceModel : public Model {
       // layer 0's input (the embedding) is known on every node; later ones come from owners
       // (halo) or from the previous layer's rows
       linear_forward(l.linear_up, in_rows, x_.data(), up_[t].data(), st);
-      if (halo && t > 0) {
-        s.profiler.mark("halo exchange", st);
-        s.halo.forward(l.conv.view.dim_in, up_[t].data());
-      }
       if (!halo) zero_rows(up_[t].data(), in_rows, n, static_cast<int>(l.linear_up.dim_out), st);
       y_.resize(N * l.conv.view.dim_out);
-      s.profiler.mark("conv forward", st);
-      conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), up_[t].data(), y_.data(),
-                   s.error_node.data(), st);
+      exchange_then_convolve(s, halo && t > 0, l.conv.view.dim_in, up_[t].data(),
+                             [&](const ConvRows& part) {
+                               conv_forward(geom_, l.conv, cpu::first_receivers(g, rows),
+                                            up_[t].data(), y_.data(), s.error_node.data(), st,
+                                            part);
+                             });
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.nonlinear_block) {  // z = linear_1(y) / (alpha + beta rho) + linear_res(u)
@@ -751,12 +803,16 @@ class MaceModel : public Model {
       linear_backward(l.linear, rows, g_linear_out, gy, false, st);
       zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
       gup_.resize(N * l.conv.view.dim_in);
-      s.profiler.mark("conv backward", st);
       const GraphView backward_graph =
           cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t));
-      conv_backward(geom_, l.conv, backward_graph, rows, up_[t].data(), gy, gup_.data(),
-                    s.forces.data(), want_virial ? s.atom_virials.data() : nullptr, s.remote(),
-                    s.error_node.data(), st);
+      const bool exchange = s.halo.active() && t > 0;
+      convolve_then_begin_reverse(s, exchange, l.conv.view.dim_in, gup_.data(),
+                                  [&](const ConvRows& part) {
+                                    conv_backward(geom_, l.conv, backward_graph, rows,
+                                                  up_[t].data(), gy, gup_.data(), s.forces.data(),
+                                                  want_virial ? s.atom_virials.data() : nullptr,
+                                                  s.remote(), s.error_node.data(), st, part);
+                                  });
       if (l.nonlinear_block) {
         s.profiler.mark("edge density", st);
         edge_density_backward(geom_, l.density_mlp(), backward_graph, grad_rho_[t].data(),
@@ -766,10 +822,7 @@ class MaceModel : public Model {
       }
       s.profiler.mark("linear backward", st);
       if (t == 0) break;
-      if (s.halo.active()) {
-        s.profiler.mark("halo exchange", st);
-        s.halo.reverse(l.conv.view.dim_in, gup_.data());
-      }
+      if (exchange) finish_reverse_exchange(s, l.conv.view.dim_in, gup_.data());
       s.profiler.mark("linear backward", st);
       gprev_.resize(N * l.linear_up.dim_in);
       linear_backward(l.linear_up, in_rows, gup_.data(), gprev_.data(), false, st);
@@ -927,6 +980,7 @@ class BackendImpl : public Backend {
       g.shifts = s.shifts.data();
     }
     s.halo.bind(halo, n, h.num_energy_nodes, st);
+    s.halo.set_graph(g, same_edges);
     model_->prepare(h.species, n);
     run(g, out);
   }
@@ -977,14 +1031,15 @@ class BackendImpl : public Backend {
     s.species.upload(nodes.species, n, st);
     s.profiler.mark("neighbor list", st);
     const bool open[3] = {false, false, false};
-    node_neighbors_->update(n, s.positions.data(), nullptr, open, min_distance, st,
-                            nodes.positions);
+    const bool rebuilt = node_neighbors_->update(n, s.positions.data(), nullptr, open,
+                                                 min_distance, st, nodes.positions);
     last_list_ = node_neighbors_.get();
     GraphView g = node_neighbors_->view(s.positions.data(), s.species.data());
     g.num_energy_nodes = nodes.num_owned;
     g.shift_index = nullptr;  // open: every shift is zero
     g.shifts = nullptr;
     s.halo.bind(halo, n, nodes.num_owned, st);
+    s.halo.set_graph(g, !rebuilt);
     model_->prepare(nodes.species, n);
     s.num_edges = node_neighbors_->num_edges();
     run(g, out, [&] { node_neighbors_->finish_checks(s.positions.data(), st); });
@@ -1055,7 +1110,11 @@ class BackendImpl : public Backend {
     if (out.virial)
       for (int q = 0; q < 9; ++q) out.virial[q] = 0.0;
     if (n == 0) {
-      if (s.halo.active()) empty_exchanges(want_grad);
+      if (s.halo.active()) {
+        empty_exchanges(want_grad);
+        check(cudaStreamSynchronize(st), "halo exchange");
+        s.halo.collect();
+      }
       return;
     }
     s.energies.resize(n);
@@ -1108,6 +1167,7 @@ class BackendImpl : public Backend {
     s.profiler.end(st);
     check(cudaStreamSynchronize(st), "the GPU computation");
     s.profiler.collect();
+    s.halo.collect();
     int64_t errors[2] = {0, 0};
     std::memcpy(errors, staged + N, sizeof(errors));
     if (forces) std::copy(forces, forces + 3 * N, out.forces);
