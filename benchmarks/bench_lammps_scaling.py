@@ -38,6 +38,11 @@ ranks, forward and reverse; since e5a0373 a rank's own periodic images stay on i
 are not counted, before that every row LAMMPS's communication copied was). K counts the
 set-up compute of the run too (K = N + 1), the Loop time does not: the halo exchange per
 step is B / K, its share of a step (B / K) / (Loop time / N), its bytes per step M / K.
+B is the time the computation waited for the exchange; on a GPU (since the overlap of issue
+22) that is the part the convolution of atoms without exchanged neighbors did not cover, and
+the exchange's own wall time W comes on a second line,
+  pair e3fuse halo: exchange wall time W s (max over ranks ...); the GPU waited B s ...
+(W / K per step; without that line, as on the CPU, W = B).
 
 Every case runs in its own process group with a timeout (killed as a group: mpirun, its
 proxies and the ranks); out of memory, timeouts and failures are recorded, never fatal; once
@@ -517,7 +522,14 @@ GRAPH_RE = re.compile(
 )
 
 
+HALO_WALL_RE = re.compile(rf"pair e3fuse halo: exchange wall time\s+{_NUM}\s*s")
+
+
 def parse_pair_timing(text: str) -> dict[str, float | None] | None:
+    """The last 'pair e3fuse timing' line's fields; halo_s is the time the computation waited
+    for the halo exchange (on a GPU: its device, the part the convolution of interior atoms
+    did not cover), halo_wall_s the exchange's own wall time (GPU runs: the 'pair e3fuse
+    halo' line; the CPU engine waits for all of it, halo_s)."""
     lines = [s for s in text.splitlines() if "pair e3fuse timing" in s]
     if not lines:
         return None
@@ -526,6 +538,8 @@ def parse_pair_timing(text: str) -> dict[str, float | None] | None:
     for key, pattern in PAIR_TIMING_FIELDS.items():
         m = pattern.search(line)
         out[key] = (int(m.group(1)) if key == "computes" else float(m.group(1))) if m else None
+    walls = HALO_WALL_RE.findall(text)
+    out["halo_wall_s"] = float(walls[-1]) if walls else out.get("halo_s")
     return out
 
 
@@ -729,6 +743,8 @@ class Runner:
         )
         halo_mb = pt.get("halo_mb")
         row["halo_mb_per_compute"] = halo_mb / k if halo_mb is not None and k else None
+        wall = pt.get("halo_wall_s")
+        row["halo_wall_s_per_compute"] = wall / k if wall is not None and k else None
         bd = timed["breakdown"] or {}
         row["comm_frac_of_loop"] = bd["Comm"] / loop if "Comm" in bd and loop > 0 else None
         row["pair_frac_of_loop"] = bd["Pair"] / loop if "Pair" in bd and loop > 0 else None
@@ -857,8 +873,9 @@ def format_row(r: dict[str, Any]) -> str:
         f"{r['atoms']:,} atoms, {r['ranks']} rank(s), comm {r['comm']}: "
         f"{_f(r.get('ms_per_step'), ',.1f')} ms/step, "
         f"{_f(r.get('atom_steps_per_s'), ',.0f')} atom-steps/s, "
-        f"halo {_scaled(r.get('halo_s_per_compute'), 1e3, '.1f')} ms/step "
-        f"({_f(r.get('halo_mb_per_compute'), ',.1f')} MB/step), "
+        f"halo wait {_scaled(r.get('halo_s_per_compute'), 1e3, '.1f')} ms/step "
+        f"(exchange wall {_scaled(r.get('halo_wall_s_per_compute'), 1e3, '.1f')} ms, "
+        f"{_f(r.get('halo_mb_per_compute'), ',.1f')} MB/step), "
         f"Comm {_scaled(r.get('comm_frac_of_loop'), 100, '.1f')} %, "
         f"GPU MiB {_mem(r)}, {r.get('wall_s', 0):.0f} s wall"
     )
@@ -880,9 +897,12 @@ def markdown(doc: dict[str, Any]) -> str:
         "Rattled fcc Cu (a = 3.61 A, displace_atoms random 0.05 A), 300 K, 1 fs, neighbor 1.0 "
         "bin, every 1 delay 0 check yes. R ranks = R GPUs; the box is R cubes along z with "
         "`processors 1 1 R` (one cube per rank). ms/step = LAMMPS Loop time / steps of the "
-        "timed run. halo = pair e3fuse's halo-exchange time per compute (average over ranks), "
-        "its % of a step, and the MB of node rows all ranks sent to other ranks for it per "
-        "compute (forward and reverse; a rank's own periodic images stay on its device); "
+        "timed run. halo wait = the time per compute the computation waited for pair "
+        "e3fuse's halo exchange (average over ranks; on a GPU the part the convolution of "
+        "atoms without exchanged neighbors did not cover) and its % of a step; exchange wall "
+        "= the exchange's own time per compute (packing, copies, MPI); MB = the node rows all "
+        "ranks sent to other ranks per compute (forward and reverse; a rank's own periodic "
+        "images stay on its device); "
         "Comm % = LAMMPS's Comm (avg) / Loop time. GPU MiB: peak nvidia-smi "
         "memory.used per GPU minus before the run. Efficiency: weak = t(1 GPU, N) / t(R GPUs, "
         "R N); strong = t(1 GPU, N) / (R t(R GPUs, N)). One-rank runs use comm "
@@ -900,9 +920,9 @@ def markdown(doc: dict[str, Any]) -> str:
         if rows:
             out += [
                 "| atoms | ranks (GPUs) | comm | ms/step | atom-steps/s | efficiency | "
-                "halo ms/step (% of step) | halo MB/step | LAMMPS Comm % | Pair % | "
-                "peak GPU MiB | status |",
-                "|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
+                "halo wait ms/step (% of step) | exchange wall ms/step | halo MB/step | "
+                "LAMMPS Comm % | Pair % | peak GPU MiB | status |",
+                "|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
             ]
             for r in rows:
                 eff = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("efficiency") or {}).items())
@@ -919,6 +939,7 @@ def markdown(doc: dict[str, Any]) -> str:
                     _f(r.get("atom_steps_per_s"), ",.0f"),
                     eff or "-",
                     halo,
+                    _scaled(r.get("halo_wall_s_per_compute"), 1e3, ",.1f"),
                     _f(r.get("halo_mb_per_compute"), ",.1f"),
                     _scaled(r.get("comm_frac_of_loop"), 100, ".1f"),
                     _scaled(r.get("pair_frac_of_loop"), 100, ".1f"),
