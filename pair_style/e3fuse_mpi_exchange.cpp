@@ -239,13 +239,12 @@ bool E3fuseMpiExchange::mpi_supports_cuda() {
 #endif
 }
 
-void E3fuseMpiExchange::add_device_wait(double seconds, bool overlapped) {
+void E3fuseMpiExchange::add_device_wait(double seconds) {
   device_wait_ += seconds;
   device_reports_ = true;
-  device_overlapped_ = overlapped;
 }
 
 void E3fuseMpiExchange::reset_counters() {
   seconds_ = bytes_sent_ = device_wait_ = 0.0;
-  device_reports_ = device_overlapped_ = false;
+  device_reports_ = false;
 }

@@ -60,7 +60,7 @@ class E3fuseMpiExchange : public e3fuse::HaloExchange {
   void forward(int width, const float *border_rows, float *ghost_rows) override;
   void reverse(int width, const double *ghost_rows, double *border_sums) override;
   void reverse(int width, const float *ghost_rows, float *border_sums) override;
-  void add_device_wait(double seconds, bool overlapped) override;
+  void add_device_wait(double seconds) override;
   bool takes_device_rows() const override { return device_rows_; }
 
   // Whether this MPI library reads and writes GPU memory itself (CUDA-aware), asked at run
@@ -76,12 +76,11 @@ class E3fuseMpiExchange : public e3fuse::HaloExchange {
   void reset_counters();
   double seconds() const { return seconds_; }
   double bytes_sent() const { return bytes_sent_; }
-  // Of a GPU engine (add_device_wait): the seconds its device waited for the exchange, and
-  // whether it overlapped the exchange with its convolution; device_reports() false: no
-  // report (CPU engine: the computation waits for the whole exchange).
+  // Of a GPU engine (add_device_wait): the seconds its device waited for the exchange (the
+  // part its convolution did not cover); device_reports() false: no report (CPU engine: the
+  // computation waits for the whole exchange).
   double device_wait() const { return device_wait_; }
   bool device_reports() const { return device_reports_; }
-  bool device_overlapped() const { return device_overlapped_; }
 
  private:
   template <class T> void forward_rows(int width, const T *border_rows, T *ghost_rows);
@@ -104,7 +103,7 @@ class E3fuseMpiExchange : public e3fuse::HaloExchange {
   std::vector<int32_t> image_sources_;  // per self image: the node it copies
   std::vector<MPI_Request> requests_;
   double seconds_ = 0.0, bytes_sent_ = 0.0, device_wait_ = 0.0;
-  bool device_reports_ = false, device_overlapped_ = false, device_rows_ = false;
+  bool device_reports_ = false, device_rows_ = false;
 };
 
 }  // namespace LAMMPS_NS

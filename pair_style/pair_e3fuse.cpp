@@ -779,20 +779,19 @@ void PairE3fuse::setup() {
 
 void PairE3fuse::finish() {
   // halo exchange: the time the computation waited for it. A GPU engine reports how long its
-  // device waited (with the overlap, the part of the exchange its convolution of interior
-  // atoms did not cover); the CPU engine waits for the whole exchange (its wall time).
+  // device waited (the part of the exchange its convolution of interior atoms did not
+  // cover); the CPU engine waits for the whole exchange (its wall time).
   const bool reports = exchange_->device_reports();
   const double wall = exchange_->seconds();
-  double local[7] = {time_engine_,
+  double local[6] = {time_engine_,
                      reports ? exchange_->device_wait() : wall,
                      time_graph_,
                      exchange_->bytes_sent(),
                      wall,
-                     reports ? 1.0 : 0.0,
-                     exchange_->device_overlapped() ? 1.0 : 0.0},
-         sum[7], most[7];
-  MPI_Allreduce(local, sum, 7, MPI_DOUBLE, MPI_SUM, world);
-  MPI_Allreduce(local, most, 7, MPI_DOUBLE, MPI_MAX, world);
+                     reports ? 1.0 : 0.0},
+         sum[6], most[6];
+  MPI_Allreduce(local, sum, 6, MPI_DOUBLE, MPI_SUM, world);
+  MPI_Allreduce(local, most, 6, MPI_DOUBLE, MPI_MAX, world);
   if (comm->me != 0 || num_computes_ == 0) return;
   const double n = comm->nprocs;
   // halo MB: node rows all ranks together sent to other ranks (through the host), forward
@@ -805,11 +804,10 @@ void PairE3fuse::finish() {
     utils::logmesg(
         lmp,
         "pair e3fuse halo: exchange wall time {:.6g} s (max over ranks {:.6g} s); the GPU "
-        "waited {:.6g} s for it (the halo exchange time above); {}; rows {}\n",
+        "waited {:.6g} s for it (the halo exchange time above); overlapped with the "
+        "convolution of the atoms that have no exchanged ghost among their neighbors; rows "
+        "{}\n",
         sum[4] / n, most[4], sum[1] / n,
-        most[6] > 0.0 ? "overlapped with the convolution of the atoms that have no exchanged "
-                        "ghost among their neighbors"
-                      : "synchronous order (E3FUSE_HALO_OVERLAP=0), no overlap",
         exchange_->takes_device_rows() ? "sent from GPU memory (CUDA-aware MPI)"
                                        : "staged through pinned host memory");
 }

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -392,25 +391,21 @@ def test_self_images_bad_sources(sevennet0_path: Path) -> None:
 
 
 # The CUDA engine overlaps each layer's halo exchange with the convolution of the receivers
-# that need no exchanged ghost row (cuda/halo.cuh, DeviceHalo; E3FUSE_HALO_OVERLAP=0: the
-# synchronous order). Same rows, same sums in the same order: bitwise the same results.
+# that need no exchanged ghost row (cuda/halo.cuh, DeviceHalo); the CPU engine exchanges each
+# layer's rows in one piece before its convolution: the reference here.
 OVERLAP_LENGTH = 19.2  # A: cluster(n=512)'s grid of 8 x 2.4 A as a periodic cell
 
 
 def overlap_runs(
-    path: Path,
-    dtype: str,
-    elements: tuple[int, ...],
-    monkeypatch: Any,
-    radial: str = "auto",
-    device: str = "cuda",
+    path: Path, dtype: str, elements: tuple[int, ...], radial: str = "auto"
 ) -> dict[str, list[dict]]:
     """compute_nodes of a 512-atom periodic cell owned by one rank, its images within cutoff +
     skin as ghosts ordered as comm exchange orders them (split_self_images: exchanged
-    ghosts, self images of owned nodes and of exchanged ghosts), on CUDA with and without
-    the overlap: three steps each, the second with the nodes promised the same (the split of
-    the rows kept), the third with atoms moved past skin / 2 (edges and split found again).
-    Some owned atoms are farther than cutoff + skin from every face: interior rows."""
+    ghosts, self images of owned nodes and of exchanged ghosts), on CUDA in `dtype` (the
+    overlapped exchange) and on the CPU in float64: three steps each, the second with the
+    nodes promised the same (the split of the rows kept), the third with atoms moved past
+    skin / 2 (edges and split found again). Some owned atoms are farther than cutoff + skin
+    from every face: interior rows."""
     model = _core.Model.load(str(path))
     positions = cluster(seed=6, n=512)
     n = len(positions)
@@ -424,14 +419,13 @@ def overlap_runs(
     steps.append(steps[1].copy())
     steps[2][100] += [0.6, 0.0, 0.0]
     runs: dict[str, list[dict]] = {}
-    for overlap in ("1", "0"):
-        monkeypatch.setenv("E3FUSE_HALO_OVERLAP", overlap)
-        engine = _core.Engine(model, device, dtype, radial=radial)
+    for device, precision in (("cuda", dtype), ("cpu", "float64")):
+        engine = _core.Engine(model, device, precision, radial=radial)
         engine.set_neighbor_skin(SKIN)
-        runs[overlap] = []
+        runs[device] = []
         for step, moved in enumerate(steps):
             nodes = np.concatenate([moved, moved[owners] + shifts])
-            runs[overlap].append(
+            runs[device].append(
                 engine.compute_nodes(
                     nodes,
                     all_species,
@@ -442,30 +436,36 @@ def overlap_runs(
                     self_images=num_images,
                 )
             )
-        assert engine.num_neighbor_builds == 2, overlap
-    monkeypatch.delenv("E3FUSE_HALO_OVERLAP")
+        assert engine.num_neighbor_builds == 2, device
     return runs
 
 
-def assert_overlap_bitwise(runs: dict[str, list[dict]]) -> None:
-    for step, (got, want) in enumerate(zip(runs["1"], runs["0"], strict=True)):
+def assert_overlap_matches(runs: dict[str, list[dict]], dtype: str) -> None:
+    """CUDA (overlapped exchange) against the CPU in float64: to float64 rounding (1e-12 of
+    each quantity's largest value), or float32's reach (forces and per-atom virials within
+    3e-5, energies within 1e-5 eV per atom)."""
+    for step, (got, want) in enumerate(zip(runs["cuda"], runs["cpu"], strict=True)):
+        n = len(np.asarray(want["energies"]))
         for key in ("energy", "energies", "forces", "virial", "atom_virials"):
-            assert np.array_equal(got[key], want[key]), (step, key)
+            g, w = np.asarray(got[key], dtype=float), np.asarray(want[key], dtype=float)
+            if dtype == "float64":
+                tol = 1e-12 * max(float(np.abs(w).max()), 1.0)
+            else:
+                tol = {"energy": 1e-5 * n, "energies": 1e-5, "virial": 3e-5 * n}.get(key, 3e-5)
+            assert float(np.abs(g - w).max()) <= tol, (step, key, float(np.abs(g - w).max()))
 
 
 @pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_cuda_halo_overlap_bitwise_sevennet(
-    sevennet0_path: Path, dtype: str, monkeypatch: Any
-) -> None:
-    """SevenNet-0: the overlapped halo exchange equals the synchronous order bitwise."""
-    assert_overlap_bitwise(overlap_runs(sevennet0_path, dtype, (29, 28, 8), monkeypatch))
+def test_cuda_halo_overlap_sevennet(sevennet0_path: Path, dtype: str) -> None:
+    """SevenNet-0: the overlapped halo exchange on CUDA against the CPU engine."""
+    assert_overlap_matches(overlap_runs(sevennet0_path, dtype, (29, 28, 8)), dtype)
 
 
 @pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_cuda_halo_overlap_bitwise_mace(dtype: str, monkeypatch: Any) -> None:
-    """The shipped MACE model (Cu): the overlapped halo exchange equals the synchronous
-    order bitwise."""
+def test_cuda_halo_overlap_mace(dtype: str) -> None:
+    """The shipped MACE model (Cu): the overlapped halo exchange on CUDA against the CPU
+    engine."""
     path = Path(__file__).resolve().parents[1] / "examples" / "models" / "mace-cu-emt.e3f"
-    assert_overlap_bitwise(overlap_runs(path, dtype, (29,), monkeypatch))
+    assert_overlap_matches(overlap_runs(path, dtype, (29,)), dtype)

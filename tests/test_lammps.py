@@ -897,9 +897,11 @@ def test_device_cuda_own_exchange_grids(
     model: Path, tmp_path: Path, name: str, grid: str, ranks: int, precision: str
 ) -> None:
     """device cuda, comm exchange on the grids above (self images copied and summed on the
-    GPU, other ranks' rows through pinned host buffers and MPI): float64 equals the CPU
-    engine to float64 rounding; float32 is within float32's reach of it and moves half
-    of float64's bytes."""
+    GPU, other ranks' rows through pinned host buffers and MPI, each layer's exchange
+    overlapped with the convolution of the atoms without exchanged neighbors): float64
+    equals the CPU engine to float64 rounding; float32 is within float32's reach of it and
+    moves half of float64's bytes; the log gives the exchange's wall time and the GPU's
+    wait for it."""
     if mpirun() is None:
         pytest.skip("no mpirun")
     atoms = own_exchange_case(name)
@@ -912,6 +914,9 @@ def test_device_cuda_own_exchange_grids(
         text = own_exchange_input(atoms, model, style, grid)
         proc = run_lmp(workdir, text, ranks=ranks)
         runs[prec] = (parse_lmp(workdir, proc), halo_megabytes(proc))
+        halo = next(s for s in proc.stdout.splitlines() if s.startswith("pair e3fuse halo:"))
+        assert "overlapped with the convolution" in halo, halo
+        assert re.search(r"exchange wall time [-+.\deE]+ s", halo), halo
     label = f"cuda {precision} {name} processors {grid}"
     got, mb = runs[precision]
     if precision == "float64":
@@ -923,37 +928,6 @@ def test_device_cuda_own_exchange_grids(
         f64_mb = runs["float64"][1]
         assert abs(mb - f64_mb / 2) <= 1e-6 * f64_mb, (label, mb, f64_mb)
     assert mb > 0, label
-
-
-@pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")
-@pytest.mark.parametrize("precision", ["float64", "float32"])
-@pytest.mark.parametrize(
-    ("name", "grid", "ranks"), OWN_EXCHANGE_GRIDS[:3] + [("small", "1 1 1", 1)]
-)
-def test_device_cuda_halo_overlap_bitwise(
-    model: Path, tmp_path: Path, name: str, grid: str, ranks: int, precision: str
-) -> None:
-    """device cuda, comm exchange: each layer's halo exchange overlapped with the
-    convolution of the atoms that have no exchanged ghost among their neighbors (the
-    default) gives the synchronous order's results (E3FUSE_HALO_OVERLAP=0) bit for bit, on
-    the exchange grids and on one rank; the log says which order ran, with the exchange's
-    wall time and the GPU's wait for it."""
-    if ranks > 1 and mpirun() is None:
-        pytest.skip("no mpirun")
-    atoms = own_exchange_case(name)
-    style = f"device cuda precision {precision} comm exchange"
-    text = own_exchange_input(atoms, model, style, grid)
-    runs = {}
-    for overlap in ("1", "0"):
-        workdir = tmp_path / f"overlap{overlap}"
-        proc = run_lmp(workdir, text, ranks=ranks, env=lmp_env(E3FUSE_HALO_OVERLAP=overlap))
-        runs[overlap] = parse_lmp(workdir, proc)
-        halo = next(s for s in proc.stdout.splitlines() if s.startswith("pair e3fuse halo:"))
-        said = "overlapped with the convolution" if overlap == "1" else "synchronous order"
-        assert said in halo, halo
-        assert re.search(r"exchange wall time [-+.\deE]+ s", halo), halo
-    for key in ("energy", "energies", "forces", "virial", "atom_virials"):
-        assert np.array_equal(runs["1"][key], runs["0"][key]), (name, grid, precision, key)
 
 
 @pytest.mark.skipif(not _core.cuda_available(), reason="e3fuse built without CUDA or no GPU")

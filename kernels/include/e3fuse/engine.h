@@ -94,11 +94,10 @@ class HaloExchange {
   virtual void reverse(int width, const float* ghost_rows, float* border_sums) = 0;
   // After each compute on a GPU: how long the device waited, summed over this call's
   // exchanges, for forward()/reverse() to return (from the end of the work queued before
-  // the exchange to the next work queued after it). overlapped: the device computed the
-  // convolution of the rows that need no exchanged data meanwhile (DeviceHalo,
-  // cuda/halo.cuh); otherwise it waited from the packed rows' copy on. Not called on the
-  // CPU, whose exchanges block the computation throughout. Default: ignored.
-  virtual void add_device_wait(double /*seconds*/, bool /*overlapped*/) {}
+  // the exchange to the next work queued after it); the device computes the convolution
+  // of the rows that need no exchanged data meanwhile (DeviceHalo, cuda/halo.cuh). Not
+  // called on the CPU, whose exchanges block the computation throughout. Default: ignored.
+  virtual void add_device_wait(double /*seconds*/) {}
   // Whether forward() and reverse() take rows in GPU memory (an exchange that reads and
   // writes device memory itself, e.g. through CUDA-aware MPI): a GPU engine then passes
   // device pointers, without copies through host memory. Asked at each compute. Default:

@@ -247,12 +247,12 @@ class DeviceState {
 };
 
 // A layer's input rows x (width values) exchanged with the neighbor ranks, then conv(rows)
-// over the layer's receivers. With the overlap (DeviceHalo), the interior rows run while the
-// host exchanges, the boundary rows after it; otherwise the exchange, then every row.
+// over the layer's receivers: the interior rows run while the host exchanges, the boundary
+// rows after it (DeviceHalo); without an exchange, every row.
 template <class T, class Launch>
 void exchange_then_convolve(DeviceState& s, bool exchange, int width, T* x, Launch&& conv) {
   const cudaStream_t st = s.stream();
-  if (exchange && s.halo.overlapped()) {
+  if (exchange) {
     s.profiler.mark("halo exchange", st);
     s.halo.begin_forward(width, x);
     s.profiler.mark("conv forward", st);
@@ -263,24 +263,19 @@ void exchange_then_convolve(DeviceState& s, bool exchange, int width, T* x, Laun
     conv(s.halo.boundary_receivers());
     return;
   }
-  if (exchange) {
-    s.profiler.mark("halo exchange", st);
-    s.halo.forward(width, x);
-  }
   s.profiler.mark("conv forward", st);
   conv(ConvRows{});
 }
 
 // conv(rows) over the senders of a layer's backward; with an exchange, the reverse exchange
 // of their adjoints grad is begun (finish_reverse_exchange ends it, after the caller's other
-// work on owned rows). With the overlap, the senders that need the exchange run first and
-// their adjoints go to the host while the other senders run.
+// work on owned rows): the senders that need the exchange run first and their adjoints go
+// to the host while the other senders run.
 template <class T, class Launch>
-void convolve_then_begin_reverse(DeviceState& s, bool exchange, int width, T* grad,
-                                 Launch&& conv) {
+void convolve_then_begin_reverse(DeviceState& s, bool exchange, int width, T* grad, Launch&& conv) {
   const cudaStream_t st = s.stream();
   s.profiler.mark("conv backward", st);
-  if (!exchange || !s.halo.overlapped()) {
+  if (!exchange) {
     conv(ConvRows{});
     return;
   }
@@ -294,10 +289,7 @@ void convolve_then_begin_reverse(DeviceState& s, bool exchange, int width, T* gr
 template <class T>
 void finish_reverse_exchange(DeviceState& s, int width, T* grad) {
   s.profiler.mark("halo exchange", s.stream());
-  if (s.halo.overlapped())
-    s.halo.finish_reverse(width, grad);
-  else
-    s.halo.reverse(width, grad);
+  s.halo.finish_reverse(width, grad);
 }
 
 // The model part of a runner: forward + backward on a device graph.
@@ -674,12 +666,11 @@ class MaceModel : public Model {
       linear_forward(l.linear_up, in_rows, x_.data(), up_[t].data(), st);
       if (!halo) zero_rows(up_[t].data(), in_rows, n, static_cast<int>(l.linear_up.dim_out), st);
       y_.resize(N * l.conv.view.dim_out);
-      exchange_then_convolve(s, halo && t > 0, l.conv.view.dim_in, up_[t].data(),
-                             [&](const ConvRows& part) {
-                               conv_forward(geom_, l.conv, cpu::first_receivers(g, rows),
-                                            up_[t].data(), y_.data(), s.error_node.data(), st,
-                                            part);
-                             });
+      exchange_then_convolve(
+          s, halo && t > 0, l.conv.view.dim_in, up_[t].data(), [&](const ConvRows& part) {
+            conv_forward(geom_, l.conv, cpu::first_receivers(g, rows), up_[t].data(), y_.data(),
+                         s.error_node.data(), st, part);
+          });
       s.profiler.mark("linear forward", st);
       m_[t].resize(N * l.linear.dim_out);
       if (l.nonlinear_block) {  // z = linear_1(y) / (alpha + beta rho) + linear_res(u)
@@ -806,13 +797,12 @@ class MaceModel : public Model {
       const GraphView backward_graph =
           cpu::first_receivers(g, cpu::layer_backward_nodes(g, halo, t));
       const bool exchange = s.halo.active() && t > 0;
-      convolve_then_begin_reverse(s, exchange, l.conv.view.dim_in, gup_.data(),
-                                  [&](const ConvRows& part) {
-                                    conv_backward(geom_, l.conv, backward_graph, rows,
-                                                  up_[t].data(), gy, gup_.data(), s.forces.data(),
-                                                  want_virial ? s.atom_virials.data() : nullptr,
-                                                  s.remote(), s.error_node.data(), st, part);
-                                  });
+      convolve_then_begin_reverse(
+          s, exchange, l.conv.view.dim_in, gup_.data(), [&](const ConvRows& part) {
+            conv_backward(geom_, l.conv, backward_graph, rows, up_[t].data(), gy, gup_.data(),
+                          s.forces.data(), want_virial ? s.atom_virials.data() : nullptr,
+                          s.remote(), s.error_node.data(), st, part);
+          });
       if (l.nonlinear_block) {
         s.profiler.mark("edge density", st);
         edge_density_backward(geom_, l.density_mlp(), backward_graph, grad_rho_[t].data(),
@@ -1031,8 +1021,8 @@ class BackendImpl : public Backend {
     s.species.upload(nodes.species, n, st);
     s.profiler.mark("neighbor list", st);
     const bool open[3] = {false, false, false};
-    const bool rebuilt = node_neighbors_->update(n, s.positions.data(), nullptr, open,
-                                                 min_distance, st, nodes.positions);
+    const bool rebuilt = node_neighbors_->update(n, s.positions.data(), nullptr, open, min_distance,
+                                                 st, nodes.positions);
     last_list_ = node_neighbors_.get();
     GraphView g = node_neighbors_->view(s.positions.data(), s.species.data());
     g.num_energy_nodes = nodes.num_owned;

@@ -98,8 +98,6 @@ __global__ void partition_kernel(int64_t count, const int32_t* flags, const int3
 
 }  // namespace
 
-DeviceHalo::DeviceHalo() : overlap_enabled_(env_int("E3FUSE_HALO_OVERLAP", 1) != 0) {}
-
 DeviceHalo::~DeviceHalo() {
   for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
   for (cudaEvent_t e : {packed_, computed_, copied_in_})
@@ -114,7 +112,6 @@ void DeviceHalo::bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_own
   events_used_ = 0;
   if (!exchange_) return;
   stream_ = stream;
-  last_overlapped_ = overlapped();
   device_rows_ = exchange_->takes_device_rows();
   const int64_t num_border = exchange_->num_border_nodes();
   const int64_t num_images = exchange_->num_self_images();
@@ -141,7 +138,6 @@ void DeviceHalo::bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_own
   image_sources_.upload(kept_sources_.data(), kept_sources_.size(), stream);
   image_groups_.build(sources, num_images_, num_nodes_ - num_images_, num_nodes_ - num_images_,
                       stream);
-  if (!overlap_enabled_) return;
   // the overlap's image lists: by the kind of source (owned or exchanged ghost)
   const int64_t first_image = num_nodes_ - num_images_;
   std::vector<int32_t> lists[4];  // local images, their sources, remote images, theirs
@@ -163,7 +159,7 @@ void DeviceHalo::bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_own
 }
 
 void DeviceHalo::set_graph(const GraphView& g, bool same_edges) {
-  if (!overlapped()) return;
+  if (!active()) return;
   if (!same_edges || g.row_offsets != graph_.row_offsets || g.neighbors != graph_.neighbors ||
       g.num_nodes != graph_.num_nodes || g.num_energy_nodes != graph_.num_energy_nodes)
     split_valid_ = false;
@@ -270,7 +266,7 @@ void DeviceHalo::collect() {
       check(cudaEventElapsedTime(&ms, waits_[q], waits_[q + 1]), "cudaEventElapsedTime");
       ms_total += ms;
     }
-    exchange_->add_device_wait(1e-3 * ms_total, last_overlapped_);
+    exchange_->add_device_wait(1e-3 * ms_total);
   }
   waits_.clear();
   events_used_ = 0;
@@ -314,11 +310,11 @@ void RowGroups::add(int width, const T* in, T* out, cudaStream_t stream) const {
 // border rows and the ghost rows of x in place (forward), the ghosts' adjoints in place and
 // the border sums in the border rows' array (reverse).
 //
-// The PCIe copies run on copies_: the compute stream in the synchronous order; in the
-// overlapped one a stream of their own, ordered after the compute stream's work so far by an
-// event (begin_copies), so that they run beside the convolution, and the compute stream waits
-// for the copies in (join_copies). Their rows are disjoint from the rows the convolution
-// meanwhile reads and writes (see DeviceHalo).
+// The PCIe copies run on copies_: the compute stream in forward() / reverse() (a rank
+// without atoms); around the convolutions a stream of their own, ordered after the compute stream's
+// work so far by an event (begin_copies), so that they run beside the convolution, and the compute
+// stream waits for the copies in (join_copies). Their rows are disjoint from the rows the
+// convolution meanwhile reads and writes (see DeviceHalo).
 
 void DeviceHalo::begin_copies(bool overlapped) {
   copies_ = stream_;

@@ -68,21 +68,22 @@ class RowGroups {
 // kernel in forward, their adjoints summed into the sources in a fixed order (per source, in node
 // order) in reverse.
 //
-// Overlap (the default; E3FUSE_HALO_OVERLAP=0: the synchronous order, forward()/reverse()):
-// nodes "need the exchange" when they are exchanged ghosts or self images of one. A layer's
-// receivers are split into interior rows (no neighbor in the list needs the exchange) and
-// boundary rows, its senders into those that need it and the others (flag kernels and a scan
-// on the GPU, once per graph and exchange lists). Forward: begin_forward() packs the border
-// rows and starts their copy to the host; the caller runs the convolution of the interior
-// rows; finish_forward() exchanges on the host meanwhile and copies the ghost rows in; the
-// caller runs the boundary rows. Backward: the caller runs the senders that need the
-// exchange; begin_reverse() starts the copy of their adjoints to the host; the caller runs
+// Overlap (the order every layer's exchange takes; forward() and reverse() in one piece serve
+// a rank without atoms, which only takes part in the exchanges): nodes "need the exchange" when
+// they are exchanged ghosts or self images of one. A layer's receivers are split into interior rows
+// (no neighbor in the list needs the exchange) and boundary rows, its senders into those that need
+// it and the others (flag kernels and a scan on the GPU, once per graph and exchange lists).
+// Forward: begin_forward() packs the border rows and starts their copy to the host; the caller runs
+// the convolution of the interior rows; finish_forward() exchanges on the host meanwhile and copies
+// the ghost rows in; the caller runs the boundary rows. Backward: the caller runs the senders that
+// need the exchange; begin_reverse() starts the copy of their adjoints to the host; the caller runs
 // the other senders (and anything else that does not touch those rows); finish_reverse()
 // exchanges and adds the border sums. Every row's arithmetic and every sum's order are those
-// of the synchronous order: the results are bitwise the same.
+// of an exchange in one piece before (after) the whole convolution: the same bits (measured
+// against that order at fae69af; benchmarks/results/lammps_overlap_h200x4).
 class DeviceHalo {
  public:
-  DeviceHalo();
+  DeviceHalo() = default;
   ~DeviceHalo();
   DeviceHalo(const DeviceHalo&) = delete;
   DeviceHalo& operator=(const DeviceHalo&) = delete;
@@ -92,8 +93,6 @@ class DeviceHalo {
   // The device graph of this call (after bind); same_edges: the caller knows its edges are
   // those of the previous call's graph (the split of the rows is then kept).
   void set_graph(const GraphView& g, bool same_edges);
-  // Whether the overlapped order runs (active, and not switched off).
-  bool overlapped() const { return active() && overlap_enabled_; }
   template <class T>
   void begin_forward(int width, T* x);
   template <class T>
@@ -102,7 +101,7 @@ class DeviceHalo {
   void begin_reverse(int width, T* grad);
   template <class T>
   void finish_reverse(int width, T* grad);
-  // The rows of the convolution calls around the exchange (overlapped() only).
+  // The rows of the convolution calls around the exchange (active() only).
   ConvRows interior_receivers();
   ConvRows boundary_receivers();
   ConvRows exchanged_senders();
@@ -146,7 +145,6 @@ class DeviceHalo {
   void record_resume();
   cudaEvent_t pooled_event();
   HaloExchange* exchange_ = nullptr;
-  bool overlap_enabled_ = true;
   bool device_rows_ = false;  // HaloExchange::takes_device_rows
   // the split of the rows (overlap): for which graph and lists it was made
   bool split_valid_ = false;
@@ -166,7 +164,6 @@ class DeviceHalo {
   cudaEvent_t packed_ = nullptr;                 // the packed rows reached the host
   std::vector<cudaEvent_t> event_pool_, waits_;  // waits_: stop, resume pairs of this call
   size_t events_used_ = 0;
-  bool last_overlapped_ = false;
   // num_images_: the self images, nodes [num_nodes_ - num_images_, num_nodes_) (HaloExchange)
   int64_t num_nodes_ = 0, num_owned_ = 0, num_border_ = 0, num_images_ = 0;
   cudaStream_t stream_ = nullptr;
