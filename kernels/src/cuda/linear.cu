@@ -16,8 +16,9 @@
 //
 // float32 runs the same tiles on the tensor cores (linear_mma_kernel: mma.sync with
 // the 3xTF32 split of mma_tf32.cuh, float32-accurate) on sm_80 and later; float64 runs the
-// FMA kernel. Measured on an H200 at 32,000 atoms (benchmarks/results/linear_tc_h200):
-// MACE-MP-0 medium's linears 104.6 -> 85.7 ms per 11 calls, SevenNet-0's 92.9 -> 74.1.
+// FMA kernel. Measured on an H200 at 32,000 atoms, linears' device time per 11 calls: MACE-MP-0
+// medium 104.6 (FMA kernel) -> 93.1 ms, SevenNet-0 92.9 -> 82.4 (benchmarks/results/
+// linear_tc_h200 and session_final_h200, two calls on the same kind of card).
 #include <cuda_runtime.h>
 
 #include <algorithm>
