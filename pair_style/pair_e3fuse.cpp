@@ -13,7 +13,6 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
-#include <type_traits>
 
 #include "atom.h"
 #include "comm.h"

@@ -471,6 +471,33 @@ def compute_system(
     return out, engine
 
 
+REGION_KINDS = ("energy", "energies", "forces", "virial", "atom_virials")
+
+
+def assert_regions_match_one_pass(
+    path: Path | str,
+    atoms: Atoms,
+    device: str,
+    dtype: str,
+    region_atoms: int,
+    rel: float,
+    min_distance: float | None = None,
+) -> None:
+    """compute_system region by region (`region_atoms` atoms a region; more than one region)
+    equals one pass: every quantity of REGION_KINDS within `rel` of its largest value."""
+
+    def compute(atoms_per_region: int) -> tuple[dict[str, np.ndarray], int]:
+        out, engine = compute_system(path, atoms, device, dtype, atoms_per_region, min_distance)
+        return {k: np.asarray(out[k]) for k in REGION_KINDS}, engine.num_regions
+
+    one_pass, _ = compute(0)
+    regions, count = compute(region_atoms)
+    assert count > 1
+    for k in REGION_KINDS:
+        scale = max(float(np.abs(one_pass[k]).max()), 1e-300)
+        assert float(np.abs(regions[k] - one_pass[k]).max()) <= rel * scale, k
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # sevenn warns at every calculator construction that no cuEquivariance/
     # flashTP accelerator is enabled: expected here, the reference runs plain e3nn.

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
 from ase import Atoms  # noqa: E402
-from conftest import DEVICES, compute_system, evaluate  # noqa: E402
+from conftest import DEVICES, assert_regions_match_one_pass, evaluate  # noqa: E402
 from helpers_mace import (  # noqa: E402
     assert_float32_close,
     converted_once,
@@ -129,19 +129,8 @@ def test_regions_match_one_pass(device: str, dtype: str, workdir: Path) -> None:
     different nodes, and ZBL counts only owned atoms) equals one pass."""
     _, path = converted("omat0", workdir)
     atoms = alloy(seed=13).repeat((3, 1, 1))  # 96 atoms
-    kinds = ("energy", "energies", "forces", "virial", "atom_virials")
-
-    def compute(region_atoms: int) -> tuple[dict[str, np.ndarray], int]:
-        out, engine = compute_system(path, atoms, device, dtype, region_atoms)
-        return {k: np.asarray(out[k]) for k in kinds}, engine.num_regions
-
-    one_pass, _ = compute(0)
-    regions, count = compute(40)
-    assert count > 1
     rel = 1e-12 if dtype == "float64" else 1e-5
-    for k in kinds:
-        scale = max(float(np.abs(one_pass[k]).max()), 1e-300)
-        assert float(np.abs(regions[k] - one_pass[k]).max()) <= rel * scale, k
+    assert_regions_match_one_pass(path, atoms, device, dtype, 40, rel)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
-from conftest import DEVICES, compute_system  # noqa: E402
+from conftest import DEVICES, assert_regions_match_one_pass  # noqa: E402
 from helpers_mace import (  # noqa: E402
     FORCES_F32,
     build_mace,
@@ -273,18 +273,7 @@ def test_exact_radial_mlp_regions_match_one_pass(device: str, workdir: Path) -> 
     prefix of the nodes, so fewer edges than the graph has) the results equal one pass."""
     _, path = converted("omol-like", workdir)
     atoms = structure(ELEMENTS, seed=8, cubic=True).repeat((4, 1, 1))  # 128 atoms, 29 A long
-    kinds = ("energy", "energies", "forces", "virial", "atom_virials")
-
-    def compute(region_atoms: int) -> tuple[dict[str, np.ndarray], int]:
-        out, engine = compute_system(path, atoms, device, "float64", region_atoms)
-        return {k: np.asarray(out[k]) for k in kinds}, engine.num_regions
-
-    one_pass, _ = compute(0)
-    regions, count = compute(40)
-    assert count > 1
-    for k in kinds:
-        scale = max(float(np.abs(one_pass[k]).max()), 1e-300)
-        assert float(np.abs(regions[k] - one_pass[k]).max()) <= 1e-12 * scale, k
+    assert_regions_match_one_pass(path, atoms, device, "float64", 40, 1e-12)
 
 
 @pytest.mark.parametrize("radial", ["mlp", "table"])

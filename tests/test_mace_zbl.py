@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("mace.modules")
 
-from conftest import DEVICES, compute_system  # noqa: E402
+from conftest import DEVICES, assert_regions_match_one_pass, compute_system  # noqa: E402
 from helpers_mace import build_mace, structure  # noqa: E402
 
 from e3fuse import _core, reference  # noqa: E402
@@ -378,15 +378,4 @@ def test_regions_match_one_pass(workdir: Path, device: str) -> None:
     rng = np.random.default_rng(6)
     for i in rng.choice(len(atoms), size=40, replace=False):
         atoms.positions[i] += rng.normal(size=3) * 0.5
-    kinds = ("energy", "energies", "forces", "virial", "atom_virials")
-
-    def compute(region_atoms: int) -> tuple[dict[str, np.ndarray], int]:
-        out, engine = compute_system(path, atoms, device, "float64", region_atoms, 0.05)
-        return {k: np.asarray(out[k]) for k in kinds}, engine.num_regions
-
-    one_pass, _ = compute(0)
-    regions, count = compute(300)
-    assert count > 1
-    for k in kinds:
-        scale = max(float(np.abs(one_pass[k]).max()), 1e-300)
-        assert float(np.abs(regions[k] - one_pass[k]).max()) <= 1e-12 * scale, k
+    assert_regions_match_one_pass(path, atoms, device, "float64", 300, 1e-12, min_distance=0.05)

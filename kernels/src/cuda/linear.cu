@@ -43,6 +43,24 @@ constexpr int linear_threads() {
   return (TN / kMicro) * kColThreads;
 }
 
+// The smallest species above species_done among the tile's nodes [node0, node0 + TN)
+// (INT_MAX: none left), in every thread of the block; slot: one int of shared memory.
+template <int TN, int kBlockThreads>
+__device__ int next_species_in_tile(const int32_t* __restrict__ species, int64_t node0,
+                                    int64_t num_nodes, int species_done, int* slot) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) *slot = INT_MAX;
+  __syncthreads();
+  for (int r = tid; r < TN; r += kBlockThreads) {
+    const int64_t n = node0 + r;
+    if (n < num_nodes && species[n] > species_done) atomicMin(slot, species[n]);
+  }
+  __syncthreads();
+  const int s = *slot;
+  __syncthreads();
+  return s;
+}
+
 // grid: (node tiles of TN x tasks, 1, 1), the task fastest, or with split_m (small
 // systems: shorter serial chains per block) (node tiles x tasks, 1, components m of the
 // widest irrep).
@@ -81,16 +99,9 @@ __global__ void __launch_bounds__(linear_threads<TN>())
   int species_done = -1;
   for (;;) {
     int s = 0;
-    if (species) {  // the smallest species above the ones done, among this tile's nodes
-      if (tid == 0) next_species = INT_MAX;
-      __syncthreads();
-      for (int r = tid; r < TN; r += kThreadsPerBlock) {
-        const int64_t n = node0 + r;
-        if (n < num_nodes && species[n] > species_done) atomicMin(&next_species, species[n]);
-      }
-      __syncthreads();
-      s = next_species;
-      __syncthreads();
+    if (species) {
+      s = next_species_in_tile<TN, kThreadsPerBlock>(species, node0, num_nodes, species_done,
+                                                     &next_species);
       if (s == INT_MAX) return;
     }
     const T* w_set = weights + static_cast<int64_t>(s) * species_stride;
@@ -237,16 +248,9 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
   int species_done = -1;
   for (;;) {
     int s = 0;
-    if (species) {  // the smallest species above the ones done, among this tile's nodes
-      if (tid == 0) next_species = INT_MAX;
-      __syncthreads();
-      for (int r = tid; r < TN; r += kMmaThreads) {
-        const int64_t n = node0 + r;
-        if (n < num_nodes && species[n] > species_done) atomicMin(&next_species, species[n]);
-      }
-      __syncthreads();
-      s = next_species;
-      __syncthreads();
+    if (species) {
+      s = next_species_in_tile<TN, kMmaThreads>(species, node0, num_nodes, species_done,
+                                                &next_species);
       if (s == INT_MAX) return;
     }
     const float4* frag_set = frags + static_cast<int64_t>(s) * frag_species_stride;
