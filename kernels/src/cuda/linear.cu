@@ -43,6 +43,19 @@ constexpr int linear_threads() {
   return (TN / kMicro) * kColThreads;
 }
 
+// Output element (node n, column c of the task's block, component m): bias (if any), plus
+// its old value with accumulate, plus the product `value`.
+template <class T>
+__device__ __forceinline__ void store_output(const LinearTask& task, int m, int c, int64_t n,
+                                             int64_t dim_dst, const T* __restrict__ bias,
+                                             bool accumulate, T value, T* __restrict__ dst) {
+  const int64_t e = task.offset + static_cast<int64_t>(task.col0 + c) * task.c_stride +
+                    static_cast<int64_t>(m) * task.m_stride;
+  T base = bias ? bias[e] : T(0);
+  if (accumulate) base += dst[n * dim_dst + e];
+  dst[n * dim_dst + e] = base + value;
+}
+
 // The smallest species above species_done among the tile's nodes [node0, node0 + TN)
 // (INT_MAX: none left), in every thread of the block; slot: one int of shared memory.
 template <int TN, int kBlockThreads>
@@ -160,12 +173,7 @@ __global__ void __launch_bounds__(linear_threads<TN>())
 #pragma unroll
         for (int j = 0; j < kMicro; ++j) {
           const int c = my_col + j;
-          if (c >= task.cols) continue;
-          const int64_t e = task.offset + static_cast<int64_t>(task.col0 + c) * task.c_stride +
-                            static_cast<int64_t>(m) * task.m_stride;
-          T base = bias ? bias[e] : T(0);
-          if (accumulate) base += dst[n * dim_dst + e];
-          dst[n * dim_dst + e] = base + acc[i][j];
+          if (c < task.cols) store_output(task, m, c, n, dim_dst, bias, accumulate, acc[i][j], dst);
         }
       }
     }
@@ -346,12 +354,8 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
               const int c = 8 * (nt0 + j) + 2 * t + q;
-              if (c >= task.cols) continue;
-              const int64_t e = task.offset + static_cast<int64_t>(task.col0 + c) * task.c_stride +
-                                static_cast<int64_t>(m) * task.m_stride;
-              float base = bias ? bias[e] : 0.0f;
-              if (accumulate) base += dst[n * dim_dst + e];
-              dst[n * dim_dst + e] = base + acc[i][j][2 * h + q];
+              if (c < task.cols)
+                store_output(task, m, c, n, dim_dst, bias, accumulate, acc[i][j][2 * h + q], dst);
             }
         }
     }
