@@ -85,6 +85,10 @@ class E3fuseMpiExchange : public e3fuse::HaloExchange {
  private:
   template <class T> void forward_rows(int width, const T *border_rows, T *ghost_rows);
   template <class T> void reverse_rows(int width, const T *ghost_rows, T *border_sums);
+  void send_and_receive(size_t row_bytes, const char *send, const std::vector<int> &to,
+                        const std::vector<int> &to_offsets, char *recv,
+                        const std::vector<int> &from, const std::vector<int> &from_offsets,
+                        int tag);
   void exchange_rows(size_t row_bytes, const char *send, const std::vector<int> &to,
                      const std::vector<int> &to_offsets, char *recv, const std::vector<int> &from,
                      const std::vector<int> &from_offsets, int tag);
