@@ -70,7 +70,8 @@ needs mace-torch) or a sevenn pretrained name (converted, needs sevenn).
 
 Results: OUT/lammps_scaling_<gpu>.json and .md (OUT = --out, default benchmarks/results;
 <gpu> the GPU name slug or "cpu"); rows of an earlier file of the same name that this run
-did not re-measure are kept (each row carries its commit and date). The markdown is
+did not re-measure are kept (each row carries its commit and date, shown in the tables'
+"run" column; efficiencies compare rows of one run only). The markdown is
 printed too. Exit status 1 when a case failed (other than out of memory, timeout or
 skipped), an equality check exceeded its tolerance, a model could not be resolved or
 nothing at all was measured.
@@ -804,7 +805,9 @@ def compare_checks(rows: list[dict[str, Any]], tol: float) -> None:
 
 
 def scaling_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Weak and strong efficiencies from the measured rows (in place: row['efficiency'])."""
+    """Weak and strong efficiencies from the measured rows (in place: row['efficiency']),
+    each against a one-rank row of the same run (the same 'date': rows kept from earlier
+    files are compared only among themselves)."""
     out = []
     for r in rows:
         r.pop("efficiency", None)
@@ -824,6 +827,7 @@ def scaling_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 and abs(b["atoms"] - base_atoms) <= 0.01 * base_atoms
                 and b.get("precision") == r.get("precision")
                 and b.get("device") == r.get("device")
+                and b.get("date") == r.get("date")
             ]
             if not bases:
                 continue
@@ -843,6 +847,8 @@ def scaling_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ms_per_step_R": r["ms_per_step"],
                 "speedup": speedup if role == "strong" else None,
                 "efficiency": eff,
+                "commit": r.get("commit"),
+                "date": r.get("date"),
             }
             out.append(entry)
             r.setdefault("efficiency", {})[role] = eff
@@ -881,6 +887,11 @@ def format_row(r: dict[str, Any]) -> str:
     )
 
 
+def _run(r: dict[str, Any]) -> str:
+    """The run of a row: its commit (12 hex digits) and start, to the minute."""
+    return f"{str(r.get('commit') or '-')[:12]} {str(r.get('date') or '')[:16]}".strip()
+
+
 def markdown(doc: dict[str, Any]) -> str:
     meta = doc["meta"]
     gpu = (meta.get("gpu") or {}).get("name") or meta["device"]
@@ -905,8 +916,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "images stay on its device); "
         "Comm % = LAMMPS's Comm (avg) / Loop time. GPU MiB: peak nvidia-smi "
         "memory.used per GPU minus before the run. Efficiency: weak = t(1 GPU, N) / t(R GPUs, "
-        "R N); strong = t(1 GPU, N) / (R t(R GPUs, N)). One-rank runs use comm "
-        f"{s['one_rank_comm']}.",
+        "R N); strong = t(1 GPU, N) / (R t(R GPUs, N)), both within one run. One-rank runs "
+        f"use comm {s['one_rank_comm']}. run: the commit and start of the run that measured "
+        "the row (rows of earlier runs in the same results file are kept).",
     ]
     models = list(
         dict.fromkeys([r["model"] for r in doc["rows"]] + [r["model"] for r in doc["checks"]])
@@ -921,8 +933,8 @@ def markdown(doc: dict[str, Any]) -> str:
             out += [
                 "| atoms | ranks (GPUs) | comm | ms/step | atom-steps/s | efficiency | "
                 "halo wait ms/step (% of step) | exchange wall ms/step | halo MB/step | "
-                "LAMMPS Comm % | Pair % | peak GPU MiB | status |",
-                "|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
+                "LAMMPS Comm % | Pair % | peak GPU MiB | status | run |",
+                "|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
             ]
             for r in rows:
                 eff = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("efficiency") or {}).items())
@@ -945,6 +957,7 @@ def markdown(doc: dict[str, Any]) -> str:
                     _scaled(r.get("pair_frac_of_loop"), 100, ".1f"),
                     _mem(r),
                     r.get("status", "-"),
+                    _run(r),
                 ]
                 out.append("| " + " | ".join(cols) + " |")
             summary = [e for e in doc["scaling"] if e["model"] == model]
@@ -952,14 +965,14 @@ def markdown(doc: dict[str, Any]) -> str:
                 out += [
                     "",
                     "| scaling | atoms: 1 GPU -> R GPUs | R | comm (R) | ms/step 1 GPU | "
-                    "ms/step R GPUs | speed-up | efficiency |",
-                    "|---|---|---:|---|---:|---:|---:|---:|",
+                    "ms/step R GPUs | speed-up | efficiency | run |",
+                    "|---|---|---:|---|---:|---:|---:|---:|---|",
                 ]
                 for e in summary:
                     out.append(
                         f"| {e['kind']} | {e['atoms_1']:,} -> {e['atoms_R']:,} | {e['ranks']} | "
                         f"{e['comm']} | {e['ms_per_step_1']:,.1f} | {e['ms_per_step_R']:,.1f} | "
-                        f"{_f(e['speedup'], '.2f')} | {e['efficiency']:.2f} |"
+                        f"{_f(e['speedup'], '.2f')} | {e['efficiency']:.2f} | {_run(e)} |"
                     )
         checks = sorted(
             [r for r in doc["checks"] if r["model"] == model],

@@ -1,6 +1,7 @@
 """The benchmarks' own arithmetic (no GPU): the convolution microbenchmark's work model per
-edge (benchmarks/micro/conv_micro.py) against hand counts and against cases.model_work, and
-its structure file as the executable reads it."""
+edge (benchmarks/micro/conv_micro.py) against hand counts and against cases.model_work, its
+structure file as the executable reads it, and the LAMMPS scaling benchmark's pairing of rows
+into efficiencies."""
 
 from __future__ import annotations
 
@@ -77,3 +78,40 @@ def test_structure_file_layout(tmp_path: Path) -> None:
     assert np.array_equal(raw[1:10].reshape(3, 3), np.asarray(atoms.cell))
     assert list(raw[10:13]) == [1.0, 1.0, 1.0]
     assert np.array_equal(raw[13:].reshape(-1, 3), atoms.positions)
+
+
+def test_lammps_scaling_pairs_rows_of_one_run() -> None:
+    """bench_lammps_scaling: a weak-scaling row is compared with the one-rank row of its own
+    run, not with a faster one kept from an earlier run of the results file."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_lammps_scaling", BENCH / "bench_lammps_scaling.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_lammps_scaling"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+
+    def row(ranks: int, atoms: int, ms: float, date: str) -> dict:
+        return {
+            "model": "m",
+            "atoms": atoms,
+            "ranks": ranks,
+            "comm": "images" if ranks == 1 else "exchange",
+            "roles": ["weak"],
+            "status": "ok",
+            "ms_per_step": ms,
+            "precision": "float32",
+            "device": "cuda",
+            "commit": date[:4],
+            "date": date,
+        }
+
+    rows = [
+        row(1, 1000, 50.0, "2026-01-01T00:00"),  # an earlier run, faster
+        row(1, 1000, 100.0, "2026-02-01T00:00"),
+        row(2, 2000, 110.0, "2026-02-01T00:00"),
+    ]
+    summary = module.scaling_summary(rows)
+    assert len(summary) == 1
+    assert abs(summary[0]["efficiency"] - 100.0 / 110.0) < 1e-12
+    assert rows[2]["efficiency"] == {"weak": summary[0]["efficiency"]}
+    assert summary[0]["date"] == "2026-02-01T00:00"
