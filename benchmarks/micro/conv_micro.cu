@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -110,6 +111,49 @@ Structure read_structure(const std::string& path) {
          static_cast<std::streamsize>(s.positions.size() * sizeof(double)));
   if (!f) throw Error(path + ": truncated positions");
   return s;
+}
+
+// The order in which the kernels' thread blocks take the rows (CONV_MICRO_ROW_ORDER, a
+// measurement of the microbenchmark only): "natural" (the atoms' own order, no row list, as
+// the engine runs), "morton" (rows sorted by the Morton code of their position, 10 bits per
+// axis over the bounding box: rows near in space run at the same time, so that the rows they
+// gather share the L2 cache), or "random" (a fixed shuffle: atoms in no spatial order).
+std::vector<int32_t> row_order(const Structure& s, const std::string& order) {
+  std::vector<int32_t> rows(static_cast<size_t>(s.n));
+  for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  if (order == "random") {
+    std::mt19937 rng(12345);
+    std::shuffle(rows.begin(), rows.end(), rng);
+  } else if (order == "morton") {
+    double lo[3], hi[3];
+    for (int a = 0; a < 3; ++a) lo[a] = hi[a] = s.positions[static_cast<size_t>(a)];
+    for (int64_t i = 0; i < s.n; ++i)
+      for (int a = 0; a < 3; ++a) {
+        const double x = s.positions[static_cast<size_t>(3 * i + a)];
+        lo[a] = std::min(lo[a], x);
+        hi[a] = std::max(hi[a], x);
+      }
+    auto spread = [](uint64_t v) {  // bit b of v to bit 3 b
+      uint64_t r = 0;
+      for (int b = 0; b < 10; ++b) r |= ((v >> b) & 1u) << (3 * b);
+      return r;
+    };
+    std::vector<uint64_t> code(static_cast<size_t>(s.n));
+    for (int64_t i = 0; i < s.n; ++i) {
+      uint64_t c = 0;
+      for (int a = 0; a < 3; ++a) {
+        const double f =
+            (s.positions[static_cast<size_t>(3 * i + a)] - lo[a]) / std::max(hi[a] - lo[a], 1e-12);
+        c |= spread(static_cast<uint64_t>(std::min(1023.0, std::floor(f * 1024.0)))) << a;
+      }
+      code[static_cast<size_t>(i)] = c;
+    }
+    std::stable_sort(rows.begin(), rows.end(),
+                     [&](int32_t a, int32_t b) { return code[a] < code[b]; });
+  } else if (order != "natural") {
+    throw Error("CONV_MICRO_ROW_ORDER must be natural, morton or random, not " + order);
+  }
+  return rows;
 }
 
 // Milliseconds between event pairs, one pair per launch.
@@ -213,6 +257,15 @@ int run(const Options& opt) {
   g.num_nodes = n;
   g.num_energy_nodes = n;
   const int64_t list_edges = neighbors.num_edges();
+  const char* order_env = std::getenv("CONV_MICRO_ROW_ORDER");
+  const std::string order = order_env && *order_env ? order_env : "natural";
+  DeviceArray<int32_t> row_list;
+  cu::ConvRows rows;
+  if (order != "natural") {
+    row_list.upload(row_order(s, order));
+    rows.rows = row_list.data();
+    rows.count = n;
+  }
 
   // The edges inside the cutoff, decided as the kernels decide (edge_vector in conv.cu).
   std::vector<int64_t> row_offsets(static_cast<size_t>(n + 1));
@@ -296,7 +349,7 @@ int run(const Options& opt) {
     LaunchTimer fwd(launches), bwd(launches);
     for (int r = 0; r < launches; ++r) {
       fwd.start(r, stream);
-      cu::conv_forward(geom, conv, g, x.data(), y.data(), error_node.data(), stream);
+      cu::conv_forward(geom, conv, g, x.data(), y.data(), error_node.data(), stream, rows);
       fwd.stop(r, stream);
     }
     for (int r = 0; r < launches; ++r) {
@@ -306,7 +359,7 @@ int run(const Options& opt) {
       remote_forces.zero(stream);
       bwd.start(r, stream);
       cu::conv_backward(geom, conv, g, n, x.data(), grad_y.data(), grad_x.data(), forces.data(),
-                        atom_virials.data(), remote, error_node.data(), stream);
+                        atom_virials.data(), remote, error_node.data(), stream, rows);
       bwd.stop(r, stream);
     }
     check(cudaStreamSynchronize(stream), "the timed convolutions");
@@ -341,10 +394,10 @@ int run(const Options& opt) {
   out << "{\"tool\": \"e3fuse_conv_micro\", \"model\": \"" << opt.model << "\", \"family\": \""
       << plan.family << "\", \"dtype\": \"" << opt.dtype << "\", \"radial\": \"" << opt.radial
       << "\", \"device\": \"" << prop.name << "\", \"sm_count\": " << prop.multiProcessorCount
-      << ", \"cutoff\": " << plan.cutoff << ", \"skin\": " << opt.skin << ", \"atoms\": " << n
-      << ", \"edges_in_list\": " << list_edges << ", \"edges\": " << edges
-      << ", \"warmup\": " << opt.warmup << ", \"repeats\": " << opt.repeats
-      << ",\n \"layers\": [\n  " << layers.str() << "]}\n";
+      << ", \"row_order\": \"" << order << "\", \"cutoff\": " << plan.cutoff
+      << ", \"skin\": " << opt.skin << ", \"atoms\": " << n << ", \"edges_in_list\": " << list_edges
+      << ", \"edges\": " << edges << ", \"warmup\": " << opt.warmup
+      << ", \"repeats\": " << opt.repeats << ",\n \"layers\": [\n  " << layers.str() << "]}\n";
   std::fputs(out.str().c_str(), stdout);
   if (!opt.json_out.empty()) {
     std::ofstream f(opt.json_out);
