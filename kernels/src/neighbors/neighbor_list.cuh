@@ -88,6 +88,9 @@ class DeviceNeighborList {
   const std::vector<int32_t>& shift_cells() const { return table_cells_; }
   const int64_t* row_offsets() const { return row_offsets_.data(); }
   const int32_t* neighbors() const { return neighbors_.data(); }
+  // The atoms in the order of their bins at the last build (num_atoms entries, device): atoms
+  // near each other in space are near each other in this order.
+  const int32_t* bin_order() const { return sorted_atoms_.data(); }
   const int32_t* shift_index() const { return shift_index_.data(); }
   const double* shifts() const { return table_.data(); }
 
