@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -25,6 +26,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# which e3fuse to measure: a staged build (scripts/gpu_common.sh gpu_build), else an installed
+# one, else the source tree's
+if "E3FUSE_BENCH_PYTHON" in os.environ:
+    sys.path.insert(0, os.environ["E3FUSE_BENCH_PYTHON"])
 sys.path.append(str(HERE.parent / "python"))
 
 import cases  # noqa: E402
