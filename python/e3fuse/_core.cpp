@@ -23,6 +23,7 @@
 #include "e3fuse/neighbors.h"
 #include "model/plan.h"
 #include "ops/radial.h"
+#include "ops/radial_table.h"
 #include "ops/sh.h"
 #ifdef E3FUSE_WITH_CUDA
 #include "cuda/probe.h"  // probe_neighbor_list_frames (gpu_neighbor_*)
@@ -837,6 +838,47 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("positions"), py::arg("species"), py::arg("row_offsets"), py::arg("neighbors"),
           py::arg("num_energy_nodes"), py::arg("weight") = 1.0, py::arg("device") = "cpu")
+      // The radial MLP of (SevenNet) layer `layer` as the float32 or float64 engine tabulates
+      // it (cpu::make_radial_table), read at each r as the convolutions read it.
+      .def(
+          "radial_table",
+          [](const OpsProbe& p, int layer, Array<double> r, const std::string& dtype) {
+            const ModelPlan& mp = p.model->plan();
+            const MlpPlan& mlp = mp.layers.at(layer).conv.mlp;
+            const int64_t n = r.shape(0);
+            auto run = [&](auto typed) -> py::dict {
+              using T = decltype(typed);
+              const cpu::RadialTable<T> t =
+                  cpu::make_radial_table<T>(mp, mlp, 0.0, 0, nullptr, 0, true);
+              const int64_t W = mlp.dims.back();
+              Array<double> value({n, W}), grad({n, W});
+              for (int64_t e = 0; e < n; ++e) {
+                int interval = 0;
+                double x = 0.0;
+                ops::radial_table_locate(r.at(e), t.origin, t.inv_step, t.intervals,
+                                         t.fine_intervals, t.coarse_shift, interval, x);
+                const T* c = t.coeffs.data() + static_cast<size_t>(interval) * W * 4;
+                for (int64_t w = 0; w < W; ++w) {
+                  value.mutable_at(e, w) = ops::radial_table_value(c + 4 * w, static_cast<T>(x));
+                  grad.mutable_at(e, w) = ops::radial_table_grad(c + 4 * w, static_cast<T>(x),
+                                                                 static_cast<T>(t.inv_step));
+                }
+              }
+              py::dict out;
+              out["value"] = value;
+              out["grad"] = grad;
+              out["intervals"] = t.intervals;
+              out["fine_intervals"] = t.fine_intervals;
+              out["coarse_shift"] = t.coarse_shift;
+              out["origin"] = t.origin;
+              out["step"] = t.step;
+              out["value_error"] = t.value_error;
+              out["grad_error"] = t.grad_error;
+              return out;
+            };
+            return probe_float32(dtype) ? run(0.0f) : run(0.0);
+          },
+          py::arg("layer"), py::arg("r"), py::kw_only(), py::arg("dtype") = "float64")
       // Convolution of layer `layer` on an open (non-periodic) CSR graph.
       .def("conv",
            [](const OpsProbe& p, int layer, Array<double> positions, Array<int64_t> row_offsets,

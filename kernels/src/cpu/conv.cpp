@@ -248,7 +248,7 @@ void table_weights(const Conv<T>& conv, int64_t numel, Tile<T>& t) {
     const RadialTable<T>& table = conv.table_for_pair(t.pair[e]);
     double x = 0.0;
     ops::radial_table_locate(t.r_f64[e], table.origin, table.inv_step, table.intervals,
-                             t.interval[e], x);
+                             table.fine_intervals, table.coarse_shift, t.interval[e], x);
     t.local_t[e] = static_cast<T>(x);
     const T* c = table.coeffs.data() + static_cast<size_t>(t.interval[e]) * numel * 4;
     T* w = t.weights.data() + static_cast<size_t>(e) * numel;

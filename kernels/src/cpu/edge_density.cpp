@@ -32,7 +32,8 @@ void edge_density_at(const TypedPlan<T>& plan, const EdgeDensity<T>& density, in
     const RadialTable<T>& table = density.table_for_pair(pair);
     int interval = 0;
     double t = 0.0;
-    ops::radial_table_locate(r, table.origin, table.inv_step, table.intervals, interval, t);
+    ops::radial_table_locate(r, table.origin, table.inv_step, table.intervals, table.fine_intervals,
+                             table.coarse_shift, interval, t);
     const T* c = table.coeffs.data() + 4 * static_cast<size_t>(interval);
     value = static_cast<double>(ops::radial_table_value(c, static_cast<T>(t)));
     grad = static_cast<double>(

@@ -128,6 +128,18 @@ void hermite(double f0, double f1, double m0, double m1, double c[4]) {
   c[3] = 2.0 * (f0 - f1) + m0 + m1;
 }
 
+// One level of the refinement: its grid, knots and which intervals meet the tolerances.
+struct Level {
+  int intervals = 0;
+  double origin = 0.0, step = 0.0;
+  Samples knots;
+  // per interval: the largest relative errors found at the midpoint, and of the slope at
+  // its error's peaks (with slope_peaks or coarse_tail; else 0)
+  std::vector<double> verr, gerr, peak_gerr;
+  bool passes(int i) const { return verr[i] <= kValueTolerance && gerr[i] <= kGradTolerance; }
+  bool passes_everywhere(int i) const { return passes(i) && peak_gerr[i] <= kGradTolerance; }
+};
+
 // The table of `outputs` functions of r over [0, cutoff] whose values and derivatives at
 // any set of points `evaluate` gives (Samples, [points][outputs]): the step is halved from
 // min_intervals (at least kFirstIntervals) until the Hermite cubic's error is below the
@@ -135,28 +147,41 @@ void hermite(double f0, double f1, double m0, double m1, double c[4]) {
 // t = 1/2 for the value; for the slope (the t-derivative over h) it vanishes at t = 1/2
 // and peaks at t = 1/2 +- 1/(2 sqrt 3). slope_peaks also checks both there (else only at
 // t = 1/2, where the slope's error is of the next order).
+//
+// coarse_tail: an MLP's fourth derivative is largest at small r (below 0.5 A for SevenNet's
+// layers, closer than atoms come), so the finest step is kept only up to the radius past which
+// a coarser level (evaluated on the way) meets the tolerances on every interval, the slope's
+// also at its error's peaks, and that level's intervals follow (ops::radial_table_locate): the
+// coarser level that leaves the fewest intervals in all. The level that ends the refinement is
+// the one a table without coarse_tail has.
 template <class T, class Evaluate>
 RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, bool slope_peaks,
-                        Evaluate&& evaluate) {
+                        bool coarse_tail, Evaluate&& evaluate) {
   const double cutoff = model.cutoff;
   if (!(cutoff > 0.0)) throw Error("internal: radial table needs a positive cutoff");
   const int W = outputs;
   // The XPLOR envelope's second derivative jumps at r_on: the grid keeps a knot there
-  // (elsewhere R is smooth). The grid starts at or just below r = 0.
+  // (elsewhere R is smooth). The grid starts at or just below r = 0. Every level's knots
+  // contain the anchor, so a coarser level's knots are knots of the finer ones.
   const double anchor = model.radial.envelope == EnvelopeKind::xplor && model.radial.r_on > 0.0
                             ? model.radial.r_on
                             : 0.0;
+  // the points of each interval checked, and whether a check at the slope's peaks decides
+  // the level (slope_peaks) or only which intervals a coarse tail may keep (coarse_tail)
   std::vector<double> checks{0.5};
-  if (slope_peaks) {
-    const double d = 0.5 / std::sqrt(3.0);
-    checks = {0.5, 0.5 - d, 0.5 + d};
-  }
+  const double d = 0.5 / std::sqrt(3.0);
+  if (slope_peaks || coarse_tail) checks = {0.5, 0.5 - d, 0.5 + d};
   int first = kFirstIntervals;
   while (first < min_intervals && first < kMaxIntervals) first *= 2;
+  std::vector<Level> coarser;  // the levels before (coarse_tail)
   for (int level = first;; level *= 2) {
+    Level L;
     const double step = cutoff / level;
     const double origin = anchor - std::ceil(anchor / step - 1e-9) * step;
     const int intervals = static_cast<int>(std::ceil((cutoff - origin) / step - 1e-9));
+    L.step = step;
+    L.origin = origin;
+    L.intervals = intervals;
     // Near r = 0, R is even in r (sin(c r) / r; the envelope is flat to order >= 2), so a
     // knot at r < 0 takes the values at |r|, its slope negated. At r = 0 the formula is
     // 0 / 0 and its slope cancels digits: a knot within tiny of 0 takes the value just
@@ -171,7 +196,8 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
       sign[i] = std::abs(r) < tiny ? (even ? 0.0 : 1.0) : r < 0.0 ? -1.0 : 1.0;
       rs[i] = std::max(std::abs(r), tiny);
     }
-    Samples knots = evaluate(rs);
+    L.knots = evaluate(rs);
+    Samples& knots = L.knots;
     for (int i = 0; i <= intervals; ++i)
       for (int w = 0; w < W; ++w) knots.grad[static_cast<size_t>(i) * W + w] *= sign[i];
     std::vector<double> vmax(W, 0.0), gmax(W, 0.0);
@@ -180,7 +206,9 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
         vmax[w] = std::max(vmax[w], std::abs(knots.value[static_cast<size_t>(i) * W + w]));
         gmax[w] = std::max(gmax[w], std::abs(knots.grad[static_cast<size_t>(i) * W + w]));
       }
-    double verr = 0.0, gerr = 0.0;
+    L.verr.assign(intervals, 0.0);
+    L.gerr.assign(intervals, 0.0);
+    L.peak_gerr.assign(intervals, 0.0);
     for (const double t : checks) {
       std::vector<double> mid(intervals);
       for (int i = 0; i < intervals; ++i)
@@ -188,35 +216,78 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
       const Samples mids = evaluate(mid);
       for (int i = 0; i < intervals; ++i) {
         const double mid_sign = origin + (i + t) * step < 0.0 ? -1.0 : 1.0;
+        double vi = 0.0, gi = 0.0;
         for (int w = 0; w < W; ++w) {
           const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
           double c[4];
           hermite(knots.value[a], knots.value[b], knots.grad[a] * step, knots.grad[b] * step, c);
           const double v = ops::radial_table_value(c, t);
           const double g = ops::radial_table_grad(c, t, 1.0 / step);
-          if (vmax[w] > 0) verr = std::max(verr, std::abs(v - mids.value[a]) / vmax[w]);
-          if (gmax[w] > 0) gerr = std::max(gerr, std::abs(g - mid_sign * mids.grad[a]) / gmax[w]);
+          if (vmax[w] > 0) vi = std::max(vi, std::abs(v - mids.value[a]) / vmax[w]);
+          if (gmax[w] > 0) gi = std::max(gi, std::abs(g - mid_sign * mids.grad[a]) / gmax[w]);
+        }
+        if (t == 0.5 || slope_peaks) {
+          L.verr[i] = std::max(L.verr[i], vi);
+          L.gerr[i] = std::max(L.gerr[i], gi);
+        } else {
+          L.peak_gerr[i] = std::max(L.peak_gerr[i], gi);
         }
       }
     }
-    if ((verr <= kValueTolerance && gerr <= kGradTolerance) || level >= kMaxIntervals) {
-      RadialTable<T> table;
-      table.intervals = intervals;
-      table.origin = origin;
-      table.step = step;
-      table.inv_step = 1.0 / step;
-      table.value_error = verr;
-      table.grad_error = gerr;
-      table.coeffs.resize(static_cast<size_t>(intervals) * W * 4);
-      for (int i = 0; i < intervals; ++i)
-        for (int w = 0; w < W; ++w) {
-          const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
-          double c[4];
-          hermite(knots.value[a], knots.value[b], knots.grad[a] * step, knots.grad[b] * step, c);
-          for (int q = 0; q < 4; ++q) table.coeffs[4 * a + q] = static_cast<T>(c[q]);
-        }
-      return table;
+    bool all_pass = true;
+    for (int i = 0; i < intervals; ++i) all_pass = all_pass && L.passes(i);
+    if (!all_pass && level < kMaxIntervals) {
+      if (coarse_tail) {  // up to 8 times the final step
+        coarser.push_back(std::move(L));
+        if (coarser.size() > 3) coarser.erase(coarser.begin());
+      }
+      continue;
     }
+
+    // This level up to a coarser level's first knot past its last failing interval (none:
+    // this level alone), then that coarser level's intervals.
+    const Level* tail = nullptr;
+    int tail_first = 0, fine = intervals, total = intervals;
+    for (const Level& C : coarser) {
+      int kept = C.intervals;
+      while (kept > 0 && C.passes_everywhere(kept - 1)) --kept;  // [kept, C.intervals) pass
+      const int f = static_cast<int>(std::llround((C.origin + kept * C.step - origin) / step));
+      if (kept < C.intervals && f >= 1 && f + C.intervals - kept < total) {
+        tail = &C;
+        tail_first = kept;
+        fine = f;
+        total = f + C.intervals - kept;
+      }
+    }
+    RadialTable<T> table;
+    table.intervals = total;
+    table.fine_intervals = fine;
+    table.origin = origin;
+    table.step = step;
+    table.inv_step = 1.0 / step;
+    table.coeffs.resize(static_cast<size_t>(total) * W * 4);
+    // interval i of level `from` into slot `slot`, as the cubic in t' = ratio t (c_k / ratio^k)
+    auto store = [&](const Level& from, int i, int slot, int ratio) {
+      table.value_error = std::max(table.value_error, from.verr[i]);
+      table.grad_error = std::max(table.grad_error, from.gerr[i]);  // at the checked points
+      for (int w = 0; w < W; ++w) {
+        const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
+        double c[4];
+        hermite(from.knots.value[a], from.knots.value[b], from.knots.grad[a] * from.step,
+                from.knots.grad[b] * from.step, c);
+        double scale = 1.0;
+        for (int q = 0; q < 4; ++q, scale /= ratio)
+          table.coeffs[4 * (static_cast<size_t>(slot) * W + w) + q] = static_cast<T>(c[q] * scale);
+      }
+    };
+    for (int i = 0; i < fine; ++i) store(L, i, i, 1);
+    if (tail) {
+      const int ratio = static_cast<int>(std::llround(tail->step / step));
+      while ((1 << table.coarse_shift) < ratio) ++table.coarse_shift;
+      for (int k = tail_first; k < tail->intervals; ++k)
+        store(*tail, k, fine + k - tail_first, ratio);
+    }
+    return table;
   }
 }
 
@@ -224,9 +295,10 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
 
 template <class T>
 RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0,
-                                 int min_intervals, const RadialMlpPlan* rmlp, int pair) {
+                                 int min_intervals, const RadialMlpPlan* rmlp, int pair,
+                                 bool coarse_tail) {
   return tabulate<T>(
-      model, rmlp ? rmlp->dims.back() : mlp.dims.back(), min_intervals, false,
+      model, rmlp ? rmlp->dims.back() : mlp.dims.back(), min_intervals, false, coarse_tail,
       [&](const std::vector<double>& rs) { return evaluate(model, mlp, rs, r0, rmlp, pair); });
 }
 
@@ -261,13 +333,13 @@ RadialTable<T> make_density_table(const ModelPlan& model, const std::vector<doub
     }
     return s;
   };
-  return tabulate<T>(model, 1, min_intervals, true, density);
+  return tabulate<T>(model, 1, min_intervals, true, false, density);
 }
 
 template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&, double, int,
-                                                     const RadialMlpPlan*, int);
+                                                     const RadialMlpPlan*, int, bool);
 template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&, double,
-                                                       int, const RadialMlpPlan*, int);
+                                                       int, const RadialMlpPlan*, int, bool);
 template RadialTable<float> make_density_table<float>(const ModelPlan&, const std::vector<double>&,
                                                       double, int);
 template RadialTable<double> make_density_table<double>(const ModelPlan&,

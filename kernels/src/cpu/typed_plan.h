@@ -47,8 +47,11 @@ struct Mlp {
 template <class T>
 struct RadialTable {
   int intervals = 0;                                // 0: no table
-  double origin = 0.0, step = 0.0, inv_step = 0.0;  // knot i at origin + i step
-  std::vector<T> coeffs;                            // [intervals][weight_numel][4]
+  double origin = 0.0, step = 0.0, inv_step = 0.0;  // knot i at origin + i step ...
+  // ... for i <= fine_intervals; past them the step is 2^coarse_shift step (coarse_shift 0:
+  // one step throughout; ops::radial_table_locate)
+  int fine_intervals = 0, coarse_shift = 0;
+  std::vector<T> coeffs;  // [intervals][weight_numel][4]
   // Largest interpolation error found at the interval midpoints, relative to the
   // largest |R_w| (value) and |dR_w/dr| (derivative) of the same output w.
   double value_error = 0.0, grad_error = 0.0;
@@ -62,9 +65,11 @@ struct RadialTable {
 // With `rmlp` (mace's RadialMLP) the table is that network's for the ordered species pair
 // `pair` (s_receiver * S + s_sender), and `mlp` is ignored.
 template <class T>
+// coarse_tail: a coarser step past the radius where it meets the tolerances (one table, not
+// the pair tables, which share one grid).
 RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0 = 0.0,
                                  int min_intervals = 0, const RadialMlpPlan* rmlp = nullptr,
-                                 int pair = 0);
+                                 int pair = 0, bool coarse_tail = false);
 
 // mace's edge density tanh((w . emb)^2) (times the envelope without apply_cutoff;
 // ops::edge_density) as a one-output table in r, to the same tolerances; the slope is also
@@ -349,7 +354,7 @@ Conv<T> make_conv(const ConvPlan& p, const ModelPlan* table_of = nullptr) {
     c.mlp_plan = p.mlp;
     c.table_of = table_of;
   } else if (table_of) {
-    c.table = make_radial_table<T>(*table_of, p.mlp);
+    c.table = make_radial_table<T>(*table_of, p.mlp, 0.0, 0, nullptr, 0, true);
   }
   c.inv_denominator = static_cast<T>(1.0 / p.denominator);
   return c;

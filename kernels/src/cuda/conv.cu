@@ -233,7 +233,8 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
       } else {
         int iv = 0;
         double x = 0.0;
-        ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals, iv, x);
+        ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals,
+                                 c.table_fine_intervals, c.table_coarse_shift, iv, x);
         if (c.pair_slot) {  // the table of the message's (receiver, sender) species pair
           const int si = g.species[i], sj = g.species[s_sender[t]];
           const int pair = receiver_is_i ? si * c.num_species + sj : sj * c.num_species + si;
@@ -1520,6 +1521,8 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
     v.table_intervals = conv.table.intervals;
     v.table_origin = conv.table.origin;
     v.table_inv_step = conv.table.inv_step;
+    v.table_fine_intervals = conv.table.fine_intervals;
+    v.table_coarse_shift = conv.table.coarse_shift;
   }
   return c;
 }
@@ -1531,7 +1534,7 @@ void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host) {
   std::vector<T> all;
   all.reserve(first.coeffs.size() * host.pair_tables.size());
   for (const auto& t : host.pair_tables) {
-    if (t.intervals != first.intervals || t.origin != first.origin)
+    if (t.intervals != first.intervals || t.origin != first.origin || t.coarse_shift != 0)
       throw Error("internal: pair radial tables on different grids");
     all.insert(all.end(), t.coeffs.begin(), t.coeffs.end());
   }
@@ -1542,6 +1545,8 @@ void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host) {
   v.table_intervals = first.intervals;
   v.table_origin = first.origin;
   v.table_inv_step = first.inv_step;
+  v.table_fine_intervals = first.intervals;
+  v.table_coarse_shift = 0;
   v.pair_slot = c.pair_slot.data();
   v.num_species = host.table_of ? static_cast<int>(host.table_of->atomic_numbers.size()) : 0;
   // the uploads ran on the default stream; rare (new species pairs), so simply wait for them
@@ -1675,6 +1680,8 @@ typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& 
   typename Conv<T>::View v = conv.view;
   v.table = out.data();
   v.table_intervals = static_cast<int>(std::max<int64_t>(1, edges));
+  v.table_fine_intervals = v.table_intervals;
+  v.table_coarse_shift = 0;
   v.table_origin = 0.0;
   v.table_inv_step = 1.0;  // dR/dr = c1 exactly (radial_table_grad at t = 0)
   v.pair_slot = nullptr;

@@ -136,6 +136,7 @@ struct Conv {
     const T* table = nullptr;
     int table_intervals = 0;
     double table_origin = 0.0, table_inv_step = 0.0;
+    int table_fine_intervals = 0, table_coarse_shift = 0;  // ops::radial_table_locate
     // Tables per species pair (cpu::Conv::pair_tables, one grid): `table` holds them one
     // after the other, pair (a, b) at pair_slot[a * num_species + b] x table_intervals.
     const int* pair_slot = nullptr;

@@ -78,7 +78,7 @@ __device__ __forceinline__ void walk_edge_densities(const typename Geometry<T>::
       const typename EdgeDensity<T>::View& d = walk.layers[q].density;
       int interval = 0;
       double t = 0.0;
-      ops::radial_table_locate(r, d.origin, d.inv_step, d.intervals, interval, t);
+      ops::radial_table_locate(r, d.origin, d.inv_step, d.intervals, d.intervals, 0, interval, t);
       if (d.pair_slot)
         interval += d.pair_slot[g.species[i] * d.num_species + g.species[j]] * d.intervals;
       T c[4];
@@ -229,7 +229,7 @@ void set_table_view(EdgeDensity<T>& d, const std::vector<const cpu::RadialTable<
   std::vector<T> all;
   all.reserve(first.coeffs.size() * tables.size());
   for (const cpu::RadialTable<T>* t : tables) {
-    if (t->intervals != first.intervals || t->origin != first.origin)
+    if (t->intervals != first.intervals || t->origin != first.origin || t->coarse_shift != 0)
       throw Error("internal: edge density pair tables on different grids");
     all.insert(all.end(), t->coeffs.begin(), t->coeffs.end());
   }
