@@ -246,13 +246,7 @@ cudaEvent_t DeviceHalo::pooled_event() {
   return event_pool_[events_used_++];
 }
 
-void DeviceHalo::record_stop() {
-  cudaEvent_t e = pooled_event();
-  check(cudaEventRecord(e, stream_), "cudaEventRecord");
-  waits_.push_back(e);
-}
-
-void DeviceHalo::record_resume() {
+void DeviceHalo::record_wait_event() {
   cudaEvent_t e = pooled_event();
   check(cudaEventRecord(e, stream_), "cudaEventRecord");
   waits_.push_back(e);
@@ -363,20 +357,20 @@ void DeviceHalo::exchange_forward(int width, T* x) {
   T* ghost_rows = x ? x + num_owned_ * width : nullptr;
   if (device_rows_) {
     exchange_->forward(width, rows<T>().data(), ghost_rows);
-    record_resume();
+    record_wait_event();  // the compute stream resumes
     return;
   }
   T* host_border = host_border_.reserve<T>(num_border_ * w + 1);  // pack_border's
   T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);
   exchange_->forward(width, host_border, host_ghost);
-  if (copies_ == stream_) record_resume();  // the copy in is the compute stream's work
+  if (copies_ == stream_) record_wait_event();  // the copy in is the compute stream's work
   if (ghosts > 0)
     check(cudaMemcpyAsync(ghost_rows, host_ghost, ghosts * w * sizeof(T), cudaMemcpyHostToDevice,
                           copies_),
           "halo unpack");
   if (copies_ != stream_) {  // the compute stream resumes once the ghost rows are in
     join_copies();
-    record_resume();
+    record_wait_event();
   }
 }
 
@@ -399,16 +393,16 @@ void DeviceHalo::exchange_reverse(int width, T* grad) {
   DeviceArray<T>& border_rows = rows<T>();
   if (device_rows_) {
     exchange_->reverse(width, grad ? grad + num_owned_ * width : nullptr, border_rows.data());
-    record_resume();
+    record_wait_event();  // the compute stream resumes
   } else {
     T* host_border = host_border_.reserve<T>(num_border_ * w + 1);
     T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);  // pack_ghosts'
     exchange_->reverse(width, host_ghost, host_border);
-    if (copies_ == stream_) record_resume();  // the copy in is the compute stream's work
+    if (copies_ == stream_) record_wait_event();  // the copy in is the compute stream's work
     if (num_border_ > 0) border_rows.upload(host_border, num_border_ * w, copies_);
     if (copies_ != stream_) {  // the compute stream resumes once the border sums are in
       join_copies();
-      record_resume();
+      record_wait_event();
     }
   }
   if (num_border_ > 0)
@@ -418,7 +412,7 @@ void DeviceHalo::exchange_reverse(int width, T* grad) {
 template <class T>
 void DeviceHalo::forward(int width, T* x) {
   pack_border(width, x, false);
-  record_stop();
+  record_wait_event();  // the device stops here
   check(cudaStreamSynchronize(stream_), "halo pack");
   exchange_forward(width, x);
   if (num_images_ > 0) {  // after the exchanged ghosts: some are sources
@@ -433,7 +427,7 @@ void DeviceHalo::reverse(int width, T* grad) {
   // self images into their sources, before the exchanged ghosts leave (some are sources)
   image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
   pack_ghosts(width, grad, false);
-  record_stop();
+  record_wait_event();  // the device stops here
   check(cudaStreamSynchronize(stream_), "halo pack");
   exchange_reverse(width, grad);
 }
@@ -456,7 +450,7 @@ void DeviceHalo::begin_forward(int width, T* x) {
 
 template <class T>
 void DeviceHalo::finish_forward(int width, T* x) {
-  record_stop();  // the device's queued work (the interior rows) ends here
+  record_wait_event();  // the device's queued work (the interior rows) ends here
   check(cudaEventSynchronize(packed_), "halo pack");
   exchange_forward(width, x);
   if (num_remote_images_ > 0) {  // after the exchanged ghosts, their sources
@@ -478,7 +472,7 @@ template <class T>
 void DeviceHalo::finish_reverse(int width, T* grad) {
   // images of owned nodes into their sources, once the caller's work on them is queued
   local_image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
-  record_stop();
+  record_wait_event();  // the device's queued work ends here
   check(cudaEventSynchronize(packed_), "halo pack");
   exchange_reverse(width, grad);
 }

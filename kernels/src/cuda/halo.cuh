@@ -139,10 +139,10 @@ class DeviceHalo {
   template <class T>
   void exchange_reverse(int width, T* grad);
   void ensure_split();
-  // events of one exchange: the device stopped (packed rows copied out, or the last work
-  // before the host's exchange) and resumed (the host's next work enqueued)
-  void record_stop();
-  void record_resume();
+  // Records an event on the compute stream into waits_, which holds (stop, resume) pairs of
+  // one exchange: the device stopped (packed rows copied out, or the last work before the
+  // host's exchange) and resumed (the host's next work enqueued).
+  void record_wait_event();
   cudaEvent_t pooled_event();
   HaloExchange* exchange_ = nullptr;
   bool device_rows_ = false;  // HaloExchange::takes_device_rows
