@@ -65,6 +65,13 @@ std::string format_double(double value) {
   return s.str();
 }
 
+// How comm exchange's node rows of a GPU engine reach MPI (the log's words, at setup and in
+// the timing summary).
+std::string gpu_rows_route(bool device_rows) {
+  return device_rows ? "sent from GPU memory (CUDA-aware MPI)"
+                     : "staged through pinned host memory";
+}
+
 }  // namespace
 
 /* ---------------------------------------------------------------------- */
@@ -460,6 +467,13 @@ void PairE3fuse::init_style() {
                  "support (MPIX_GPU_query_support / MPIX_Query_cuda_support); use cuda_aware "
                  "auto or no");
     exchange_->set_device_rows(cuda_mpi);
+    std::string rows = "in host memory (device cpu)";
+    if (gpu) {
+      rows = gpu_rows_route(cuda_mpi);
+      if (!cuda_mpi)
+        rows += cuda_aware_ == "no" ? " (cuda_aware no)"
+                                    : " (this MPI library does not report CUDA support)";
+    }
     if (comm->me == 0)
       utils::logmesg(
           lmp,
@@ -468,11 +482,7 @@ void PairE3fuse::init_style() {
           "last {} layers, their adjoints after each (periodic images of a rank's "
           "own atoms kept by the engine); rows {}\n",
           engine_->halo_width(), num_layers_ - 1,
-          !gpu       ? "in host memory (device cpu)"
-          : cuda_mpi ? "sent from GPU memory (CUDA-aware MPI)"
-                     : (cuda_aware_ == "no" ? "staged through pinned host memory (cuda_aware no)"
-                                            : "staged through pinned host memory (this MPI library "
-                                              "does not report CUDA support)"));
+          rows);
   } else if (comm->me == 0) {
     utils::logmesg(
         lmp,
@@ -807,8 +817,7 @@ void PairE3fuse::finish() {
         "convolution of the atoms that have no exchanged ghost among their neighbors; rows "
         "{}\n",
         sum[4] / n, most[4], sum[1] / n,
-        exchange_->takes_device_rows() ? "sent from GPU memory (CUDA-aware MPI)"
-                                       : "staged through pinned host memory");
+        gpu_rows_route(exchange_->takes_device_rows()));
 }
 
 /* ----------------------------------------------------------------------

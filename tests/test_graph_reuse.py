@@ -6,6 +6,7 @@ take the promise only where the node and edge counts are those of its last graph
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 
@@ -396,16 +397,13 @@ def test_self_images_bad_sources(sevennet0_path: Path) -> None:
 OVERLAP_LENGTH = 19.2  # A: cluster(n=512)'s grid of 8 x 2.4 A as a periodic cell
 
 
-def overlap_runs(
-    path: Path, dtype: str, elements: tuple[int, ...], radial: str = "auto"
-) -> dict[str, list[dict]]:
-    """compute_nodes of a 512-atom periodic cell owned by one rank, its images within cutoff +
-    skin as ghosts ordered as comm exchange orders them (split_self_images: exchanged
-    ghosts, self images of owned nodes and of exchanged ghosts), on CUDA in `dtype` (the
-    overlapped exchange) and on the CPU in float64: three steps each, the second with the
-    nodes promised the same (the split of the rows kept), the third with atoms moved past
-    skin / 2 (edges and split found again). Some owned atoms are farther than cutoff + skin
-    from every face: interior rows."""
+def overlap_case(path: Path, elements: tuple[int, ...]) -> dict:
+    """A 512-atom periodic cell owned by one rank, its images within cutoff + skin as ghosts
+    ordered as comm exchange orders them (split_self_images: exchanged ghosts, self images of
+    owned nodes and of exchanged ghosts): compute_nodes' arguments for three steps, the
+    second with the nodes promised the same (the split of the rows kept), the third with
+    atoms moved past skin / 2 (edges and split found again). Some owned atoms are farther
+    than cutoff + skin from every face: interior rows."""
     model = _core.Model.load(str(path))
     positions = cluster(seed=6, n=512)
     n = len(positions)
@@ -413,31 +411,58 @@ def overlap_runs(
     owners, shifts = periodic_nodes(positions, OVERLAP_LENGTH, model.cutoff + SKIN)
     order, halo_owners, num_images = split_self_images(owners, n)
     owners, shifts = owners[order], shifts[order]
-    all_species = np.concatenate([species, species[owners]])
     rng = np.random.default_rng(3)
     steps = [positions, positions + rng.uniform(-0.2, 0.2, positions.shape)]
     steps.append(steps[1].copy())
     steps[2][100] += [0.6, 0.0, 0.0]
-    runs: dict[str, list[dict]] = {}
-    for device, precision in (("cuda", dtype), ("cpu", "float64")):
-        engine = _core.Engine(model, device, precision, radial=radial)
-        engine.set_neighbor_skin(SKIN)
-        runs[device] = []
-        for step, moved in enumerate(steps):
-            nodes = np.concatenate([moved, moved[owners] + shifts])
-            runs[device].append(
-                engine.compute_nodes(
-                    nodes,
-                    all_species,
-                    num_owned=n,
-                    atom_virials=True,
-                    same_nodes_as_last=step > 0,
-                    ghost_owners=halo_owners,
-                    self_images=num_images,
-                )
-            )
-        assert engine.num_neighbor_builds == 2, device
-    return runs
+    return {
+        "model": model,
+        "nodes": [np.concatenate([moved, moved[owners] + shifts]) for moved in steps],
+        "species": np.concatenate([species, species[owners]]),
+        "num_owned": n,
+        "ghost_owners": halo_owners,
+        "self_images": num_images,
+    }
+
+
+def overlap_steps(
+    path: Path, device: str, precision: str, elements: tuple[int, ...], radial: str
+) -> list[dict]:
+    """overlap_case's three compute_nodes calls on one engine."""
+    case = overlap_case(path, elements)
+    engine = _core.Engine(case["model"], device, precision, radial=radial)
+    engine.set_neighbor_skin(SKIN)
+    results = [
+        engine.compute_nodes(
+            nodes,
+            case["species"],
+            num_owned=case["num_owned"],
+            atom_virials=True,
+            same_nodes_as_last=step > 0,
+            ghost_owners=case["ghost_owners"],
+            self_images=case["self_images"],
+        )
+        for step, nodes in enumerate(case["nodes"])
+    ]
+    assert engine.num_neighbor_builds == 2, device
+    return results
+
+
+@functools.cache
+def overlap_reference(path: Path, elements: tuple[int, ...], radial: str) -> list[dict]:
+    """overlap_steps on the CPU in float64, computed once per case (both dtypes' tests compare
+    against it; read only)."""
+    return overlap_steps(path, "cpu", "float64", elements, radial)
+
+
+def overlap_runs(
+    path: Path, dtype: str, elements: tuple[int, ...], radial: str = "auto"
+) -> dict[str, list[dict]]:
+    """overlap_case on CUDA in `dtype` (the overlapped exchange) and on the CPU in float64."""
+    return {
+        "cuda": overlap_steps(path, "cuda", dtype, elements, radial),
+        "cpu": overlap_reference(path, elements, radial),
+    }
 
 
 def assert_overlap_matches(runs: dict[str, list[dict]], dtype: str) -> None:

@@ -27,6 +27,9 @@ struct GraphView {
   const int32_t* neighbors = nullptr;    // row_offsets[num_nodes]
   const int32_t* shift_index = nullptr;  // per edge; nullptr means all shifts are zero
   const double* shifts = nullptr;        // Cartesian shift vectors, 3 per entry
+  // Optional, host: the edge count row_offsets[num_nodes], for graphs whose arrays are in
+  // device memory (the CUDA backend's own graphs); -1: unknown (read back where needed).
+  int64_t num_edges = -1;
   // Optional, host memory (regions, see Engine::set_region_atoms): per interaction layer t,
   // the number of leading nodes whose layer-t output is read on the way to the energy of
   // nodes [0, num_energy_nodes). Nodes are then ordered by their distance from those, so

@@ -1644,16 +1644,16 @@ void launch_largest_chunk(const Geometry<T>& geom, const typename Conv<T>::View&
 // The non-linear block's exact RadialMLP (conv.cuh): its weights for the edges of g's rows
 // (with `reverse`, those of the messages the rows send, and their r-derivatives) into
 // conv.edge_weights, and the view that reads them as a table of one interval per edge.
-// Sized by geom.num_edges, the whole graph's edge count known on the host (edges past the
-// rows' own are left unwritten); only without it is the count read back from the device (a
-// stream synchronization).
+// Sized by g.num_edges, the whole graph's edge count known on the host (first_receivers keeps
+// it: edges past the rows' own are left unwritten); only without it is the count read back
+// from the device (a stream synchronization).
 template <class T>
 typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& conv,
                                         const GraphView& g, int64_t neighbor_end, bool reverse,
                                         cudaStream_t stream, bool ready = false) {
   int64_t edges = 0;
-  if (geom.num_edges >= 0) {
-    edges = geom.num_edges;
+  if (g.num_edges >= 0) {
+    edges = g.num_edges;
   } else {
     check(cudaMemcpyAsync(&edges, g.row_offsets + g.num_nodes, sizeof(int64_t),
                           cudaMemcpyDeviceToHost, stream),

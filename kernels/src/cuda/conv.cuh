@@ -71,9 +71,6 @@ struct Geometry {
   DeviceArray<int> term_begin, exps;
   DeviceArray<T> sh_coeffs;
   DeviceArray<double> pair_r0;
-  // Host: the edge count of the current call's graph (an upper bound for any first_receivers
-  // view of it), set by the model per call; -1: unknown (per_edge_weights then reads it back).
-  int64_t num_edges = -1;
 };
 
 template <class T>

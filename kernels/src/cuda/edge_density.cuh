@@ -73,9 +73,9 @@ struct EdgeWalk {
   bool empty() const { return num_layers == 0 && pair.pair == nullptr; }
   void add_density(const EdgeDensity<T>& density, int64_t nodes, double* rho,
                    const double* grad_rho) {
+    // the model refuses more density layers at load (MaceModel's constructor)
     if (num_layers == kMaxWalkDensityLayers)
-      throw Error("CUDA backend: more than " + std::to_string(kMaxWalkDensityLayers) +
-                  " density interaction blocks in one model are not supported");
+      throw Error("internal: EdgeWalk::add_density past kMaxWalkDensityLayers");
     layers[num_layers++] = Layer{density.view, nodes, rho, grad_rho};
   }
 };

@@ -228,7 +228,6 @@ class DeviceState {
   // error_node: [0] coincident atoms, [1] a force out of the fixed-point range (node + 1)
   DeviceArray<int64_t> row_offsets, error_node;
   DeviceArray<double> shifts;
-  int64_t num_edges = -1;  // the graph's edge count, known on the host (-1: unknown)
   // The graph's rows in a spatial order (device, row_order_size entries), or null: the order
   // the convolutions take every row in (spatial_rows).
   const int32_t* row_order = nullptr;
@@ -645,7 +644,6 @@ class MaceModel : public Model {
     mlin_.resize(L);
     nlz_.resize(L);
     hidden_.resize(L);
-    geom_.num_edges = s.num_edges;  // the non-linear block's per-edge weights: no read-back
     embed_species(g, n, embedding_dim_, embedding_, x_, st);
     inter_.resize(N);
     inter_.zero(st);
@@ -958,7 +956,6 @@ class BackendImpl : public Backend {
     const cudaStream_t st = s.stream();
     const int64_t n = h.num_nodes;
     const int64_t edges = n > 0 ? h.row_offsets[n] : 0;
-    s.num_edges = edges;
     s.row_order = nullptr;  // the caller's order (LAMMPS sorts its atoms in space)
     s.positions.upload(h.positions, 3 * n, st);
     s.species.upload(h.species, n, st);
@@ -978,6 +975,7 @@ class BackendImpl : public Backend {
     g.species = s.species.data();
     g.row_offsets = s.row_offsets.data();
     g.neighbors = s.neighbors.data();
+    g.num_edges = edges;
     if (h.shift_index) {
       if (!same_edges) {
         int32_t max_shift = -1;
@@ -1016,7 +1014,6 @@ class BackendImpl : public Backend {
     g.layer_rows = layer_rows;
     s.halo.bind(nullptr, n, n, st);
     model_->prepare(sys.species, n);
-    s.num_edges = neighbors_->num_edges();
     s.row_order = neighbors_->bin_order();
     s.row_order_size = n;
     // a minimum-distance check left in flight by update() is reported before the model's own
@@ -1052,7 +1049,6 @@ class BackendImpl : public Backend {
     s.halo.bind(halo, n, nodes.num_owned, st);
     s.halo.set_graph(g, !rebuilt);
     model_->prepare(nodes.species, n);
-    s.num_edges = node_neighbors_->num_edges();
     s.row_order = nullptr;  // owned rows and ghosts: the exchange's own row lists
     run(g, out, [&] { node_neighbors_->finish_checks(s.positions.data(), st); });
   }

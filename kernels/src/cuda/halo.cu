@@ -25,16 +25,6 @@ __global__ void gather_rows_kernel(int64_t count, int width, const int32_t* rows
   out[q] = x[static_cast<int64_t>(rows[r]) * width + (q - r * width)];
 }
 
-// x[first + k][c] = x[sources[k]][c] (self images; sources are never images themselves).
-template <class T>
-__global__ void copy_images_kernel(int64_t count, int width, const int32_t* sources, int64_t first,
-                                   T* x) {
-  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (q >= count * width) return;
-  const int64_t k = q / width, c = q - k * width;
-  x[(first + k) * width + c] = x[static_cast<int64_t>(sources[k]) * width + c];
-}
-
 // out[targets[g]][c] += in[entries[j]][c] for j over group g's entries, in their order: one
 // thread per (group, column), a fixed order of additions (bitwise reproducible, no atomics).
 // in and out may be the same array (self images: entries and targets are distinct rows).
@@ -136,9 +126,8 @@ void DeviceHalo::bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_own
   border_.upload(kept_border_.data(), kept_border_.size(), stream);
   border_groups_.build(border, num_border_, num_owned_, 0, stream);
   image_sources_.upload(kept_sources_.data(), kept_sources_.size(), stream);
-  image_groups_.build(sources, num_images_, num_nodes_ - num_images_, num_nodes_ - num_images_,
-                      stream);
-  // the overlap's image lists: by the kind of source (owned or exchanged ghost)
+  // the self images by the kind of source (owned or exchanged ghost): sources are never
+  // images, so the two kinds together are every image
   const int64_t first_image = num_nodes_ - num_images_;
   std::vector<int32_t> lists[4];  // local images, their sources, remote images, theirs
   for (int64_t k = 0; k < num_images_; ++k) {
@@ -152,7 +141,8 @@ void DeviceHalo::bind(HaloExchange* exchange, int64_t num_nodes, int64_t num_own
   local_image_sources_.upload(lists[1].data(), lists[1].size(), stream);
   remote_images_.upload(lists[2].data(), lists[2].size(), stream);
   remote_image_sources_.upload(lists[3].data(), lists[3].size(), stream);
-  // the same sums per source as image_groups_, split by the source's kind
+  // the images' sums per source, split by the source's kind: together, one group per
+  // source of [0, first_image) with its images in node order
   local_image_groups_.build(sources, num_images_, first_image, first_image, stream, 0, num_owned_);
   remote_image_groups_.build(sources, num_images_, first_image, first_image, stream, num_owned_,
                              first_image);
@@ -246,13 +236,7 @@ cudaEvent_t DeviceHalo::pooled_event() {
   return event_pool_[events_used_++];
 }
 
-void DeviceHalo::record_stop() {
-  cudaEvent_t e = pooled_event();
-  check(cudaEventRecord(e, stream_), "cudaEventRecord");
-  waits_.push_back(e);
-}
-
-void DeviceHalo::record_resume() {
+void DeviceHalo::record_wait_event() {
   cudaEvent_t e = pooled_event();
   check(cudaEventRecord(e, stream_), "cudaEventRecord");
   waits_.push_back(e);
@@ -363,20 +347,20 @@ void DeviceHalo::exchange_forward(int width, T* x) {
   T* ghost_rows = x ? x + num_owned_ * width : nullptr;
   if (device_rows_) {
     exchange_->forward(width, rows<T>().data(), ghost_rows);
-    record_resume();
+    record_wait_event();  // the compute stream resumes
     return;
   }
   T* host_border = host_border_.reserve<T>(num_border_ * w + 1);  // pack_border's
   T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);
   exchange_->forward(width, host_border, host_ghost);
-  if (copies_ == stream_) record_resume();  // the copy in is the compute stream's work
+  if (copies_ == stream_) record_wait_event();  // the copy in is the compute stream's work
   if (ghosts > 0)
     check(cudaMemcpyAsync(ghost_rows, host_ghost, ghosts * w * sizeof(T), cudaMemcpyHostToDevice,
                           copies_),
           "halo unpack");
   if (copies_ != stream_) {  // the compute stream resumes once the ghost rows are in
     join_copies();
-    record_resume();
+    record_wait_event();
   }
 }
 
@@ -399,16 +383,16 @@ void DeviceHalo::exchange_reverse(int width, T* grad) {
   DeviceArray<T>& border_rows = rows<T>();
   if (device_rows_) {
     exchange_->reverse(width, grad ? grad + num_owned_ * width : nullptr, border_rows.data());
-    record_resume();
+    record_wait_event();  // the compute stream resumes
   } else {
     T* host_border = host_border_.reserve<T>(num_border_ * w + 1);
     T* host_ghost = host_ghost_.reserve<T>(ghosts * w + 1);  // pack_ghosts'
     exchange_->reverse(width, host_ghost, host_border);
-    if (copies_ == stream_) record_resume();  // the copy in is the compute stream's work
+    if (copies_ == stream_) record_wait_event();  // the copy in is the compute stream's work
     if (num_border_ > 0) border_rows.upload(host_border, num_border_ * w, copies_);
     if (copies_ != stream_) {  // the compute stream resumes once the border sums are in
       join_copies();
-      record_resume();
+      record_wait_event();
     }
   }
   if (num_border_ > 0)
@@ -416,24 +400,35 @@ void DeviceHalo::exchange_reverse(int width, T* grad) {
 }
 
 template <class T>
+void DeviceHalo::copy_images(bool of_exchanged, int width, T* x) {
+  const int64_t count = of_exchanged ? num_remote_images_ : num_local_images_;
+  if (count == 0) return;
+  const DeviceArray<int32_t>& images = of_exchanged ? remote_images_ : local_images_;
+  const DeviceArray<int32_t>& sources = of_exchanged ? remote_image_sources_ : local_image_sources_;
+  copy_rows_kernel<T><<<grid(count * width), kThreads, 0, stream_>>>(count, width, images.data(),
+                                                                     sources.data(), x);
+  check_launch("copy_rows_kernel");
+}
+
+template <class T>
 void DeviceHalo::forward(int width, T* x) {
   pack_border(width, x, false);
-  record_stop();
+  record_wait_event();  // the device stops here
   check(cudaStreamSynchronize(stream_), "halo pack");
   exchange_forward(width, x);
-  if (num_images_ > 0) {  // after the exchanged ghosts: some are sources
-    copy_images_kernel<T><<<grid(num_images_ * width), kThreads, 0, stream_>>>(
-        num_images_, width, image_sources_.data(), num_nodes_ - num_images_, x);
-    check_launch("copy_images_kernel");
-  }
+  // the self images of both kinds, after the exchanged ghosts (sources of some)
+  copy_images(false, width, x);
+  copy_images(true, width, x);
 }
 
 template <class T>
 void DeviceHalo::reverse(int width, T* grad) {
-  // self images into their sources, before the exchanged ghosts leave (some are sources)
-  image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
+  // self images into their sources (each source's sum in node order, split by the kind of
+  // source: disjoint targets), before the exchanged ghosts leave (some are sources)
+  local_image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
+  remote_image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
   pack_ghosts(width, grad, false);
-  record_stop();
+  record_wait_event();  // the device stops here
   check(cudaStreamSynchronize(stream_), "halo pack");
   exchange_reverse(width, grad);
 }
@@ -446,29 +441,20 @@ void DeviceHalo::begin_forward(int width, T* x) {
   ensure_split();
   pack_border(width, x, true);
   record_packed();
-  // images of owned nodes: the interior rows may read them
-  if (num_local_images_ > 0) {
-    copy_rows_kernel<T><<<grid(num_local_images_ * width), kThreads, 0, stream_>>>(
-        num_local_images_, width, local_images_.data(), local_image_sources_.data(), x);
-    check_launch("copy_rows_kernel");
-  }
+  copy_images(false, width, x);  // images of owned nodes: the interior rows may read them
 }
 
 template <class T>
 void DeviceHalo::finish_forward(int width, T* x) {
-  record_stop();  // the device's queued work (the interior rows) ends here
+  record_wait_event();  // the device's queued work (the interior rows) ends here
   check(cudaEventSynchronize(packed_), "halo pack");
   exchange_forward(width, x);
-  if (num_remote_images_ > 0) {  // after the exchanged ghosts, their sources
-    copy_rows_kernel<T><<<grid(num_remote_images_ * width), kThreads, 0, stream_>>>(
-        num_remote_images_, width, remote_images_.data(), remote_image_sources_.data(), x);
-    check_launch("copy_rows_kernel");
-  }
+  copy_images(true, width, x);  // after the exchanged ghosts, their sources
 }
 
 template <class T>
 void DeviceHalo::begin_reverse(int width, T* grad) {
-  // images of exchanged ghosts into their sources before those leave (image_groups_'s sums)
+  // images of exchanged ghosts into their sources before those leave
   remote_image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
   pack_ghosts(width, grad, true);
   record_packed();
@@ -478,7 +464,7 @@ template <class T>
 void DeviceHalo::finish_reverse(int width, T* grad) {
   // images of owned nodes into their sources, once the caller's work on them is queued
   local_image_groups_.add(width, static_cast<const T*>(grad), grad, stream_);
-  record_stop();
+  record_wait_event();  // the device's queued work ends here
   check(cudaEventSynchronize(packed_), "halo pack");
   exchange_reverse(width, grad);
 }

@@ -139,10 +139,13 @@ class DeviceHalo {
   template <class T>
   void exchange_reverse(int width, T* grad);
   void ensure_split();
-  // events of one exchange: the device stopped (packed rows copied out, or the last work
-  // before the host's exchange) and resumed (the host's next work enqueued)
-  void record_stop();
-  void record_resume();
+  // self images <- their sources: those of exchanged ghosts (of_exchanged) or of owned nodes
+  template <class T>
+  void copy_images(bool of_exchanged, int width, T* x);
+  // Records an event on the compute stream into waits_, which holds (stop, resume) pairs of
+  // one exchange: the device stopped (packed rows copied out, or the last work before the
+  // host's exchange) and resumed (the host's next work enqueued).
+  void record_wait_event();
   cudaEvent_t pooled_event();
   HaloExchange* exchange_ = nullptr;
   bool device_rows_ = false;  // HaloExchange::takes_device_rows
@@ -153,7 +156,8 @@ class DeviceHalo {
   DeviceArray<int32_t> interior_, boundary_, exchanged_senders_, other_senders_;
   int64_t num_interior_ = 0, num_boundary_ = 0, num_exchanged_senders_ = 0, num_other_senders_ = 0;
   // self images split by their source: owned (copied before the exchange, their adjoints
-  // added after the other senders) or exchanged (after / before the exchange)
+  // added after the other senders) or exchanged (after / before the exchange); forward() and
+  // reverse() take both lists at once
   DeviceArray<int32_t> local_images_, local_image_sources_, remote_images_, remote_image_sources_;
   int64_t num_local_images_ = 0, num_remote_images_ = 0;
   RowGroups local_image_groups_, remote_image_groups_;
@@ -170,7 +174,6 @@ class DeviceHalo {
   DeviceArray<int32_t> border_;
   DeviceArray<int32_t> image_sources_;  // the source of node num_nodes_ - num_images_ + k
   RowGroups border_groups_;             // border entry r -> border_[r] (border nodes may repeat)
-  RowGroups image_groups_;              // self image -> its source
   std::vector<int32_t> kept_border_, kept_sources_;  // the lists the device arrays hold
   DeviceArray<double> border_rows_;
   DeviceArray<float> border_rows_f_;

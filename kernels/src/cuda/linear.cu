@@ -74,6 +74,26 @@ __device__ int next_species_in_tile(const int32_t* __restrict__ species, int64_t
   return s;
 }
 
+// pass(s) for each species s present among the tile's nodes [node0, node0 + TN) in ascending
+// order (the same s in every thread of the block), or once with s = 0 without `species`;
+// slot: one int of shared memory.
+template <int TN, int kBlockThreads, class Pass>
+__device__ __forceinline__ void for_each_species_in_tile(const int32_t* __restrict__ species,
+                                                         int64_t node0, int64_t num_nodes,
+                                                         int* slot, const Pass& pass) {
+  int species_done = -1;
+  for (;;) {
+    int s = 0;
+    if (species) {
+      s = next_species_in_tile<TN, kBlockThreads>(species, node0, num_nodes, species_done, slot);
+      if (s == INT_MAX) return;
+    }
+    pass(s);
+    if (!species) return;
+    species_done = s;
+  }
+}
+
 // grid: (node tiles of TN x tasks, 1, 1), the task fastest, or with split_m (small
 // systems: shorter serial chains per block) (node tiles x tasks, 1, components m of the
 // widest irrep).
@@ -109,14 +129,8 @@ __global__ void __launch_bounds__(linear_threads<TN>())
   const int tid = static_cast<int>(threadIdx.x);
   const int my_row = (tid / kColThreads) * kMicro, my_col = (tid % kColThreads) * kMicro;
 
-  int species_done = -1;
-  for (;;) {
-    int s = 0;
-    if (species) {
-      s = next_species_in_tile<TN, kThreadsPerBlock>(species, node0, num_nodes, species_done,
-                                                     &next_species);
-      if (s == INT_MAX) return;
-    }
+  // the tile's rows of species s (all rows without `species`)
+  auto species_pass = [&](int s) {
     const T* w_set = weights + static_cast<int64_t>(s) * species_stride;
     for (int m = m_begin; m < m_end; ++m) {
       T acc[kMicro][kMicro];
@@ -177,9 +191,9 @@ __global__ void __launch_bounds__(linear_threads<TN>())
         }
       }
     }
-    if (!species) return;
-    species_done = s;
-  }
+  };
+  for_each_species_in_tile<TN, kThreadsPerBlock>(species, node0, num_nodes, &next_species,
+                                                 species_pass);
 }
 
 // ---------------------------------------------------------------------------------
@@ -253,14 +267,8 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
   // staging: thread tid loads k = k0 + tid % kSliceK of rows tid / kSliceK + j kRowsPerLoad
   const int load_k = tid % kSliceK, load_row = tid / kSliceK;
 
-  int species_done = -1;
-  for (;;) {
-    int s = 0;
-    if (species) {
-      s = next_species_in_tile<TN, kMmaThreads>(species, node0, num_nodes, species_done,
-                                                &next_species);
-      if (s == INT_MAX) return;
-    }
+  // the tile's rows of species s (all rows without `species`)
+  auto species_pass = [&](int s) {
     const float4* frag_set = frags + static_cast<int64_t>(s) * frag_species_stride;
     for (int m = m_begin; m < m_end; ++m) {
       // rows of slice `c` into registers (zero past K and past the last node)
@@ -359,9 +367,8 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
             }
         }
     }
-    if (!species) return;
-    species_done = s;
-  }
+  };
+  for_each_species_in_tile<TN, kMmaThreads>(species, node0, num_nodes, &next_species, species_pass);
 #else
   __trap();  // launched only where the device and this code are sm_80 or later
 #endif

@@ -86,23 +86,23 @@ __device__ __forceinline__ void mma_tf32(float d[4], uint32_t a0, uint32_t a1, u
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// d += A B in 3xTF32 (small terms first).
-__device__ __forceinline__ void mma_3xtf32(float d[4], const float4& ah, const float4& al,
-                                           const uint32_t bh[2], const uint32_t bl[2]) {
-  const uint32_t h0 = __float_as_uint(ah.x), h1 = __float_as_uint(ah.y), h2 = __float_as_uint(ah.z),
-                 h3 = __float_as_uint(ah.w);
-  mma_tf32(d, __float_as_uint(al.x), __float_as_uint(al.y), __float_as_uint(al.z),
-           __float_as_uint(al.w), bh[0], bh[1]);
-  mma_tf32(d, h0, h1, h2, h3, bl[0], bl[1]);
-  mma_tf32(d, h0, h1, h2, h3, bh[0], bh[1]);
-}
-
-// The same with both operands already split: A as a[4] high / low parts, B as b[2].
+// d += A B in 3xTF32 (small terms first), both operands already split: A as a[4] high / low
+// parts, B as b[2].
 __device__ __forceinline__ void mma_3xtf32(float d[4], const uint32_t ah[4], const uint32_t al[4],
                                            const uint32_t bh[2], const uint32_t bl[2]) {
   mma_tf32(d, al[0], al[1], al[2], al[3], bh[0], bh[1]);
   mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
   mma_tf32(d, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+}
+
+// The same with A's parts as stored by append_tf32_fragments (one float4 each).
+__device__ __forceinline__ void mma_3xtf32(float d[4], const float4& ah, const float4& al,
+                                           const uint32_t bh[2], const uint32_t bl[2]) {
+  const uint32_t h[4] = {__float_as_uint(ah.x), __float_as_uint(ah.y), __float_as_uint(ah.z),
+                         __float_as_uint(ah.w)};
+  const uint32_t l[4] = {__float_as_uint(al.x), __float_as_uint(al.y), __float_as_uint(al.z),
+                         __float_as_uint(al.w)};
+  mma_3xtf32(d, h, l, bh, bl);
 }
 
 // Writes the D tile (rows m0.., edges e0..) transposed into out[e][m] (stride M).

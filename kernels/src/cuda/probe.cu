@@ -115,6 +115,7 @@ void probe_pair_repulsion(const ModelPlan& plan, const GraphView& g, double weig
   d.species = species.data();
   d.row_offsets = row_offsets.data();
   d.neighbors = neighbors.data();
+  d.num_edges = edges;
   d.layer_rows = nullptr;
   if (g.shift_index) {
     int32_t max_shift = -1;

@@ -428,6 +428,7 @@ GraphView DeviceNeighborList::view(const double* positions, const int32_t* speci
   g.species = species;
   g.row_offsets = row_offsets_.data();
   g.neighbors = neighbors_.data();
+  g.num_edges = num_edges_;
   g.shift_index = shift_index_.data();
   g.shifts = table_.data();
   return g;
