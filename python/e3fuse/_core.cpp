@@ -163,6 +163,18 @@ py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, b
 }
 
 // Op-level access to a model's plan in float64, for tests against e3nn/sevenn.
+// A radial table's grid and the errors its builder found (cpu::RadialTable), into `out`.
+template <class T>
+void put_table_grid(py::dict& out, const cpu::RadialTable<T>& t) {
+  out["intervals"] = t.intervals;
+  out["fine_intervals"] = t.fine_intervals;
+  out["coarse_shift"] = t.coarse_shift;
+  out["origin"] = t.origin;
+  out["step"] = t.step;
+  out["value_error"] = t.value_error;
+  out["grad_error"] = t.grad_error;
+}
+
 struct OpsProbe {
   std::shared_ptr<const Model> model;
   cpu::TypedPlan<double> plan;
@@ -688,13 +700,7 @@ PYBIND11_MODULE(_core, m) {
               py::dict out;
               out["value"] = value;
               out["grad"] = grad;
-              if (d.tabulated()) {
-                const cpu::RadialTable<T>& t = d.table_for_pair(pair);
-                out["intervals"] = t.intervals;
-                out["step"] = t.step;
-                out["value_error"] = t.value_error;
-                out["grad_error"] = t.grad_error;
-              }
+              if (d.tabulated()) put_table_grid(out, d.table_for_pair(pair));
               return out;
             };
             return probe_float32(dtype) ? run(0.0f) : run(0.0);
@@ -867,13 +873,7 @@ PYBIND11_MODULE(_core, m) {
               py::dict out;
               out["value"] = value;
               out["grad"] = grad;
-              out["intervals"] = t.intervals;
-              out["fine_intervals"] = t.fine_intervals;
-              out["coarse_shift"] = t.coarse_shift;
-              out["origin"] = t.origin;
-              out["step"] = t.step;
-              out["value_error"] = t.value_error;
-              out["grad_error"] = t.grad_error;
+              put_table_grid(out, t);
               return out;
             };
             return probe_float32(dtype) ? run(0.0f) : run(0.0);
