@@ -124,7 +124,8 @@ def sevenn_radial(model: Any, layer: int, r: np.ndarray) -> tuple[np.ndarray, np
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_coarse_tail_keeps_the_tolerances(models: Any, model_name: str, dtype: str) -> None:
     """The table keeps its finest step only at small r and continues with a coarser one
-    (cpu/radial_table.cpp, coarse_tail): fewer intervals than one step throughout, and
+    (cpu/radial_table.cpp, a coarse tail; the engine builds one for tables beyond 32 MiB,
+    built here for every layer): fewer intervals than one step throughout, and
     against sevenn's own MLP the builder's tolerances still hold on every interval, fine or
     coarse: at the midpoints (where the value's error peaks and the slope is checked)
     values within 1e-7 and slopes within 1e-6 of each output's largest magnitude. Between
@@ -134,8 +135,16 @@ def test_coarse_tail_keeps_the_tolerances(models: Any, model_name: str, dtype: s
     model = models.sevenn_model(model_name)
     rounding = {"float64": 0.0, "float32": 3e-7}[dtype]
     dense = np.linspace(0.02, 4.999, 2001)
+    # the engine's rule: a tail only for tables beyond 32 MiB in float32 (l3i5's layers 1-3)
+    engine_tails = {"7net-0": [], "7net-l3i5": [1, 2, 3]}[model_name]
+    shifts = [probe.radial_table(t, np.array([1.0]))["coarse_shift"] for t in range(5)]
+    assert [t for t in range(5) if shifts[t] > 0] == engine_tails, shifts
+
+    def table_at(layer: int, r: np.ndarray) -> dict[str, Any]:  # a tail whatever the size
+        return probe.radial_table(layer, r, dtype=dtype, coarse_tail_above=0)
+
     for layer in range(5):
-        grid = probe.radial_table(layer, np.array([1.0]), dtype=dtype)
+        grid = table_at(layer, np.array([1.0]))
         h, fine, total = grid["step"], grid["fine_intervals"], grid["intervals"]
         ratio = 2 ** grid["coarse_shift"]
         split = grid["origin"] + fine * h
@@ -154,7 +163,7 @@ def test_coarse_tail_keeps_the_tolerances(models: Any, model_name: str, dtype: s
         vmax = np.abs(exact_dense[0]).max(axis=0)
         gmax = np.abs(exact_dense[1]).max(axis=0)
         for r, value_limit, slope_limit in ((mids, 1.2e-7, 1.2e-6), (dense, 1.2e-7, 3e-5)):
-            table = probe.radial_table(layer, r, dtype=dtype)
+            table = table_at(layer, r)
             value, grad = sevenn_radial(model, layer, r)
             verr = (np.abs(table["value"] - value) / vmax).max()
             gerr = (np.abs(table["grad"] - grad) / gmax).max()

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -845,17 +846,23 @@ PYBIND11_MODULE(_core, m) {
           py::arg("positions"), py::arg("species"), py::arg("row_offsets"), py::arg("neighbors"),
           py::arg("num_energy_nodes"), py::arg("weight") = 1.0, py::arg("device") = "cpu")
       // The radial MLP of (SevenNet) layer `layer` as the float32 or float64 engine tabulates
-      // it (cpu::make_radial_table), read at each r as the convolutions read it.
+      // it (cpu::make_radial_table), read at each r as the convolutions read it; with a coarse
+      // tail when the one-step table would exceed coarse_tail_above bytes in float32 (default:
+      // the engine's threshold; 0: always; -1: never).
       .def(
           "radial_table",
-          [](const OpsProbe& p, int layer, Array<double> r, const std::string& dtype) {
+          [](const OpsProbe& p, int layer, Array<double> r, const std::string& dtype,
+             int64_t coarse_tail_above) {
             const ModelPlan& mp = p.model->plan();
             const MlpPlan& mlp = mp.layers.at(layer).conv.mlp;
+            const size_t tail_above = coarse_tail_above < 0
+                                          ? std::numeric_limits<size_t>::max()
+                                          : static_cast<size_t>(coarse_tail_above);
             const int64_t n = r.shape(0);
             auto run = [&](auto typed) -> py::dict {
               using T = decltype(typed);
               const cpu::RadialTable<T> t =
-                  cpu::make_radial_table<T>(mp, mlp, 0.0, 0, nullptr, 0, true);
+                  cpu::make_radial_table<T>(mp, mlp, 0.0, 0, nullptr, 0, tail_above);
               const int64_t W = mlp.dims.back();
               Array<double> value({n, W}), grad({n, W});
               for (int64_t e = 0; e < n; ++e) {
@@ -878,7 +885,8 @@ PYBIND11_MODULE(_core, m) {
             };
             return probe_float32(dtype) ? run(0.0f) : run(0.0);
           },
-          py::arg("layer"), py::arg("r"), py::kw_only(), py::arg("dtype") = "float64")
+          py::arg("layer"), py::arg("r"), py::kw_only(), py::arg("dtype") = "float64",
+          py::arg("coarse_tail_above") = static_cast<int64_t>(cpu::kRadialTableCoarseTailAbove))
       // Convolution of layer `layer` on an open (non-periodic) CSR graph.
       .def("conv",
            [](const OpsProbe& p, int layer, Array<double> positions, Array<int64_t> row_offsets,

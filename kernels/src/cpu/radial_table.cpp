@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -148,15 +149,16 @@ struct Level {
 // and peaks at t = 1/2 +- 1/(2 sqrt 3). slope_peaks also checks both there (else only at
 // t = 1/2, where the slope's error is of the next order).
 //
-// coarse_tail: an MLP's fourth derivative is largest at small r (below 0.5 A for SevenNet's
+// Coarse tail, when the one-step table would take more than coarse_tail_above bytes in
+// float32: an MLP's fourth derivative is largest at small r (below 0.5 A for SevenNet's
 // layers, closer than atoms come), so the finest step is kept only up to the radius past which
 // a coarser level (evaluated on the way) meets the tolerances on every interval, the slope's
 // also at its error's peaks, and that level's intervals follow (ops::radial_table_locate): the
 // coarser level that leaves the fewest intervals in all. The level that ends the refinement is
-// the one a table without coarse_tail has.
+// the one a table without a coarse tail has.
 template <class T, class Evaluate>
 RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, bool slope_peaks,
-                        bool coarse_tail, Evaluate&& evaluate) {
+                        size_t coarse_tail_above, Evaluate&& evaluate) {
   const double cutoff = model.cutoff;
   if (!(cutoff > 0.0)) throw Error("internal: radial table needs a positive cutoff");
   const int W = outputs;
@@ -167,9 +169,10 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
                             ? model.radial.r_on
                             : 0.0;
   // the points of each interval checked, and whether a check at the slope's peaks decides
-  // the level (slope_peaks) or only which intervals a coarse tail may keep (coarse_tail)
+  // the level (slope_peaks) or only which intervals a coarse tail may keep
   std::vector<double> checks{0.5};
   const double d = 0.5 / std::sqrt(3.0);
+  const bool coarse_tail = coarse_tail_above != std::numeric_limits<size_t>::max();
   if (slope_peaks || coarse_tail) checks = {0.5, 0.5 - d, 0.5 + d};
   int first = kFirstIntervals;
   while (first < min_intervals && first < kMaxIntervals) first *= 2;
@@ -248,6 +251,8 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
     // this level alone), then that coarser level's intervals.
     const Level* tail = nullptr;
     int tail_first = 0, fine = intervals, total = intervals;
+    const size_t float32_bytes = static_cast<size_t>(intervals) * W * 4 * sizeof(float);
+    if (float32_bytes <= coarse_tail_above) coarser.clear();
     for (const Level& C : coarser) {
       int kept = C.intervals;
       while (kept > 0 && C.passes_everywhere(kept - 1)) --kept;  // [kept, C.intervals) pass
@@ -296,9 +301,9 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
 template <class T>
 RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0,
                                  int min_intervals, const RadialMlpPlan* rmlp, int pair,
-                                 bool coarse_tail) {
+                                 size_t coarse_tail_above) {
   return tabulate<T>(
-      model, rmlp ? rmlp->dims.back() : mlp.dims.back(), min_intervals, false, coarse_tail,
+      model, rmlp ? rmlp->dims.back() : mlp.dims.back(), min_intervals, false, coarse_tail_above,
       [&](const std::vector<double>& rs) { return evaluate(model, mlp, rs, r0, rmlp, pair); });
 }
 
@@ -333,13 +338,13 @@ RadialTable<T> make_density_table(const ModelPlan& model, const std::vector<doub
     }
     return s;
   };
-  return tabulate<T>(model, 1, min_intervals, true, false, density);
+  return tabulate<T>(model, 1, min_intervals, true, std::numeric_limits<size_t>::max(), density);
 }
 
 template RadialTable<float> make_radial_table<float>(const ModelPlan&, const MlpPlan&, double, int,
-                                                     const RadialMlpPlan*, int, bool);
+                                                     const RadialMlpPlan*, int, size_t);
 template RadialTable<double> make_radial_table<double>(const ModelPlan&, const MlpPlan&, double,
-                                                       int, const RadialMlpPlan*, int, bool);
+                                                       int, const RadialMlpPlan*, int, size_t);
 template RadialTable<float> make_density_table<float>(const ModelPlan&, const std::vector<double>&,
                                                       double, int);
 template RadialTable<double> make_density_table<double>(const ModelPlan&,

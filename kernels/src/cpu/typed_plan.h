@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "e3fuse/error.h"
@@ -65,11 +66,21 @@ struct RadialTable {
 // With `rmlp` (mace's RadialMLP) the table is that network's for the ordered species pair
 // `pair` (s_receiver * S + s_sender), and `mlp` is ignored.
 template <class T>
-// coarse_tail: a coarser step past the radius where it meets the tolerances (one table, not
-// the pair tables, which share one grid).
+// coarse_tail_above: a coarser step past the radius where it meets the tolerances when the
+// table with one step would take more than this many bytes in float32 (one table, not the pair
+// tables, which share one grid; max: never).
 RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0 = 0.0,
                                  int min_intervals = 0, const RadialMlpPlan* rmlp = nullptr,
-                                 int pair = 0, bool coarse_tail = false);
+                                 int pair = 0,
+                                 size_t coarse_tail_above = std::numeric_limits<size_t>::max());
+
+// The one-step table size above which a convolution's table gets a coarse tail. Measured at
+// 32,000 Cu atoms on an H200 (benchmarks/results/session_final2_h200/): SevenNet-l3i5's tables
+// of 58-115 MB (beyond the 50-60 MB L2) read 4-8 % faster with one (37-63 MB), those of
+// SevenNet-0 and MACE-MP-0 medium (6-32 MB) within 1 %; and a tail costs accuracy (forces
+// 2e-7 -> 1.2e-6 eV/A from the exact MLP, within the table's tolerances): below this size the
+// finer table is kept.
+constexpr size_t kRadialTableCoarseTailAbove = size_t{32} << 20;
 
 // mace's edge density tanh((w . emb)^2) (times the envelope without apply_cutoff;
 // ops::edge_density) as a one-output table in r, to the same tolerances; the slope is also
@@ -354,7 +365,8 @@ Conv<T> make_conv(const ConvPlan& p, const ModelPlan* table_of = nullptr) {
     c.mlp_plan = p.mlp;
     c.table_of = table_of;
   } else if (table_of) {
-    c.table = make_radial_table<T>(*table_of, p.mlp, 0.0, 0, nullptr, 0, true);
+    c.table =
+        make_radial_table<T>(*table_of, p.mlp, 0.0, 0, nullptr, 0, kRadialTableCoarseTailAbove);
   }
   c.inv_denominator = static_cast<T>(1.0 / p.denominator);
   return c;
