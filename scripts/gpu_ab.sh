@@ -142,7 +142,9 @@ IFS=';' read -r -a base_envs <<<"${BASE_ENVS:-}"
 IFS=';' read -r -a new_envs <<<"${NEW_ENVS:-}"
 for env in "${base_envs[@]}"; do [[ -n $env ]] && configs+=("base+$env"); done
 for env in "${new_envs[@]}"; do [[ -n $env ]] && configs+=("new+$env"); done
-stem() { echo "$1" | sed 's/[^A-Za-z0-9_.+=-]/_/g'; }
+# file names of letters, digits, "_", "." and "-" only: the device tool returns no file whose
+# name has others (such as the "=" and "+" of a configuration "new+VAR=value")
+stem() { echo "$1" | sed 's/[^A-Za-z0-9_.-]/_/g'; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for config in "${configs[@]}"; do
     variant=${config%%+*}
@@ -178,7 +180,7 @@ def totals(doc):  # (model, atoms) -> (fwd ms, bwd ms): each layer's median, sum
     return result
 
 def stem(config):
-    return re.sub(r"[^A-Za-z0-9_.+=-]", "_", config)
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", config)
 
 runs = {c: [totals(json.loads(p.read_text())) for p in sorted(out.glob(f"{stem(c)}_round*.json"))]
         for c in configs}
