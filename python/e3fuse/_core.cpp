@@ -163,7 +163,6 @@ py::dict compute(Engine& engine, const GraphView& g, bool forces, bool virial, b
   return compute_with(engine, g, g.num_nodes, forces, virial, atom_virials);
 }
 
-// Op-level access to a model's plan in float64, for tests against e3nn/sevenn.
 // A radial table's grid and the errors its builder found (cpu::RadialTable), into `out`.
 template <class T>
 void put_table_grid(py::dict& out, const cpu::RadialTable<T>& t) {
@@ -176,6 +175,7 @@ void put_table_grid(py::dict& out, const cpu::RadialTable<T>& t) {
   out["grad_error"] = t.grad_error;
 }
 
+// Op-level access to a model's plan in float64, for tests against e3nn/sevenn.
 struct OpsProbe {
   std::shared_ptr<const Model> model;
   cpu::TypedPlan<double> plan;

@@ -132,10 +132,11 @@ void hermite(double f0, double f1, double m0, double m1, double c[4]) {
 // One level of the refinement: its grid, knots and which intervals meet the tolerances.
 struct Level {
   int intervals = 0;
-  double origin = 0.0, step = 0.0;
+  double origin = 0.0, step = 0.0, tiny = 0.0;
   Samples knots;
-  // per interval: the largest relative errors found at the midpoint, and of the slope at
-  // its error's peaks (with slope_peaks or coarse_tail; else 0)
+  std::vector<double> vmax, gmax;  // per output: the largest |R_w| and |dR_w/dr| at the knots
+  // per interval: the largest relative errors found at the checked points (the midpoint; with
+  // slope_peaks also the slope's peaks), and of the slope at its peaks for a coarse tail
   std::vector<double> verr, gerr, peak_gerr;
   bool passes(int i) const { return verr[i] <= kValueTolerance && gerr[i] <= kGradTolerance; }
   bool passes_everywhere(int i) const { return passes(i) && peak_gerr[i] <= kGradTolerance; }
@@ -168,12 +169,36 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
   const double anchor = model.radial.envelope == EnvelopeKind::xplor && model.radial.r_on > 0.0
                             ? model.radial.r_on
                             : 0.0;
-  // the points of each interval checked, and whether a check at the slope's peaks decides
-  // the level (slope_peaks) or only which intervals a coarse tail may keep
-  std::vector<double> checks{0.5};
   const double d = 0.5 / std::sqrt(3.0);
+  const std::vector<double> slope_peak_points{0.5 - d, 0.5 + d};
+  std::vector<double> checks{0.5};
+  if (slope_peaks) checks = {0.5, 0.5 - d, 0.5 + d};
   const bool coarse_tail = coarse_tail_above != std::numeric_limits<size_t>::max();
-  if (slope_peaks || coarse_tail) checks = {0.5, 0.5 - d, 0.5 + d};
+  // The largest relative errors of each interval of level L at t into verr (value, if given)
+  // and gerr (slope).
+  auto check_at = [&](const Level& L, double t, std::vector<double>* verr,
+                      std::vector<double>& gerr) {
+    std::vector<double> mid(L.intervals);
+    for (int i = 0; i < L.intervals; ++i)
+      mid[i] = std::max(std::abs(L.origin + (i + t) * L.step), L.tiny);
+    const Samples mids = evaluate(mid);
+    for (int i = 0; i < L.intervals; ++i) {
+      const double mid_sign = L.origin + (i + t) * L.step < 0.0 ? -1.0 : 1.0;
+      double vi = 0.0, gi = 0.0;
+      for (int w = 0; w < W; ++w) {
+        const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
+        double c[4];
+        hermite(L.knots.value[a], L.knots.value[b], L.knots.grad[a] * L.step,
+                L.knots.grad[b] * L.step, c);
+        const double v = ops::radial_table_value(c, t);
+        const double g = ops::radial_table_grad(c, t, 1.0 / L.step);
+        if (L.vmax[w] > 0) vi = std::max(vi, std::abs(v - mids.value[a]) / L.vmax[w]);
+        if (L.gmax[w] > 0) gi = std::max(gi, std::abs(g - mid_sign * mids.grad[a]) / L.gmax[w]);
+      }
+      if (verr) (*verr)[i] = std::max((*verr)[i], vi);
+      gerr[i] = std::max(gerr[i], gi);
+    }
+  };
   int first = kFirstIntervals;
   while (first < min_intervals && first < kMaxIntervals) first *= 2;
   std::vector<Level> coarser;  // the levels before (coarse_tail)
@@ -193,6 +218,7 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
     // the value and slope just above).
     const bool even = !model.radial.pair_dependent();
     const double tiny = 1e-4 * step;
+    L.tiny = tiny;
     std::vector<double> rs(intervals + 1), sign(intervals + 1);
     for (int i = 0; i <= intervals; ++i) {
       const double r = origin + i * step;
@@ -203,40 +229,16 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
     Samples& knots = L.knots;
     for (int i = 0; i <= intervals; ++i)
       for (int w = 0; w < W; ++w) knots.grad[static_cast<size_t>(i) * W + w] *= sign[i];
-    std::vector<double> vmax(W, 0.0), gmax(W, 0.0);
+    L.vmax.assign(W, 0.0);
+    L.gmax.assign(W, 0.0);
     for (int i = 0; i <= intervals; ++i)
       for (int w = 0; w < W; ++w) {
-        vmax[w] = std::max(vmax[w], std::abs(knots.value[static_cast<size_t>(i) * W + w]));
-        gmax[w] = std::max(gmax[w], std::abs(knots.grad[static_cast<size_t>(i) * W + w]));
+        L.vmax[w] = std::max(L.vmax[w], std::abs(knots.value[static_cast<size_t>(i) * W + w]));
+        L.gmax[w] = std::max(L.gmax[w], std::abs(knots.grad[static_cast<size_t>(i) * W + w]));
       }
     L.verr.assign(intervals, 0.0);
     L.gerr.assign(intervals, 0.0);
-    L.peak_gerr.assign(intervals, 0.0);
-    for (const double t : checks) {
-      std::vector<double> mid(intervals);
-      for (int i = 0; i < intervals; ++i)
-        mid[i] = std::max(std::abs(origin + (i + t) * step), tiny);
-      const Samples mids = evaluate(mid);
-      for (int i = 0; i < intervals; ++i) {
-        const double mid_sign = origin + (i + t) * step < 0.0 ? -1.0 : 1.0;
-        double vi = 0.0, gi = 0.0;
-        for (int w = 0; w < W; ++w) {
-          const size_t a = static_cast<size_t>(i) * W + w, b = a + W;
-          double c[4];
-          hermite(knots.value[a], knots.value[b], knots.grad[a] * step, knots.grad[b] * step, c);
-          const double v = ops::radial_table_value(c, t);
-          const double g = ops::radial_table_grad(c, t, 1.0 / step);
-          if (vmax[w] > 0) vi = std::max(vi, std::abs(v - mids.value[a]) / vmax[w]);
-          if (gmax[w] > 0) gi = std::max(gi, std::abs(g - mid_sign * mids.grad[a]) / gmax[w]);
-        }
-        if (t == 0.5 || slope_peaks) {
-          L.verr[i] = std::max(L.verr[i], vi);
-          L.gerr[i] = std::max(L.gerr[i], gi);
-        } else {
-          L.peak_gerr[i] = std::max(L.peak_gerr[i], gi);
-        }
-      }
-    }
+    for (const double t : checks) check_at(L, t, &L.verr, L.gerr);
     bool all_pass = true;
     for (int i = 0; i < intervals; ++i) all_pass = all_pass && L.passes(i);
     if (!all_pass && level < kMaxIntervals) {
@@ -253,7 +255,9 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
     int tail_first = 0, fine = intervals, total = intervals;
     const size_t float32_bytes = static_cast<size_t>(intervals) * W * 4 * sizeof(float);
     if (float32_bytes <= coarse_tail_above) coarser.clear();
-    for (const Level& C : coarser) {
+    for (Level& C : coarser) {  // the slope's peaks are checked only for a tail
+      C.peak_gerr.assign(C.intervals, 0.0);
+      for (const double t : slope_peak_points) check_at(C, t, nullptr, C.peak_gerr);
       int kept = C.intervals;
       while (kept > 0 && C.passes_everywhere(kept - 1)) --kept;  // [kept, C.intervals) pass
       const int f = static_cast<int>(std::llround((C.origin + kept * C.step - origin) / step));

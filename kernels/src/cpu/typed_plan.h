@@ -65,10 +65,10 @@ struct RadialTable {
 // min_intervals: start the refinement there (pair tables share one grid, see Conv).
 // With `rmlp` (mace's RadialMLP) the table is that network's for the ordered species pair
 // `pair` (s_receiver * S + s_sender), and `mlp` is ignored.
-template <class T>
 // coarse_tail_above: a coarser step past the radius where it meets the tolerances when the
 // table with one step would take more than this many bytes in float32 (one table, not the pair
 // tables, which share one grid; max: never).
+template <class T>
 RadialTable<T> make_radial_table(const ModelPlan& model, const MlpPlan& mlp, double r0 = 0.0,
                                  int min_intervals = 0, const RadialMlpPlan* rmlp = nullptr,
                                  int pair = 0,

@@ -6,10 +6,10 @@
 //   R_w(r) = c0 + t (c1 + t (c2 + t c3)),  dR_w/dr = (c1 + t (2 c2 + 3 t c3)) / h,
 // the cubic that matches R_w and dR_w/dr (evaluated exactly in double) at both knots.
 // Its error is h^4 / 384 max|R''''| (value) and O(h^3) (derivative): the builder
-// (cpu/radial_table.cpp) refines h until both are below float32 rounding, and keeps the
-// fine step only below the radius where a coarser one would do (radial_table_locate). Per edge this
-// replaces the MLP (and its adjoint, dE/dr = sum_w dE/dR_w dR_w/dr) by one read of
-// 4 coefficients per weight.
+// (cpu/radial_table.cpp) refines h until both are below float32 rounding, and in a large
+// table keeps the fine step only below the radius where a coarser one would do
+// (radial_table_locate). Per edge this replaces the MLP (and its adjoint,
+// dE/dr = sum_w dE/dR_w dR_w/dr) by one read of 4 coefficients per weight.
 #pragma once
 
 #include "ops/activation.h"
