@@ -129,10 +129,13 @@ void hermite(double f0, double f1, double m0, double m1, double c[4]) {
   c[3] = 2.0 * (f0 - f1) + m0 + m1;
 }
 
+// The smallest |r| a level of step `step` evaluates the MLP at: r = 0 itself is 0 / 0.
+double smallest_radius(double step) { return 1e-4 * step; }
+
 // One level of the refinement: its grid, knots and which intervals meet the tolerances.
 struct Level {
   int intervals = 0;
-  double origin = 0.0, step = 0.0, tiny = 0.0;
+  double origin = 0.0, step = 0.0;
   Samples knots;
   std::vector<double> vmax, gmax;  // per output: the largest |R_w| and |dR_w/dr| at the knots
   // per interval: the largest relative errors found at the checked points (the midpoint; with
@@ -172,7 +175,7 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
   const double d = 0.5 / std::sqrt(3.0);
   const std::vector<double> slope_peak_points{0.5 - d, 0.5 + d};
   std::vector<double> checks{0.5};
-  if (slope_peaks) checks = {0.5, 0.5 - d, 0.5 + d};
+  if (slope_peaks) checks.insert(checks.end(), slope_peak_points.begin(), slope_peak_points.end());
   const bool coarse_tail = coarse_tail_above != std::numeric_limits<size_t>::max();
   // The largest relative errors of each interval of level L at t into verr (value, if given)
   // and gerr (slope).
@@ -180,7 +183,7 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
                       std::vector<double>& gerr) {
     std::vector<double> mid(L.intervals);
     for (int i = 0; i < L.intervals; ++i)
-      mid[i] = std::max(std::abs(L.origin + (i + t) * L.step), L.tiny);
+      mid[i] = std::max(std::abs(L.origin + (i + t) * L.step), smallest_radius(L.step));
     const Samples mids = evaluate(mid);
     for (int i = 0; i < L.intervals; ++i) {
       const double mid_sign = L.origin + (i + t) * L.step < 0.0 ? -1.0 : 1.0;
@@ -217,8 +220,7 @@ RadialTable<T> tabulate(const ModelPlan& model, int outputs, int min_intervals, 
     // A distance transform makes R(r) not even in r (it is smooth at 0, the knot there takes
     // the value and slope just above).
     const bool even = !model.radial.pair_dependent();
-    const double tiny = 1e-4 * step;
-    L.tiny = tiny;
+    const double tiny = smallest_radius(step);
     std::vector<double> rs(intervals + 1), sign(intervals + 1);
     for (int i = 0; i <= intervals; ++i) {
       const double r = origin + i * step;
