@@ -110,6 +110,8 @@ $PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/mic
 [[ ${PIPESTATUS[0]} -eq 0 ]] || die "the model files could not be made"
 if [[ ${NCU:-0} != 0 ]]; then
   read -r atoms _ <<<"${MICRO_SIZES:-32000}"
+  structure=benchmarks/models/cu$atoms.bin # rattled fcc Cu, as conv_micro.py times it
+  $PY -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks/micro"); import conv_micro as m; m.write_structure(m.structure(int(sys.argv[1])), Path(sys.argv[2]))' "$atoms" "$structure" || die "no structure file"
   for model in ${NCU_MODELS:-$models}; do
     e3f=benchmarks/models/$model.e3f
     [[ $model == mp0-medium ]] && e3f=benchmarks/models/mace-mp0-medium-random.e3f
@@ -123,7 +125,7 @@ if [[ ${NCU:-0} != 0 ]]; then
         --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --section InstructionStats --section SourceCounters \
         --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-        "$exe" --model "$e3f" --structure "benchmarks/models/cu$atoms.bin" --warmup 0 \
+        "$exe" --model "$e3f" --structure "$structure" --warmup 0 \
         --repeats 1 >"$OUTDIR/ncu_${variant}_$model.txt" 2>&1
       SUMMARY+=("$(printf '%-28s rc=%-3s' "ncu $variant $model" "$?")")
     done

@@ -375,27 +375,44 @@ __device__ void chunk_mlp_forward(const typename Conv<T>::View& c, T* emb, T* h0
   }
 }
 
-// M[e][m] for the chunk (and K[e][m][a] = sum_b cg * J[e][b][a] in the backward pass).
-// M[e][m] (forward), or with J the backward's MK[e][m] = {M, K_x, K_y, K_z}: the entry
-// and its derivative along the edge vector, read by one 16-byte (float) load per (a, q).
-template <class T>
-__device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
-                                  const T* J, T* M) {
-  for (int q = threadIdx.x; q < n * c.m_per_edge; q += blockDim.x) {
-    const int e = q / c.m_per_edge, m = q - e * c.m_per_edge;
-    const typename Conv<T>::MEntry me = c.m_entries[m];
-    const T* cg = c.cg + me.cg_base;
+// Entry m of the chunk's edges e, e + step, ... below n: M[e][m] = sum_b cg[b] Y[e][b]
+// (forward), or with J the backward's MK[e][m] = {M, K_x, K_y, K_z}, K_a = sum_b cg[b] J[e][b][a]
+// (the entry's derivative along the edge vector), read by one 16-byte (float) load per (a, q).
+// D2 = d2 (1, 3, 5, 7): the entry's CG column stays in registers for all its edges and the
+// sums unroll; D2 = 0: d2 at run time (spherical harmonics above l = 3).
+template <class T, int D2>
+__device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
+                                               const typename Conv<T>::MEntry& me, int m, int e,
+                                               int step, int n, int sh_dim, const T* Y, const T* J,
+                                               T* M) {
+  const T* cg = c.cg + me.cg_base;
+  T column[D2 > 0 ? D2 : 1];
+  if constexpr (D2 > 0) {
+#pragma unroll
+    for (int b = 0; b < D2; ++b) column[b] = cg[b * me.d3];
+  }
+  auto weight = [&](int b) {
+    if constexpr (D2 > 0)
+      return column[b];
+    else
+      return cg[b * me.d3];
+  };
+  const int d2 = D2 > 0 ? D2 : me.d2;
+  for (; e < n; e += step) {
+    const int q = e * c.m_per_edge + m;
     const T* y = Y + e * sh_dim + me.sh_offset;
     T s = T(0);
-    for (int b = 0; b < me.d2; ++b) s += cg[b * me.d3] * y[b];
+#pragma unroll
+    for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) s += weight(b) * y[b];
     if (!J) {
       M[q] = s;
       continue;
     }
     const T* j = J + (e * sh_dim + me.sh_offset) * 3;
     T k0 = T(0), k1 = T(0), k2 = T(0);
-    for (int b = 0; b < me.d2; ++b) {
-      const T w = cg[b * me.d3];
+#pragma unroll
+    for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) {
+      const T w = weight(b);
       k0 += w * j[3 * b];
       k1 += w * j[3 * b + 1];
       k2 += w * j[3 * b + 2];
@@ -404,6 +421,42 @@ __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh
     M[4 * q + 1] = k0;
     M[4 * q + 2] = k1;
     M[4 * q + 3] = k2;
+  }
+}
+
+// M (forward) or MK (backward, with J) for the chunk's n edges (contract_entry). Thread t
+// takes entries m = t, t + blockDim, ... and, when the entries are fewer than half the
+// threads, one of blockDim / m_per_edge groups of the edges: the entry's bookkeeping and
+// CG column are paid once per group, not once per edge. The sums are the ones
+// each entry had when a thread took one (edge, entry) pair (same order: same bits).
+template <class T>
+__device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
+                                  const T* J, T* M) {
+  if (c.m_per_edge == 0) return;
+  const int groups = max(1, static_cast<int>(blockDim.x) / c.m_per_edge);
+  for (int q = threadIdx.x; q < groups * c.m_per_edge; q += blockDim.x) {
+    const int group = q / c.m_per_edge, m = q - group * c.m_per_edge;
+    const typename Conv<T>::MEntry me = c.m_entries[m];
+    auto run = [&](auto d2) {
+      contract_entry<T, decltype(d2)::value>(c, me, m, group, groups, n, sh_dim, Y, J, M);
+    };
+    switch (me.d2) {
+      case 1:
+        run(std::integral_constant<int, 1>{});
+        break;
+      case 3:
+        run(std::integral_constant<int, 3>{});
+        break;
+      case 5:
+        run(std::integral_constant<int, 5>{});
+        break;
+      case 7:
+        run(std::integral_constant<int, 7>{});
+        break;
+      default:
+        run(std::integral_constant<int, 0>{});
+        break;
+    }
   }
 }
 
