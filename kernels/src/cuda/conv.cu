@@ -27,7 +27,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // Byte offsets of one block's shared-memory workspace (same function on host and device).
 struct Smem {
-  size_t edge, sender, vec, u, Y, J, emb, demb, h0, h1, pre, act, wts, M, K, acc, part, red, total;
+  size_t edge, sender, vec, u, Y, emb, demb, h0, h1, pre, act, wts, M, K, acc, part, red, total;
   size_t interval, local_t;  // radial table: each edge's interval and t
 };
 
@@ -62,7 +62,8 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   s.sender = take(sizeof(int) * ec);
   s.interval = take_if(!mlp, sizeof(int) * ec);
   s.local_t = take_if(!mlp, t * ec);
-  s.Y = take(t * ec * sh_dim);
+  // the backward's {Y, dY/dv} per component, 16 bytes (float) that contract_entry reads at once
+  s.Y = take(t * ec * sh_dim * (backward ? 4 : 1));
   // each edge's vector and {unit vector, length}: the spherical harmonics read them
   s.vec = take(t * ec * 3);
   s.u = take(t * ec * 4);
@@ -73,7 +74,6 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   if (!backward) {
     s.acc = take(t * c.dim_out);
   } else {
-    s.J = take(t * ec * sh_dim * 3);
     s.emb = take_if(mlp, t * ec * num_basis);
     s.demb = take_if(mlp, t * ec * num_basis);
     s.pre = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
@@ -200,7 +200,8 @@ __device__ void edge_sh_component(const typename Geometry<T>::View& geo, int m, 
 // Geometry of the chunk's edges, in two steps with a block-wide sync between them: thread
 // t < n takes edge t (vector, length, neighbor, table interval or MLP embedding), then
 // thread q < n sh_dim takes component q % sh_dim of edge q / sh_dim's spherical harmonics
-// (each component's sum in the same order as one thread for all: the same bits).
+// (each component's sum in the same order as one thread for all: the same bits): Y[e][m],
+// or with sh_gradient (backward) Y[e][m][4] = {Y, dY/dv_x, dY/dv_y, dY/dv_z}.
 // vec[3 e + a]: the edge vector; unit[4 e + a]: its unit vector, unit[4 e + 3] its length.
 // Rows past n of the MLP input are zeroed so the chunk GEMM reads defined values.
 // With a radial table (c.table), emb is null and each edge's table interval and local
@@ -212,8 +213,8 @@ template <class T, bool PER_EDGE = false>
 __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
                                const typename Conv<T>::View& c, const GraphView& g, int64_t i,
                                int n, int ec, const int64_t* s_edge, int* s_sender, T* Y, T* emb,
-                               int emb_stride, T* J, T* demb, T* vec, T* unit, int* s_interval,
-                               T* s_t, bool receiver_is_i) {
+                               int emb_stride, bool sh_gradient, T* demb, T* vec, T* unit,
+                               int* s_interval, T* s_t, bool receiver_is_i) {
   const int t = threadIdx.x;
   if (t < n) {
     const int64_t e = s_edge[t];
@@ -269,8 +270,8 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
   __syncthreads();
   for (int q = t; q < n * geo.sh_dim; q += blockDim.x) {
     const int e = q / geo.sh_dim, m = q - e * geo.sh_dim;
-    edge_sh_component<T>(geo, m, vec + 3 * e, unit + 4 * e, unit[4 * e + 3], Y + q,
-                         J ? J + 3 * q : nullptr);
+    edge_sh_component<T>(geo, m, vec + 3 * e, unit + 4 * e, unit[4 * e + 3],
+                         sh_gradient ? Y + 4 * q : Y + q, sh_gradient ? Y + 4 * q + 1 : nullptr);
   }
 }
 
@@ -375,16 +376,35 @@ __device__ void chunk_mlp_forward(const typename Conv<T>::View& c, T* emb, T* h0
   }
 }
 
+// Four consecutive values from shared memory (16-byte aligned): one vector load.
+template <class T>
+__device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+  } else {
+    const double2 a = reinterpret_cast<const double2*>(p)[0];
+    const double2 b = reinterpret_cast<const double2*>(p)[1];
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = b.x;
+    v[3] = b.y;
+  }
+}
+
 // Entry m of the chunk's edges e, e + step, ... below n: M[e][m] = sum_b cg[b] Y[e][b]
-// (forward), or with J the backward's MK[e][m] = {M, K_x, K_y, K_z}, K_a = sum_b cg[b] J[e][b][a]
-// (the entry's derivative along the edge vector), read by one 16-byte (float) load per (a, q).
+// (forward), or with GRADIENT the backward's MK[e][m] = {M, K_x, K_y, K_z}, K_a = sum_b cg[b]
+// dY[e][b]/dv_a (the entry's derivative along the edge vector), from Y[e][b][4] = {Y, dY/dv}
+// (chunk_geometry), read by one 16-byte (float) load per (a, q) in tp_backward_edge.
 // D2 = d2 (1, 3, 5, 7): the entry's CG column stays in registers for all its edges and the
 // sums unroll; D2 = 0: d2 at run time (spherical harmonics above l = 3).
-template <class T, int D2>
+template <class T, int D2, bool GRADIENT>
 __device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
                                                const typename Conv<T>::MEntry& me, int m, int e,
-                                               int step, int n, int sh_dim, const T* Y, const T* J,
-                                               T* M) {
+                                               int step, int n, int sh_dim, const T* Y, T* M) {
   const T* cg = c.cg + me.cg_base;
   T column[D2 > 0 ? D2 : 1];
   if constexpr (D2 > 0) {
@@ -400,45 +420,47 @@ __device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
   const int d2 = D2 > 0 ? D2 : me.d2;
   for (; e < n; e += step) {
     const int q = e * c.m_per_edge + m;
-    const T* y = Y + e * sh_dim + me.sh_offset;
-    T s = T(0);
+    const int y0 = e * sh_dim + me.sh_offset;
+    if constexpr (!GRADIENT) {
+      T s = T(0);
 #pragma unroll
-    for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) s += weight(b) * y[b];
-    if (!J) {
+      for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) s += weight(b) * Y[y0 + b];
       M[q] = s;
-      continue;
-    }
-    const T* j = J + (e * sh_dim + me.sh_offset) * 3;
-    T k0 = T(0), k1 = T(0), k2 = T(0);
+    } else {
+      T s = T(0), k0 = T(0), k1 = T(0), k2 = T(0);
 #pragma unroll
-    for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) {
-      const T w = weight(b);
-      k0 += w * j[3 * b];
-      k1 += w * j[3 * b + 1];
-      k2 += w * j[3 * b + 2];
+      for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) {
+        T v[4];
+        load4_shared(Y + 4 * (y0 + b), v);
+        const T w = weight(b);
+        s += w * v[0];
+        k0 += w * v[1];
+        k1 += w * v[2];
+        k2 += w * v[3];
+      }
+      M[4 * q] = s;
+      M[4 * q + 1] = k0;
+      M[4 * q + 2] = k1;
+      M[4 * q + 3] = k2;
     }
-    M[4 * q] = s;
-    M[4 * q + 1] = k0;
-    M[4 * q + 2] = k1;
-    M[4 * q + 3] = k2;
   }
 }
 
-// M (forward) or MK (backward, with J) for the chunk's n edges (contract_entry). Thread t
+// M (forward) or MK (backward, GRADIENT) for the chunk's n edges (contract_entry). Thread t
 // takes entries m = t, t + blockDim, ... and, when the entries are fewer than half the
 // threads, one of blockDim / m_per_edge groups of the edges: the entry's bookkeeping and
 // CG column are paid once per group, not once per edge. The sums are the ones
 // each entry had when a thread took one (edge, entry) pair (same order: same bits).
-template <class T>
+template <class T, bool GRADIENT>
 __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
-                                  const T* J, T* M) {
+                                  T* M) {
   if (c.m_per_edge == 0) return;
   const int groups = max(1, static_cast<int>(blockDim.x) / c.m_per_edge);
   for (int q = threadIdx.x; q < groups * c.m_per_edge; q += blockDim.x) {
     const int group = q / c.m_per_edge, m = q - group * c.m_per_edge;
     const typename Conv<T>::MEntry me = c.m_entries[m];
     auto run = [&](auto d2) {
-      contract_entry<T, decltype(d2)::value>(c, me, m, group, groups, n, sh_dim, Y, J, M);
+      contract_entry<T, decltype(d2)::value, GRADIENT>(c, me, m, group, groups, n, sh_dim, Y, M);
     };
     switch (me.d2) {
       case 1:
@@ -457,25 +479,6 @@ __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh
         run(std::integral_constant<int, 0>{});
         break;
     }
-  }
-}
-
-// Four consecutive values from shared memory (16-byte aligned): one vector load.
-template <class T>
-__device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 a = *reinterpret_cast<const float4*>(p);
-    v[0] = a.x;
-    v[1] = a.y;
-    v[2] = a.z;
-    v[3] = a.w;
-  } else {
-    const double2 a = reinterpret_cast<const double2*>(p)[0];
-    const double2 b = reinterpret_cast<const double2*>(p)[1];
-    v[0] = a.x;
-    v[1] = a.y;
-    v[2] = b.x;
-    v[3] = b.y;
   }
 }
 
@@ -992,10 +995,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if (n == 0) break;
     // h0 holds the embedding with row stride num_basis = dims[0].
     chunk_geometry<T, PER_EDGE>(geo, c, g, i, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : h0,
-                                c.dims[0], nullptr, nullptr, vec, unit, s_interval, s_t, true);
+                                c.dims[0], false, nullptr, vec, unit, s_interval, s_t, true);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
-    if constexpr (!SPARSE) chunk_contract_sh<T>(c, n, geo.sh_dim, Y, nullptr, M);
+    if constexpr (!SPARSE) chunk_contract_sh<T, false>(c, n, geo.sh_dim, Y, M);
     __syncthreads();
     for_each_warp_task<T>(
         c, [&](auto d1, auto d3, auto lc, const auto& B, const auto& P, int ch, bool) {
@@ -1079,7 +1082,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
   int* s_sender = reinterpret_cast<int*>(smem + L.sender);
   T* Y = reinterpret_cast<T*>(smem + L.Y);
-  T* J = reinterpret_cast<T*>(smem + L.J);
   T* vec = reinterpret_cast<T*>(smem + L.vec);
   T* u = reinterpret_cast<T*>(smem + L.u);
   T* emb = reinterpret_cast<T*>(smem + L.emb);
@@ -1114,10 +1116,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if (n == 0) break;
     // node k sends these messages: their receiver is the neighbor (ordered-pair tables)
     chunk_geometry<T, PER_EDGE>(geo, c, g, k, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : emb,
-                                geo.num_basis, J, demb, vec, u, s_interval, s_t, false);
+                                geo.num_basis, true, demb, vec, u, s_interval, s_t, false);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
-    chunk_contract_sh<T>(c, n, geo.sh_dim, Y, J, MK);
+    chunk_contract_sh<T, true>(c, n, geo.sh_dim, Y, MK);
     __syncthreads();
     {
       // the force partials [EC][3][kWarps], one column per warp
