@@ -20,6 +20,7 @@ pytest.importorskip("mace.modules")
 from ase import Atoms  # noqa: E402
 from conftest import DEVICES  # noqa: E402
 from helpers_mace import (  # noqa: E402
+    assert_float32_close,
     converted_once,
     e3fuse_eval,
     finite_difference_forces,
@@ -194,10 +195,12 @@ def test_invariances(workdir: Path) -> None:
 @pytest.mark.parametrize("name", ["omat", "soft-density-no-cutoff", "no-cutoff"])
 def test_device_agrees_with_cpu(name: str, device: str, workdir: Path) -> None:
     """Each backend against the CPU float64 engine on a mixed H/O/Cu system: float64 (the
-    per-edge MLP) to 1e-10 eV/A, float32 with pair tables and with the MLP to 3e-5 eV/A.
-    On CUDA, apply_cutoff=False runs with radial tables only (float64 or radial='mlp' are
-    refused by name)."""
-    _, path = converted(name, workdir)
+    per-edge MLP) to 1e-10 eV/A, float32 with pair tables and with the MLP within
+    assert_float32_close's bounds (3e-5 eV/A, or twice mace-torch's own float32 error where
+    the random weights make that larger: OMAT's forces here reach 33 eV/A). On CUDA,
+    apply_cutoff=False runs with radial tables only (float64 or radial='mlp' are refused by
+    name)."""
+    model, path = converted(name, workdir)
     atoms = mixed_structure(seed=9)
     cpu = e3fuse_eval(path, atoms)
     no_cutoff = VARIANTS[name].get("apply_cutoff", True) is False
@@ -218,8 +221,7 @@ def test_device_agrees_with_cpu(name: str, device: str, workdir: Path) -> None:
         if device == "cuda" and no_cutoff and radial == "mlp":
             continue
         f32 = e3fuse_eval(path, atoms, "float32", radial=radial, device=device)
-        assert np.abs(f32["forces"] - cpu["forces"]).max() < 3e-5
-        assert np.abs(f32["stress"] - cpu["stress"]).max() < 1e-6
+        assert_float32_close(model, atoms, f32, cpu)
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])  # the CPU engine is the reference here
@@ -228,8 +230,8 @@ def test_density_scale_in_the_contraction(name: str, device: str, workdir: Path)
     """The density blocks' 1 / (1 + rho), applied by the GPU's symmetric contraction as it
     loads its input and, in the backward, with dE/drho summed per warp (32 channels) or per
     channel (24): float64 equals the CPU engine to 1e-10 eV/A, per-atom virials included,
-    float32 within 3e-5 eV/A, and a second run is bitwise the first."""
-    _, path = converted(name, workdir)
+    float32 within assert_float32_close's bounds, and a second run is bitwise the first."""
+    model, path = converted(name, workdir)
     atoms = mixed_structure(seed=15).repeat((2, 1, 1))  # 64 atoms
     cpu = e3fuse_eval(path, atoms, stresses=True)
     ours = e3fuse_eval(path, atoms, device=device, stresses=True)
@@ -242,15 +244,14 @@ def test_density_scale_in_the_contraction(name: str, device: str, workdir: Path)
     assert np.abs(ours["stress"] - cpu["stress"]).max() < 1e-12
     assert np.abs(ours["stresses"] - cpu["stresses"]).max() < 1e-10
     f32 = e3fuse_eval(path, atoms, "float32", device=device)
-    assert np.abs(f32["forces"] - cpu["forces"]).max() < 3e-5
-    assert np.abs(f32["stress"] - cpu["stress"]).max() < 1e-6
+    assert_float32_close(model, atoms, f32, cpu)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_pair_tables_built_on_first_use(device: str, workdir: Path) -> None:
     """One calculator meets Cu alone, then H/O/Cu (new pairs' tables built on the way, on a
     common grid): both agree with fresh calculators."""
-    _, path = converted("omat", workdir)
+    model, path = converted("omat", workdir)
     calc = Calculator(str(path), device=device, dtype="float32")
     for atoms in (structure((29,), seed=1, cubic=True), mixed_structure(seed=10)):
         a = atoms.copy()
@@ -259,7 +260,8 @@ def test_pair_tables_built_on_first_use(device: str, workdir: Path) -> None:
         fresh = e3fuse_eval(path, atoms, "float32", device=device)
         assert np.abs(forces - fresh["forces"]).max() < 1e-6
         exact = e3fuse_eval(path, atoms)
-        assert np.abs(forces - exact["forces"]).max() < 3e-5
+        ours = {"forces": forces, "energy": a.get_potential_energy()}
+        assert_float32_close(model, atoms, ours, {k: exact[k] for k in ("forces", "energy")})
 
 
 # The density table's stated tolerances (cpu/radial_table.cpp): each interval's error at its
