@@ -95,9 +95,11 @@ struct Conv {
   struct Task {
     int block, path, u0, lane_channels;
   };
-  // M[e][m] = sum_b cg[cg_base + b * d3] * Y[e][sh_offset + b] (see ops/tp.h).
+  // M[e][out] = sum_b cg[cg_base + b * d3] * Y[e][sh_offset + b] (see ops/tp.h). The entries
+  // are stored in the order the threads take them (chunk_contract_sh in conv.cu), out is
+  // each one's column of M.
   struct MEntry {
-    int cg_base, d2, d3, sh_offset;
+    int cg_base, d2, d3, sh_offset, out;
   };
   struct View {
     int dim_in = 0, dim_out = 0, weight_numel = 0;
@@ -110,7 +112,8 @@ struct Conv {
     int task_begin[kConvWarps + 1] = {};
     int gx_slots = 0;  // sum over paths of d1 x mul
     int m_per_edge = 0;
-    const MEntry* m_entries = nullptr;
+    const MEntry* m_entries = nullptr;           // in path order (the backward's)
+    const MEntry* m_entries_balanced = nullptr;  // contraction_order (the forward's)
     const T* cg = nullptr;
     // Every path is alpha x w3j(l1, l2, l3) (Path::alpha): the forward tensor product may
     // run from the compile-time Wigner 3j entries (conv.cu, sparse_forward).
@@ -143,7 +146,7 @@ struct Conv {
   DeviceArray<InBlock> blocks;
   DeviceArray<Path> paths;
   DeviceArray<Task> tasks;
-  DeviceArray<MEntry> m_entries;
+  DeviceArray<MEntry> m_entries, m_entries_balanced;
   DeviceArray<T> cg, mlp, table;
   DeviceArray<float> mlp_fragments;
   DeviceArray<int> pair_slot;
