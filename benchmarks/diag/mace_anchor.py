@@ -54,6 +54,7 @@ def timed(call: Any, prepare: Any, repeats: int) -> list[float]:
 
 def profile_one(call: Any, prepare: Any, top: int) -> dict[str, Any]:
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -67,7 +68,13 @@ def profile_one(call: Any, prepare: Any, top: int) -> dict[str, Any]:
         sync()
     wall = 1e3 * (time.perf_counter() - t0)
     events = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in events)
+    # the kernels' own rows, as the table's "Self CUDA time total" (each operator's row
+    # repeats its kernels' time)
+    device_us = sum(
+        e.self_device_time_total
+        for e in events
+        if e.device_type == DeviceType.CUDA and not e.is_user_annotation
+    )
     table = events.table(sort_by="self_device_time_total", row_limit=top)
     return {"wall_ms_profiled": wall, "device_ms": device_us / 1e3, "table": table}
 
