@@ -91,10 +91,17 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    source = Path(tempfile.mkdtemp()) / "mace-mp0-medium-random.model"
-    torch.save(mace_models.build("mp0-medium"), source)
-    spec = {"engine": "mace-cueq", "source": str(source), "device": args.device, "dtype": "float32"}
-    env = bench_gpu._setup_mace(spec, cueq=cuda)
+    # _setup_mace loads the model from a file, as the harness does; the file goes after it
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "mace-mp0-medium-random.model"
+        torch.save(mace_models.build("mp0-medium"), source)
+        spec = {
+            "engine": "mace-cueq",
+            "source": str(source),
+            "device": args.device,
+            "dtype": "float32",
+        }
+        env = bench_gpu._setup_mace(spec, cueq=cuda)
     calc = env["calc"]
     model = calc.models[0]
     print("model after MACECalculator(enable_cueq=True):", type(model).__name__, flush=True)
