@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # A/B timing of the convolution kernels (issue 21): the working tree against a base commit,
-# in one device call, with the microbenchmark of benchmarks/micro (e3fuse's kernels only):
+# in one device call, with the microbenchmark of benchmarks/micro (e3fuse's kernels only);
+# with MICRO=linear, of the linear layers (e3fuse_linear_micro / linear_micro.py, the same
+# steps and summary; a base without them builds the working tree's copies against its own
+# kernels):
 #
 #   BASE=<commit> OUT=/path bash scripts/gpu_ab.sh
 #
@@ -57,16 +60,23 @@ git worktree add --detach "$BASE_TREE" "$BASE" >>"$LOG" 2>&1 || die "no worktree
 base_commit=$(git -C "$BASE_TREE" rev-parse HEAD)
 new_commit="$(git rev-parse HEAD)$(git diff --quiet HEAD -- kernels benchmarks/micro || echo +dirty)"
 say "base $base_commit, new $new_commit"
-build_micro() { # tree: e3fuse_conv_micro in tree/build/gpu
+MICRO=${MICRO:-conv}
+[[ $MICRO == conv || $MICRO == linear ]] || die "MICRO must be conv or linear"
+if [[ ! -f $BASE_TREE/benchmarks/micro/${MICRO}_micro.cu ]]; then
+  say "base has no ${MICRO}_micro.cu: the working tree's, with its CMakeLists.txt"
+  cp benchmarks/micro/${MICRO}_micro.* "$BASE_TREE/benchmarks/micro/" &&
+    cp CMakeLists.txt "$BASE_TREE/" || die "cannot copy the microbenchmark into the base"
+fi
+build_micro() { # tree: e3fuse_${MICRO}_micro in tree/build/gpu
   cd "$1" &&
     cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DE3FUSE_CUDA=ON \
       -DE3FUSE_MICROBENCH=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
       -DPython_EXECUTABLE="$(command -v $PY)" -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" &&
-    ninja -C build/gpu e3fuse_conv_micro
+    ninja -C build/gpu "e3fuse_${MICRO}_micro"
 }
 declare -A EXE TREE OBJ_DIR
-EXE[base]=$BASE_TREE/build/gpu/e3fuse_conv_micro
-EXE[new]=$BUILD/e3fuse_conv_micro
+EXE[base]=$BASE_TREE/build/gpu/e3fuse_${MICRO}_micro
+EXE[new]=$BUILD/e3fuse_${MICRO}_micro
 TREE[base]=$BASE_TREE
 TREE[new]=$REPO
 OBJ_DIR[base]=$BASE_TREE/build/gpu
@@ -81,7 +91,7 @@ for spec in ${VARIANTS:-}; do
   tar --exclude=./build --exclude=./.carry --exclude=./benchmarks/models --exclude=./.git --exclude=./.venv \
     -cf - . | tar -xf - -C "$tree" || die "no copy of the tree for variant $name"
   (cd "$tree" && git apply "$file") || die "variant $name: $file does not apply"
-  EXE[$name]=$tree/build/gpu/e3fuse_conv_micro
+  EXE[$name]=$tree/build/gpu/e3fuse_${MICRO}_micro
   TREE[$name]=$tree
   OBJ_DIR[$name]=$tree/build/gpu
   variant_names+=("$name")
@@ -91,17 +101,17 @@ for name in base "${variant_names[@]}"; do
   (build_micro "${TREE[$name]}") >"$OUTDIR/build_$name.log" 2>&1 &
   pids+=("$name:$!")
 done
-gpu_build "$BUILD" "$OUTDIR/build_new.log" -DE3FUSE_MICROBENCH=ON -- _core e3fuse_conv_micro
+gpu_build "$BUILD" "$OUTDIR/build_new.log" -DE3FUSE_MICROBENCH=ON -- _core "e3fuse_${MICRO}_micro"
 for entry in "${pids[@]}"; do
   wait "${entry#*:}" || {
     tail -30 "$OUTDIR/build_${entry%%:*}.log" | tee -a "$LOG"
     die "the build of ${entry%%:*} failed"
   }
 done
-for name in "${!OBJ_DIR[@]}"; do # registers and spills of the convolution kernels
-  obj=$(find "${OBJ_DIR[$name]}" -name conv.cu.o | head -1)
+for name in "${!OBJ_DIR[@]}"; do # registers and spills of the kernels timed
+  obj=$(find "${OBJ_DIR[$name]}" -name "$MICRO.cu.o" | head -1)
   echo "== $name (${TREE[$name]})" >>"$OUTDIR/resources.txt"
-  cuobjdump -res-usage "$obj" 2>&1 | grep -A1 "conv_.*_kernel" | c++filt >>"$OUTDIR/resources.txt"
+  cuobjdump -res-usage "$obj" 2>&1 | grep -A1 "${MICRO}_.*_kernel" | c++filt >>"$OUTDIR/resources.txt"
 done
 
 models=${MICRO_MODELS:-"7net-0 7net-l3i5 mp0-medium"}
@@ -158,18 +168,21 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     [[ $variant != base && $variant != new ]] && commit="$new_commit+$variant"
     say "round $round: $config"
     # shellcheck disable=SC2086
+    engines=(--engines e3fuse)
+    [[ $MICRO == linear ]] && engines=()
     env $setting E3FUSE_COMMIT="$commit" \
-      $PY benchmarks/micro/conv_micro.py --exe "$exe" --models $models --engines e3fuse \
+      $PY "benchmarks/micro/${MICRO}_micro.py" --exe "$exe" --models $models "${engines[@]}" \
       --sizes ${MICRO_SIZES:-864 32000} --repeats "${REPEATS:-5}" --deadline-s 600 \
       --json "$OUTDIR/$(stem "$config")_round$round.json" 2>&1 | tee -a "$LOG"
     SUMMARY+=("$(printf '%-40s rc=%-3s' "$config round $round" "${PIPESTATUS[0]}")")
   done
 done
 
-$PY - "$OUTDIR" "$base_commit" "$new_commit" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" "${configs[@]}" <<'EOF' | tee "$OUTDIR/ab_summary.md"
+$PY - "$OUTDIR" "$base_commit" "$new_commit" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" "$MICRO" "${configs[@]}" <<'EOF' | tee "$OUTDIR/ab_summary.md"
 import json, re, statistics, sys
 from pathlib import Path
-out, base, new, gpu, configs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+out, base, new, gpu, micro = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+configs = sys.argv[6:]
 
 def totals(doc):  # (model, atoms) -> (fwd ms, bwd ms): each layer's median, summed
     result = {}
@@ -186,10 +199,26 @@ def stem(config):
 
 runs = {c: [totals(json.loads(p.read_text())) for p in sorted(out.glob(f"{stem(c)}_round*.json"))]
         for c in configs}
-print(f"# Convolution A/B on {gpu}: base {base}, new {new}\n")
-print("All layers of the model, float32, radial table; per round each layer's median ms over "
-      "its repeats, summed; the median over the rounds; in brackets the ratio to base "
-      "(scripts/gpu_ab.sh).\n")
+what = "Convolution" if micro == "conv" else "Linear layers"
+print(f"# {what} A/B on {gpu}: base {base}, new {new}\n")
+print("All layers of the model, float32" + (", radial table" if micro == "conv" else "")
+      + "; per round each layer's median ms over its repeats, summed; the median over the "
+      "rounds; in brackets the ratio to base (scripts/gpu_ab.sh).\n")
+if micro == "linear":  # outputs' bytes: the same hashes where the sums run in the same order
+    hashes = {}
+    for c in configs:
+        for p in sorted(out.glob(f"{stem(c)}_round*.json")):
+            for row in json.loads(p.read_text())["rows"]:
+                for x in row.get("layers", []):
+                    key = (row["model"], row["atoms"], x["linear"])
+                    e = x["e3fuse"]
+                    hashes.setdefault(key, {}).setdefault(c, set()).add(
+                        (e["forward_hash"], e["transpose_hash"]))
+    differ = sorted(k for k, v in hashes.items() if len({h for s in v.values() for h in s}) > 1)
+    print(f"Output hashes: {len(hashes) - len(differ)} of {len(hashes)} linears (model, atoms) "
+          "give the same bytes in every configuration and round"
+          + (": differ " + ", ".join(f"{m} {a} {n}" for m, a, n in differ) if differ else "")
+          + ".\n")
 for i, kind in enumerate(("forward", "backward")):
     print(f"## {kind}\n")
     print("| model | atoms | " + " | ".join(configs) + " |")
