@@ -2,8 +2,7 @@
 # A/B timing of the convolution kernels (issue 21): the working tree against a base commit,
 # in one device call, with the microbenchmark of benchmarks/micro (e3fuse's kernels only);
 # with MICRO=linear, of the linear layers (e3fuse_linear_micro / linear_micro.py, the same
-# steps and summary; a base without them builds the working tree's copies against its own
-# kernels):
+# steps and summary). Both builds use the working tree's microbenchmark sources:
 #
 #   BASE=<commit> OUT=/path bash scripts/gpu_ab.sh
 #
@@ -62,11 +61,12 @@ new_commit="$(git rev-parse HEAD)$(git diff --quiet HEAD -- kernels benchmarks/m
 say "base $base_commit, new $new_commit"
 MICRO=${MICRO:-conv}
 [[ $MICRO == conv || $MICRO == linear ]] || die "MICRO must be conv or linear"
-if [[ ! -f $BASE_TREE/benchmarks/micro/${MICRO}_micro.cu ]]; then
-  say "base has no ${MICRO}_micro.cu: the working tree's, with its CMakeLists.txt"
-  cp benchmarks/micro/${MICRO}_micro.* "$BASE_TREE/benchmarks/micro/" &&
-    cp CMakeLists.txt "$BASE_TREE/" || die "cannot copy the microbenchmark into the base"
-fi
+# one measuring tool for both: the working tree's microbenchmark, built against each tree's
+# kernels (with the working tree's CMakeLists.txt where the base has no target for it)
+grep -q "e3fuse_${MICRO}_micro" "$BASE_TREE/CMakeLists.txt" || cp CMakeLists.txt "$BASE_TREE/"
+cp benchmarks/micro/${MICRO}_micro.* "$BASE_TREE/benchmarks/micro/" ||
+  die "cannot copy the microbenchmark into the base"
+say "base built with the working tree's benchmarks/micro/${MICRO}_micro.*"
 build_micro() { # tree: e3fuse_${MICRO}_micro in tree/build/gpu
   cd "$1" &&
     cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DE3FUSE_CUDA=ON \

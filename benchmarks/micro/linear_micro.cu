@@ -20,7 +20,6 @@
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -74,16 +73,24 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// Uniform in [-1, 1), element i from splitmix64(seed, i): fast enough for 10^8 elements.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 template <class T>
 std::vector<T> random_rows(int64_t rows, int64_t width, unsigned seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
   std::vector<T> v(static_cast<size_t>(rows * width));
-  for (auto& x : v) x = static_cast<T>(u(rng));
+  const uint64_t base = splitmix64(seed);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<T>(static_cast<double>(splitmix64(base + i) >> 11) * 0x1p-52 - 1.0);
   return v;
 }
 
-// FNV-1a over the bytes of a device array; throws on a non-finite element.
+// FNV-1a over the elements' bit patterns (one step per element); throws on a non-finite one.
 template <class T>
 std::string output_hash(const DeviceArray<T>& a, const std::string& what) {
   std::vector<T> h(a.size());
@@ -92,9 +99,9 @@ std::string output_hash(const DeviceArray<T>& a, const std::string& what) {
   uint64_t hash = 1469598103934665603ull;
   for (T x : h) {
     if (!std::isfinite(static_cast<double>(x))) throw Error(what + ": not finite");
-    unsigned char bytes[sizeof(T)];
-    std::memcpy(bytes, &x, sizeof(T));
-    for (unsigned char b : bytes) hash = (hash ^ b) * 1099511628211ull;
+    uint64_t bits = 0;
+    std::memcpy(&bits, &x, sizeof(T));
+    hash = (hash ^ bits) * 1099511628211ull;
   }
   char text[17];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
@@ -196,7 +203,10 @@ int run(const Options& opt) {
       if (b.nonlinear) add_linear(p + "readout_2", b.readout_2);
     }
   } else {
-    const cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan, false);
+    // the convolution's side of linear_1 / linear_2 in its ir_mul layout, as the engine wires it
+    cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan, false);
+    for (auto& layer : typed.layers)
+      cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
     for (size_t t = 0; t < typed.layers.size(); ++t) {
       const std::string p = std::to_string(t) + ".";
       add_linear(p + "self_connection", typed.layers[t].self_connection);
