@@ -23,7 +23,7 @@
 # in /tmp and timed (or profiled) as configurations of their own.
 # NCU_MODELS / NCU_VARIANTS narrow the ncu runs (default: every model and configuration).
 # Environment: BASE (required), OUT (default benchmarks/results/gpu_ab), ROUNDS (default 2),
-# BASE_ENVS / NEW_ENVS (";"-separated settings such as E3FUSE_TF32=0: each is
+# BASE_ENVS / NEW_ENVS (";"-separated settings such as E3FUSE_X=0: each is
 # one more configuration, the base or new executable run under it),
 # MICRO_SIZES (default "864 32000"), MICRO_MODELS (default "7net-0 7net-l3i5 mp0-medium"),
 # REPEATS (per round, default 5), CUDA_ARCH (default 90). Needs .carry/reference.tar.xz
@@ -148,7 +148,7 @@ if [[ ${NCU:-0} != 0 ]]; then
 fi
 
 # the configurations timed: base and new, and each of them again under each setting of
-# BASE_ENVS / NEW_ENVS (";"-separated VAR=value, e.g. "E3FUSE_TF32=0")
+# BASE_ENVS / NEW_ENVS (";"-separated VAR=value, e.g. "E3FUSE_X=0")
 configs=("base" "new" "${variant_names[@]}")
 IFS=';' read -r -a base_envs <<<"${BASE_ENVS:-}"
 IFS=';' read -r -a new_envs <<<"${NEW_ENVS:-}"

@@ -17,8 +17,7 @@
 #   scaling[:WHICH]     e3fuse bench scaling (the user-facing CLI), table + PNG
 #   profile[:WHICH]     E3FUSE_PROFILE=1 e3fuse bench scaling at 864, 4,000 and 32,000 atoms
 #                       (PROFILE_SIZES), float32: ms per step and device time per stage, for
-#                       each radial evaluation in PROFILE_RADIAL ("table mlp") and each
-#                       E3FUSE_TF32 in PROFILE_TF32 ("1"; "1 0" also times the MLP's FMA path)
+#                       each radial evaluation in PROFILE_RADIAL ("table mlp")
 #   large[:WHICH]       e3fuse bench scaling at the sizes of LARGE_SIZES_<model> (7NET_0,
 #                       7NET_L3I5, MACE; 4 n^3 atoms each) with LARGE_STEPS timed steps (default
 #                       1): systems beyond one pass, evaluated region by region
@@ -214,12 +213,10 @@ for step in "${STEPS[@]}"; do
         continue
       }
       for radial in ${PROFILE_RADIAL:-table mlp}; do
-        for tf32 in ${PROFILE_TF32:-1}; do
-          # shellcheck disable=SC2086
-          E3FUSE_TF32=$tf32 E3FUSE_PROFILE=1 run_logged "profile-$m-$radial-tf32=$tf32" $PY -m \
-            e3fuse.cli bench scaling --model "$f" --device cuda --dtype float32 --steps 10 \
-            --radial "$radial" --sizes ${PROFILE_SIZES:-864 4000 32000} || FAILED=1
-        done
+        # shellcheck disable=SC2086
+        E3FUSE_PROFILE=1 run_logged "profile-$m-$radial" $PY -m \
+          e3fuse.cli bench scaling --model "$f" --device cuda --dtype float32 --steps 10 \
+          --radial "$radial" --sizes ${PROFILE_SIZES:-864 4000 32000} || FAILED=1
       done
     done
     ;;

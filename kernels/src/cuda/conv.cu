@@ -1410,12 +1410,10 @@ bool w3j_multiple(int d1, int d2, int d3, const std::vector<T>& cg, double& alph
   return true;
 }
 
-// The float32 radial MLP on the tensor cores (3xTF32, as accurate as FMAs) unless
-// E3FUSE_TF32=0 (kept to measure both) or the device is older than sm_80.
-// The kernels' shared-memory layout depends on it, so it also checks the code that
-// runs was compiled for sm_80 or later (not JIT-compiled from older PTX).
+// The float32 radial MLP on the tensor cores (3xTF32, as accurate as FMAs) unless the
+// device is older than sm_80. The kernels' shared-memory layout depends on it, so it also
+// checks the code that runs was compiled for sm_80 or later (not JIT-compiled from older PTX).
 bool tensor_cores_enabled() {
-  if (env_int("E3FUSE_TF32", 1) == 0) return false;
   int device = 0, major = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),

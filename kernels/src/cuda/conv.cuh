@@ -126,7 +126,7 @@ struct Conv {
     T act_scale = T(1);
     T inv_denominator = T(1);
     int max_hidden = 0;  // max over dims[0..mlp_layers-1]
-    // float32 only (null otherwise, or with E3FUSE_TF32=0): the MLP's weights as
+    // float32 only (null otherwise): the MLP's weights as
     // tensor-core operands, W^T for the forward product and W for the adjoint, each
     // split into TF32 high and low parts (3xTF32 products, see mma_tf32.cuh)
     const float4* frag_fwd[kMaxMlpLayers] = {};
