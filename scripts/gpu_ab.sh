@@ -63,7 +63,8 @@ MICRO=${MICRO:-conv}
 [[ $MICRO == conv || $MICRO == linear ]] || die "MICRO must be conv or linear"
 # one measuring tool for both: the working tree's microbenchmark, built against each tree's
 # kernels (with the working tree's CMakeLists.txt where the base has no target for it)
-grep -q "e3fuse_${MICRO}_micro" "$BASE_TREE/CMakeLists.txt" || cp CMakeLists.txt "$BASE_TREE/"
+grep -qE "e3fuse_${MICRO}_micro|foreach\(micro .*\b${MICRO}\b" "$BASE_TREE/CMakeLists.txt" ||
+  cp CMakeLists.txt "$BASE_TREE/"
 cp benchmarks/micro/${MICRO}_micro.* "$BASE_TREE/benchmarks/micro/" ||
   die "cannot copy the microbenchmark into the base"
 say "base built with the working tree's benchmarks/micro/${MICRO}_micro.*"

@@ -35,6 +35,7 @@
 #include "cuda/conv.cuh"
 #include "e3fuse/error.h"
 #include "e3fuse/model.h"
+#include "micro_common.h"
 #include "model/plan.h"
 #include "neighbors/neighbor_list.cuh"
 
@@ -43,48 +44,36 @@ namespace {
 using e3fuse::Error;
 using e3fuse::cuda::check;
 using e3fuse::cuda::DeviceArray;
+using e3fuse_micro::json_list;
+using e3fuse_micro::LaunchTimer;
+using e3fuse_micro::random_rows;
 
-struct Options {
-  std::string model, structure, edges_out, json_out, radial = "auto", dtype = "float32";
+struct Options : e3fuse_micro::CommonOptions {
+  std::string structure, edges_out, radial = "auto";
   double skin = 0.5;
-  int warmup = 3, repeats = 20;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int a = 1; a < argc; ++a) {
-    const std::string key = argv[a];
-    if (a + 1 >= argc) throw Error("option " + key + " needs a value");
-    const std::string value = argv[++a];
-    if (key == "--model") {
-      o.model = value;
-    } else if (key == "--structure") {
+  e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
+    if (key == "--structure") {
       o.structure = value;
     } else if (key == "--edges-out") {
       o.edges_out = value;
-    } else if (key == "--json-out") {
-      o.json_out = value;
     } else if (key == "--radial") {
       o.radial = value;
-    } else if (key == "--dtype") {
-      o.dtype = value;
     } else if (key == "--skin") {
       o.skin = std::stod(value);
-    } else if (key == "--warmup") {
-      o.warmup = std::stoi(value);
-    } else if (key == "--repeats") {
-      o.repeats = std::stoi(value);
     } else {
-      throw Error("unknown option " + key);
+      return o.take(key, value);
     }
-  }
-  if (o.model.empty() || o.structure.empty()) throw Error("--model and --structure are required");
-  if (o.dtype != "float32" && o.dtype != "float64")
-    throw Error("--dtype must be float32 or float64");
+    return true;
+  });
+  o.validate();
+  if (o.structure.empty()) throw Error("--structure is required");
   // as Radial::automatic: the table in float32, the MLP in float64
   if (o.radial == "auto") o.radial = o.dtype == "float32" ? "table" : "mlp";
   if (o.radial != "table" && o.radial != "mlp") throw Error("--radial must be auto, table or mlp");
-  if (o.repeats < 1 || o.warmup < 0) throw Error("--repeats >= 1 and --warmup >= 0");
   return o;
 }
 
@@ -156,46 +145,6 @@ std::vector<int32_t> row_order(const Structure& s, const std::string& order) {
   return rows;
 }
 
-// Milliseconds between event pairs, one pair per launch.
-class LaunchTimer {
- public:
-  explicit LaunchTimer(int count) : start_(count), stop_(count) {
-    for (int i = 0; i < count; ++i) {
-      check(cudaEventCreate(&start_[i]), "cudaEventCreate");
-      check(cudaEventCreate(&stop_[i]), "cudaEventCreate");
-    }
-  }
-  ~LaunchTimer() {
-    for (size_t i = 0; i < start_.size(); ++i) {
-      cudaEventDestroy(start_[i]);
-      cudaEventDestroy(stop_[i]);
-    }
-  }
-  void start(int i, cudaStream_t s) { check(cudaEventRecord(start_[i], s), "cudaEventRecord"); }
-  void stop(int i, cudaStream_t s) { check(cudaEventRecord(stop_[i], s), "cudaEventRecord"); }
-  std::vector<double> ms(int first) const {
-    std::vector<double> out;
-    for (size_t i = static_cast<size_t>(first); i < start_.size(); ++i) {
-      float t = 0.0f;
-      check(cudaEventElapsedTime(&t, start_[i], stop_[i]), "cudaEventElapsedTime");
-      out.push_back(t);
-    }
-    return out;
-  }
-
- private:
-  std::vector<cudaEvent_t> start_, stop_;
-};
-
-std::string json_list(const std::vector<double>& v) {
-  std::ostringstream o;
-  o.precision(6);
-  o << "[";
-  for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
-  o << "]";
-  return o.str();
-}
-
 std::string json_irreps(const e3fuse::Irreps& irreps) {
   std::ostringstream o;
   o << "[";
@@ -205,15 +154,6 @@ std::string json_irreps(const e3fuse::Irreps& irreps) {
   }
   o << "]";
   return o.str();
-}
-
-template <class T>
-std::vector<T> random_rows(int64_t rows, int64_t width, unsigned seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
-  std::vector<T> v(static_cast<size_t>(rows * width));
-  for (auto& x : v) x = static_cast<T>(u(rng));
-  return v;
 }
 
 template <class T>
@@ -238,12 +178,9 @@ int run(const Options& opt) {
   const Structure s = read_structure(opt.structure);
   const int64_t n = s.n;
 
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const e3fuse_micro::DeviceStream ds;
+  const cudaDeviceProp& prop = ds.prop;
+  cudaStream_t stream = ds.stream;
 
   // The graph: the engine's GPU neighbor list (BackendImpl::compute_system).
   DeviceArray<double> positions;
@@ -398,24 +335,13 @@ int run(const Options& opt) {
       << ", \"skin\": " << opt.skin << ", \"atoms\": " << n << ", \"edges_in_list\": " << list_edges
       << ", \"edges\": " << edges << ", \"warmup\": " << opt.warmup
       << ", \"repeats\": " << opt.repeats << ",\n \"layers\": [\n  " << layers.str() << "]}\n";
-  std::fputs(out.str().c_str(), stdout);
-  if (!opt.json_out.empty()) {
-    std::ofstream f(opt.json_out);
-    f << out.str();
-    if (!f) throw Error("cannot write " + opt.json_out);
-  }
-  cudaStreamDestroy(stream);
+  e3fuse_micro::emit_json(out.str(), opt.json_out);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Options opt = parse(argc, argv);
-    return opt.dtype == "float32" ? run<float>(opt) : run<double>(opt);
-  } catch (const std::exception& err) {
-    std::fprintf(stderr, "e3fuse_conv_micro: %s\n", err.what());
-    return 1;
-  }
+  return e3fuse_micro::run_main<Options>("e3fuse_conv_micro", argc, argv, parse, run<float>,
+                                         run<double>);
 }

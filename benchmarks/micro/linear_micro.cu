@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -30,6 +29,7 @@
 #include "cuda/node_ops.cuh"
 #include "e3fuse/error.h"
 #include "e3fuse/model.h"
+#include "micro_common.h"
 #include "model/plan.h"
 
 namespace {
@@ -37,60 +37,26 @@ namespace {
 using e3fuse::Error;
 using e3fuse::cuda::check;
 using e3fuse::cuda::DeviceArray;
+using e3fuse_micro::json_list;
+using e3fuse_micro::LaunchTimer;
+using e3fuse_micro::random_rows;
 
-struct Options {
-  std::string model, json_out, dtype = "float32";
+struct Options : e3fuse_micro::CommonOptions {
   int64_t atoms = 0;
-  int warmup = 3, repeats = 20;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int a = 1; a < argc; ++a) {
-    const std::string key = argv[a];
-    if (a + 1 >= argc) throw Error("option " + key + " needs a value");
-    const std::string value = argv[++a];
-    if (key == "--model") {
-      o.model = value;
-    } else if (key == "--atoms") {
-      o.atoms = std::stoll(value);
-    } else if (key == "--json-out") {
-      o.json_out = value;
-    } else if (key == "--dtype") {
-      o.dtype = value;
-    } else if (key == "--warmup") {
-      o.warmup = std::stoi(value);
-    } else if (key == "--repeats") {
-      o.repeats = std::stoi(value);
-    } else {
-      throw Error("unknown option " + key);
-    }
-  }
-  if (o.model.empty() || o.atoms <= 0) throw Error("--model and --atoms (> 0) are required");
-  if (o.dtype != "float32" && o.dtype != "float64")
-    throw Error("--dtype must be float32 or float64");
-  if (o.repeats < 1 || o.warmup < 0) throw Error("--repeats >= 1 and --warmup >= 0");
+  e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
+    if (key != "--atoms") return o.take(key, value);
+    o.atoms = std::stoll(value);
+    return true;
+  });
+  o.validate();
+  if (o.atoms <= 0) throw Error("--atoms (> 0) is required");
   return o;
 }
 
-// Uniform in [-1, 1), element i from splitmix64(seed, i): fast enough for 10^8 elements.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-template <class T>
-std::vector<T> random_rows(int64_t rows, int64_t width, unsigned seed) {
-  std::vector<T> v(static_cast<size_t>(rows * width));
-  const uint64_t base = splitmix64(seed);
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<T>(static_cast<double>(splitmix64(base + i) >> 11) * 0x1p-52 - 1.0);
-  return v;
-}
-
-// FNV-1a over the elements' bit patterns (one step per element); throws on a non-finite one.
 template <class T>
 std::string output_hash(const DeviceArray<T>& a, const std::string& what) {
   std::vector<T> h(a.size());
@@ -108,7 +74,7 @@ std::string output_hash(const DeviceArray<T>& a, const std::string& what) {
   return text;
 }
 
-double median_ms(std::vector<float> v) {
+double median_ms(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -136,12 +102,9 @@ int run(const Options& opt) {
   const auto model = e3fuse::Model::load(opt.model);
   const e3fuse::ModelPlan& plan = model->plan();
   const int64_t n = opt.atoms;
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const e3fuse_micro::DeviceStream ds;
+  const cudaDeviceProp& prop = ds.prop;
+  cudaStream_t stream = ds.stream;
   DeviceArray<int32_t> species;
   species.upload(std::vector<int32_t>(static_cast<size_t>(n), 0));
 
@@ -219,30 +182,15 @@ int run(const Options& opt) {
 
   std::ostringstream rows;
   const int launches = opt.warmup + opt.repeats;
-  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(launches));
-  for (auto& ev : events) check(cudaEventCreate(&ev), "cudaEventCreate");
   auto time = [&](const std::function<void()>& launch) {
+    LaunchTimer timer(launches);
     for (int r = 0; r < launches; ++r) {
-      check(cudaEventRecord(events[2 * r], stream), "cudaEventRecord");
+      timer.start(r, stream);
       launch();
-      check(cudaEventRecord(events[2 * r + 1], stream), "cudaEventRecord");
+      timer.stop(r, stream);
     }
     check(cudaStreamSynchronize(stream), "the timed launches");
-    std::vector<float> ms;
-    for (int r = opt.warmup; r < launches; ++r) {
-      float t = 0.0f;
-      check(cudaEventElapsedTime(&t, events[2 * r], events[2 * r + 1]), "cudaEventElapsedTime");
-      ms.push_back(t);
-    }
-    return ms;
-  };
-  auto list = [](const std::vector<float>& v) {
-    std::ostringstream o;
-    o.precision(6);
-    o << "[";
-    for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
-    o << "]";
-    return o.str();
+    return timer.ms(opt.warmup);
   };
   double total_fwd = 0.0, total_bwd = 0.0;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -260,11 +208,10 @@ int run(const Options& opt) {
     rows << (i ? ",\n  " : "") << "{\"linear\": \"" << e.layer_name
          << "\", \"dim_in\": " << e.dim_in << ", \"dim_out\": " << e.dim_out
          << ", \"macs_per_node\": " << e.macs_per_node << ", \"species_sets\": " << e.species_sets
-         << ", \"forward_ms\": " << list(fwd) << ", \"transpose_ms\": " << list(bwd)
+         << ", \"forward_ms\": " << json_list(fwd) << ", \"transpose_ms\": " << json_list(bwd)
          << ", \"forward_hash\": \"" << output_hash(y, e.layer_name + " forward")
          << "\", \"transpose_hash\": \"" << output_hash(gx, e.layer_name + " transpose") << "\"}";
   }
-  for (auto& ev : events) cudaEventDestroy(ev);
 
   std::ostringstream out;
   out.precision(10);
@@ -275,24 +222,13 @@ int run(const Options& opt) {
       << ", \"forward_ms_sum_of_medians\": " << total_fwd
       << ", \"transpose_ms_sum_of_medians\": " << total_bwd << ",\n \"linears\": [\n  "
       << rows.str() << "]}\n";
-  std::fputs(out.str().c_str(), stdout);
-  if (!opt.json_out.empty()) {
-    std::ofstream f(opt.json_out);
-    f << out.str();
-    if (!f) throw Error("cannot write " + opt.json_out);
-  }
-  cudaStreamDestroy(stream);
+  e3fuse_micro::emit_json(out.str(), opt.json_out);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Options opt = parse(argc, argv);
-    return opt.dtype == "float32" ? run<float>(opt) : run<double>(opt);
-  } catch (const std::exception& err) {
-    std::fprintf(stderr, "e3fuse_linear_micro: %s\n", err.what());
-    return 1;
-  }
+  return e3fuse_micro::run_main<Options>("e3fuse_linear_micro", argc, argv, parse, run<float>,
+                                         run<double>);
 }
