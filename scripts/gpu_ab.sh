@@ -61,11 +61,12 @@ new_commit="$(git rev-parse HEAD)$(git diff --quiet HEAD -- kernels benchmarks/m
 say "base $base_commit, new $new_commit"
 MICRO=${MICRO:-conv}
 [[ $MICRO == conv || $MICRO == linear ]] || die "MICRO must be conv or linear"
+[[ ${NCU:-0} == 0 || $MICRO == conv ]] || die "NCU profiles the convolution only (MICRO=conv)"
 # one measuring tool for both: the working tree's microbenchmark, built against each tree's
 # kernels (with the working tree's CMakeLists.txt where the base has no target for it)
 grep -qE "e3fuse_${MICRO}_micro|foreach\(micro .*\b${MICRO}\b" "$BASE_TREE/CMakeLists.txt" ||
   cp CMakeLists.txt "$BASE_TREE/"
-cp benchmarks/micro/${MICRO}_micro.* "$BASE_TREE/benchmarks/micro/" ||
+cp benchmarks/micro/${MICRO}_micro.* benchmarks/micro/micro_common.h "$BASE_TREE/benchmarks/micro/" ||
   die "cannot copy the microbenchmark into the base"
 say "base built with the working tree's benchmarks/micro/${MICRO}_micro.*"
 build_micro() { # tree: e3fuse_${MICRO}_micro in tree/build/gpu
