@@ -13,7 +13,6 @@
 // Built only with -DE3FUSE_MICROBENCH=ON (benchmarks/micro/README.md).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -72,11 +71,6 @@ std::string output_hash(const DeviceArray<T>& a, const std::string& what) {
   char text[17];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
   return text;
-}
-
-double median_ms(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // One linear of the model: its launches (forward writes out, transpose writes grad_in).
@@ -192,7 +186,6 @@ int run(const Options& opt) {
     check(cudaStreamSynchronize(stream), "the timed launches");
     return timer.ms(opt.warmup);
   };
-  double total_fwd = 0.0, total_bwd = 0.0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
     DeviceArray<T> x, y, g, gx;
@@ -203,8 +196,6 @@ int run(const Options& opt) {
     check(cudaDeviceSynchronize(), "inputs");
     const auto fwd = time([&] { e.forward(x.data(), y.data(), stream); });
     const auto bwd = time([&] { e.transpose(g.data(), gx.data(), stream); });
-    total_fwd += median_ms(fwd);
-    total_bwd += median_ms(bwd);
     rows << (i ? ",\n  " : "") << "{\"linear\": \"" << e.layer_name
          << "\", \"dim_in\": " << e.dim_in << ", \"dim_out\": " << e.dim_out
          << ", \"macs_per_node\": " << e.macs_per_node << ", \"species_sets\": " << e.species_sets
@@ -219,9 +210,7 @@ int run(const Options& opt) {
       << plan.family << "\", \"dtype\": \"" << opt.dtype << "\", \"device\": \"" << prop.name
       << "\", \"sm_count\": " << prop.multiProcessorCount << ", \"atoms\": " << n
       << ", \"warmup\": " << opt.warmup << ", \"repeats\": " << opt.repeats
-      << ", \"forward_ms_sum_of_medians\": " << total_fwd
-      << ", \"transpose_ms_sum_of_medians\": " << total_bwd << ",\n \"linears\": [\n  "
-      << rows.str() << "]}\n";
+      << ",\n \"linears\": [\n  " << rows.str() << "]}\n";
   e3fuse_micro::emit_json(out.str(), opt.json_out);
   return 0;
 }

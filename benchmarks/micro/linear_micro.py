@@ -28,7 +28,7 @@ import conv_micro  # noqa: E402
 
 
 def run_model(exe: Path, e3f: Path, atoms: int, args: Any) -> dict[str, Any]:
-    """One run of the executable: its JSON, with medians per linear."""
+    """One run of the executable: its JSON (every repeat's ms per linear)."""
     cmd = [str(exe), "--model", str(e3f), "--atoms", str(atoms), "--dtype", args.dtype]
     cmd += ["--warmup", str(args.warmup), "--repeats", str(args.repeats)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
