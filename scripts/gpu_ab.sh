@@ -111,9 +111,11 @@ for entry in "${pids[@]}"; do
   }
 done
 for name in "${!OBJ_DIR[@]}"; do # registers and spills of the kernels timed
-  obj=$(find "${OBJ_DIR[$name]}" -name "$MICRO.cu.o" | head -1)
   echo "== $name (${TREE[$name]})" >>"$OUTDIR/resources.txt"
-  cuobjdump -res-usage "$obj" 2>&1 | grep -A1 "${MICRO}_.*_kernel" | c++filt >>"$OUTDIR/resources.txt"
+  # every translation unit of the timed op (conv.cu, conv_backward_f32.cu, ...)
+  find "${OBJ_DIR[$name]}" -path '*e3fuse_core.dir*' -name "$MICRO*.cu.o" | sort | while read -r obj; do
+    cuobjdump -res-usage "$obj" 2>&1 | grep -A1 "${MICRO}_.*_kernel" | c++filt >>"$OUTDIR/resources.txt"
+  done
 done
 
 models=${MICRO_MODELS:-"7net-0 7net-l3i5 mp0-medium"}

@@ -1,5 +1,5 @@
 """The CUDA convolution evaluates each tensor-product path as alpha x w3j(l1, l2, l3) with the
-Wigner 3j entries compiled in (kernels/src/ops/wigner3j_table.h, cuda/conv.cu). These tests
+Wigner 3j entries compiled in (kernels/src/ops/wigner3j_table.h, cuda/conv_kernels.cuh). These tests
 keep that premise true: the generated table equals e3nn's float64 symbols, and every path of the
 converted models is a multiple of its symbol to float64 rounding."""
 

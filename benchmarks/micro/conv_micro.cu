@@ -204,7 +204,7 @@ int run(const Options& opt) {
     rows.count = n;
   }
 
-  // The edges inside the cutoff, decided as the kernels decide (edge_vector in conv.cu).
+  // The edges inside the cutoff, decided as the kernels decide (edge_vector in conv_kernels.cuh).
   std::vector<int64_t> row_offsets(static_cast<size_t>(n + 1));
   std::vector<int32_t> nbr(static_cast<size_t>(list_edges)), shift_index(nbr.size());
   check(cudaMemcpy(row_offsets.data(), neighbors.row_offsets(), row_offsets.size() * 8,

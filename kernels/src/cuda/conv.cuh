@@ -96,7 +96,7 @@ struct Conv {
     int block, path, u0, lane_channels;
   };
   // M[e][out] = sum_b cg[cg_base + b * d3] * Y[e][sh_offset + b] (see ops/tp.h). The entries
-  // are stored in the order the threads take them (chunk_contract_sh in conv.cu), out is
+  // are stored in the order the threads take them (chunk_contract_sh in conv_kernels.cuh), out is
   // each one's column of M.
   struct MEntry {
     int cg_base, d2, d3, sh_offset, out;
@@ -116,7 +116,7 @@ struct Conv {
     const MEntry* m_entries_balanced = nullptr;  // contraction_order (the forward's)
     const T* cg = nullptr;
     // Every path is alpha x w3j(l1, l2, l3) (Path::alpha): the forward tensor product may
-    // run from the compile-time Wigner 3j entries (conv.cu, sparse_forward).
+    // run from the compile-time Wigner 3j entries (conv_kernels.cuh, sparse_forward).
     bool sparse_cg = false;
     int mlp_layers = 0;
     int dims[kMaxMlpLayers + 1] = {};

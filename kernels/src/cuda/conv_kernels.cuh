@@ -1,0 +1,1510 @@
+// cuda/conv_kernels.cuh: the convolution's kernels and launch helpers (see conv.cuh for
+// the scheme; the math is cpu/conv.cpp's, the per-edge pieces are ops/*.h), and
+// conv_backward's definition. Included by conv.cu (set-up, forward) and by
+// conv_backward_f32.cu / conv_backward_f64.cu, which instantiate the backward each in a
+// translation unit of its own: the backward kernels are most of the build, and separate
+// units build in parallel.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include "cuda/conv.cuh"
+#include "cuda/mma_tf32.cuh"
+#include "ops/activation.h"
+#include "ops/radial.h"
+#include "ops/radial_table.h"
+#include "ops/wigner3j_table.h"
+
+namespace e3fuse::cuda {
+
+namespace {
+
+constexpr int kWarps = kConvWarps;
+constexpr int kThreads = 32 * kWarps;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Byte offsets of one block's shared-memory workspace (same function on host and device).
+struct Smem {
+  size_t edge, sender, vec, u, Y, emb, demb, h0, h1, pre, act, wts, M, K, acc, part, red, total;
+  size_t interval, local_t;  // radial table: each edge's interval and t
+};
+
+E3F_HD size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
+
+// Whether the forward tensor product runs from the compile-time Wigner 3j entries
+// (tp_forward_task) instead of the per-edge M table: with a radial table (the float32
+// kernels) and input features up to l = 2. Measured at 32,000 Cu atoms (H100, float32, per
+// call of all layers, benchmarks/results/sparse_cg_*): SevenNet-0 16.9 against 19.2 ms,
+// MACE-MP-0 medium 13.0 against 14.7 ms, but SevenNet-l3i5 (l = 3 inputs) 77.4 against 65.0.
+template <class View>
+E3F_HD bool sparse_forward(const View& c) {
+  return c.sparse_cg && c.table != nullptr && c.max_d1 <= 5;
+}
+
+template <class T>
+E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_basis, int ec,
+                        bool backward) {
+  Smem s{};
+  size_t o = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = o;
+    o = align16(o + bytes);
+    return at;
+  };
+  const size_t t = sizeof(T);
+  const int hidden_layers = c.mlp_layers - 1;
+  // With a radial table there is no MLP workspace; without one, no per-edge interval.
+  const bool mlp = c.table == nullptr;
+  auto take_if = [&](bool needed, size_t bytes) { return take(needed ? bytes : 0); };
+  s.edge = take(sizeof(int64_t) * ec);
+  s.sender = take(sizeof(int) * ec);
+  s.interval = take_if(!mlp, sizeof(int) * ec);
+  s.local_t = take_if(!mlp, t * ec);
+  // the backward's {Y, dY/dv} per component, 16 bytes (float) that contract_entry reads at once
+  s.Y = take(t * ec * sh_dim * (backward ? 4 : 1));
+  // each edge's vector and {unit vector, length}: the spherical harmonics read them
+  s.vec = take(t * ec * 3);
+  s.u = take(t * ec * 4);
+  s.h0 = take_if(mlp, t * ec * c.max_hidden);
+  s.h1 = take_if(mlp, t * ec * c.max_hidden);
+  s.wts = take_if(mlp, t * ec * c.weight_numel);
+  s.M = take_if(!backward && !sparse_forward(c), t * ec * c.m_per_edge);
+  if (!backward) {
+    s.acc = take(t * c.dim_out);
+  } else {
+    s.emb = take_if(mlp, t * ec * num_basis);
+    s.demb = take_if(mlp, t * ec * num_basis);
+    s.pre = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
+    s.act = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
+    s.K = take(t * ec * c.m_per_edge * 4);  // {M, K_x, K_y, K_z} per entry
+    s.acc = take(t * c.gx_slots);
+    // each warp's per-edge force partials during the tensor product [EC][3][kWarps],
+    // then (MLP only) the MLP adjoint's partial sums in the same space
+    size_t part_cols = 3 * kWarps;
+    if (mlp) {
+      const size_t cpt = t == 4 ? 4 : 2;  // backward_cpt<T>()
+      // the tensor-core adjoint's kWarps partial sums [EC][K], or the SIMT one's partial rows
+      const bool tensor_cores = t == 4 && ec % 8 == 0 && c.frag_bwd[0] != nullptr;
+      part_cols = std::max(
+          part_cols, tensor_cores ? static_cast<size_t>(kWarps) * c.max_hidden
+                                  : std::max(static_cast<size_t>(c.max_hidden), kThreads * cpt));
+    }
+    s.part = take(t * ec * part_cols);
+    // per edge of the chunk its force summed over the threads, then node k's force and
+    // virial sums [3 + 9]
+    s.red = take(sizeof(double) * (3 * ec + 12));
+  }
+  s.total = o;
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Edges of one receiver, taken EC at a time (only those inside the cutoff).
+
+__device__ inline void edge_vector(const GraphView& g, int64_t i, int64_t e, double v[3]) {
+  const int64_t j = g.neighbors[e];
+  for (int a = 0; a < 3; ++a) v[a] = g.positions[3 * j + a] - g.positions[3 * i + a];
+  if (g.shift_index) {
+    const double* s = g.shifts + 3 * static_cast<int64_t>(g.shift_index[e]);
+    for (int a = 0; a < 3; ++a) v[a] += s[a];
+  }
+}
+
+// Warp 0 fills s_edge[0..count) with the next edges of row i inside the cutoff whose
+// neighbor is below neighbor_end, in list order, starting at *pos; returns count through
+// *count. Block-wide sync after.
+template <int EC>
+__device__ void take_chunk(const GraphView& g, int64_t i, double cutoff2, int64_t neighbor_end,
+                           int64_t end, int64_t* pos, int* count, int64_t* s_edge,
+                           int64_t* error_node) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int64_t p = *pos;
+    int filled = 0;
+    while (filled < EC && p < end) {
+      const int64_t e = p + lane;
+      bool ok = false;
+      if (e < end) {
+        double v[3];
+        edge_vector(g, i, e, v);
+        const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+        ok = r2 < cutoff2 && g.neighbors[e] < neighbor_end;
+        if (r2 == 0.0) {
+          ok = false;
+          atomicMax(reinterpret_cast<unsigned long long*>(error_node),
+                    static_cast<unsigned long long>(i + 1));
+        }
+      }
+      const unsigned mask = __ballot_sync(kFullMask, ok);
+      const int need = EC - filled;
+      const int rank = __popc(mask & ((1u << lane) - 1u));
+      if (ok && rank < need) s_edge[filled + rank] = e;
+      const int found = __popc(mask);
+      if (found > need) {  // stop right after the need-th edge found
+        const unsigned last = __ballot_sync(kFullMask, ok && rank == need - 1);
+        p += __ffs(last);
+        filled = EC;
+      } else {
+        p += 32;
+        filled += found;
+      }
+    }
+    if (lane == 0) {
+      *pos = p < end ? p : end;
+      *count = filled;
+    }
+  }
+  __syncthreads();
+}
+
+// Component m of the spherical harmonics of the unit vector (or the raw vector when
+// !normalize) and, if J is given, J[a] = dY_m/dv_a (projected onto the sphere, see ops/sh.h).
+template <class T>
+__device__ void edge_sh_component(const typename Geometry<T>::View& geo, int m, const T v[3],
+                                  const T u[3], T r, T* Y, T* J) {
+  const T* p = geo.normalize ? u : v;
+  T pw[3][8];
+  for (int a = 0; a < 3; ++a) {
+    pw[a][0] = T(1);
+    for (int k = 1; k <= geo.lmax && k < 8; ++k) pw[a][k] = pw[a][k - 1] * p[a];
+  }
+  T y = 0, gx = 0, gy = 0, gz = 0;
+  for (int t = geo.term_begin[m]; t < geo.term_begin[m + 1]; ++t) {
+    const int packed = geo.exps[t];
+    const int e0 = packed & 255, e1 = (packed >> 8) & 255, e2 = (packed >> 16) & 255;
+    const T c = geo.sh_coeffs[t];
+    y += c * pw[0][e0] * pw[1][e1] * pw[2][e2];
+    if (J) {
+      if (e0) gx += c * T(e0) * pw[0][e0 - 1] * pw[1][e1] * pw[2][e2];
+      if (e1) gy += c * T(e1) * pw[0][e0] * pw[1][e1 - 1] * pw[2][e2];
+      if (e2) gz += c * T(e2) * pw[0][e0] * pw[1][e1] * pw[2][e2 - 1];
+    }
+  }
+  *Y = y;
+  if (!J) return;
+  if (geo.normalize) {
+    const T qu = gx * u[0] + gy * u[1] + gz * u[2];
+    const T inv_r = T(1) / r;
+    J[0] = (gx - qu * u[0]) * inv_r;
+    J[1] = (gy - qu * u[1]) * inv_r;
+    J[2] = (gz - qu * u[2]) * inv_r;
+  } else {
+    J[0] = gx;
+    J[1] = gy;
+    J[2] = gz;
+  }
+}
+
+// Geometry of the chunk's edges, in two steps with a block-wide sync between them: thread
+// t < n takes edge t (vector, length, neighbor, table interval or MLP embedding), then
+// thread q < n sh_dim takes component q % sh_dim of edge q / sh_dim's spherical harmonics
+// (each component's sum in the same order as one thread for all: the same bits): Y[e][m],
+// or with sh_gradient (backward) Y[e][m][4] = {Y, dY/dv_x, dY/dv_y, dY/dv_z}.
+// vec[3 e + a]: the edge vector; unit[4 e + a]: its unit vector, unit[4 e + 3] its length.
+// Rows past n of the MLP input are zeroed so the chunk GEMM reads defined values.
+// With a radial table (c.table), emb is null and each edge's table interval and local
+// coordinate go to s_interval and s_t instead; receiver_is_i: node i receives the chunk's
+// messages (forward), else it sends them (backward), which orders the species pair.
+// PER_EDGE: the table is the per-edge array of the non-linear block's exact RadialMLP
+// (conv.cuh), whose entry of edge e is interval e at t = 0 (its pair already chosen).
+template <class T, bool PER_EDGE = false>
+__device__ void chunk_geometry(const typename Geometry<T>::View& geo,
+                               const typename Conv<T>::View& c, const GraphView& g, int64_t i,
+                               int n, int ec, const int64_t* s_edge, int* s_sender, T* Y, T* emb,
+                               int emb_stride, bool sh_gradient, T* demb, T* vec, T* unit,
+                               int* s_interval, T* s_t, bool receiver_is_i) {
+  const int t = threadIdx.x;
+  if (t < n) {
+    const int64_t e = s_edge[t];
+    double v[3];
+    edge_vector(g, i, e, v);
+    const double r = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+    s_sender[t] = g.neighbors[e];
+    for (int a = 0; a < 3; ++a) {
+      vec[3 * t + a] = static_cast<T>(v[a]);
+      unit[4 * t + a] = static_cast<T>(v[a] / r);
+    }
+    unit[4 * t + 3] = static_cast<T>(r);
+    if (!emb) {
+      if constexpr (PER_EDGE) {
+        s_interval[t] = static_cast<int>(e);  // conv_forward / conv_backward check E < 2^31
+        s_t[t] = T(0);
+      } else {
+        int iv = 0;
+        double x = 0.0;
+        ops::radial_table_locate(r, c.table_origin, c.table_inv_step, c.table_intervals,
+                                 c.table_fine_intervals, c.table_coarse_shift, iv, x);
+        if (c.pair_slot) {  // the table of the message's (receiver, sender) species pair
+          const int si = g.species[i], sj = g.species[s_sender[t]];
+          const int pair = receiver_is_i ? si * c.num_species + sj : sj * c.num_species + si;
+          iv += c.pair_slot[pair] * c.table_intervals;
+        }
+        s_interval[t] = iv;
+        s_t[t] = static_cast<T>(x);
+      }
+    } else {
+      // The embedding in double whatever T is (as on the CPU: accurate near the cutoff).
+      double b[kMaxBasis], db[kMaxBasis];
+      if (geo.mace_embedding) {  // apply_cutoff false is refused with the MLP (engine_cuda.cu)
+        const double r0 = geo.pair_r0
+                              ? geo.pair_r0[g.species[i] * geo.num_species + g.species[s_sender[t]]]
+                              : 1.0;
+        double f = 1.0, df = 0.0;
+        ops::mace_edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope,
+                                         geo.transform, geo.apply_cutoff, r, r0, b,
+                                         demb ? db : nullptr, f, df);
+      } else {
+        ops::edge_embedding<double>(geo.num_basis, geo.coeffs, geo.prefactor, geo.envelope, r, b,
+                                    demb ? db : nullptr);
+      }
+      for (int k = 0; k < geo.num_basis; ++k) {
+        emb[t * emb_stride + k] = static_cast<T>(b[k]);
+        if (demb) demb[t * geo.num_basis + k] = static_cast<T>(db[k]);
+      }
+    }
+  } else if (t < ec && emb) {
+    for (int k = 0; k < emb_stride; ++k) emb[t * emb_stride + k] = T(0);
+  }
+  __syncthreads();
+  for (int q = t; q < n * geo.sh_dim; q += blockDim.x) {
+    const int e = q / geo.sh_dim, m = q - e * geo.sh_dim;
+    edge_sh_component<T>(geo, m, vec + 3 * e, unit + 4 * e, unit[4 * e + 3],
+                         sh_gradient ? Y + 4 * q : Y + q, sh_gradient ? Y + 4 * q + 1 : nullptr);
+  }
+}
+
+// Where weight w of edge e (interval iv) sits in the table.
+template <class T>
+__device__ __forceinline__ const T* table_entry(const typename Conv<T>::View& c, int iv, int w) {
+  return c.table + (static_cast<size_t>(iv) * c.weight_numel + w) * 4;
+}
+
+// The register-blocked tile of the chunk GEMMs: for columns c = c0 + j * cstride
+// (j < CPT, c < ncols) and the chunk's EC rows,
+//   out[e * out_stride + c] = sum_{r0 <= r < r1} in[e * in_stride + r] * W[r * ncols + c].
+// Every thread keeps CPT x EC accumulators, so one shared-memory read of in[e][r]
+// feeds CPT multiply-adds (columns stay coalesced across the warp).
+template <class T, int EC, int CPT>
+__device__ void gemm_tile(const T* in, int in_stride, const T* __restrict__ W, int r0, int r1,
+                          int c0, int cstride, int ncols, T* out, int out_stride) {
+  T acc[CPT][EC];
+#pragma unroll
+  for (int j = 0; j < CPT; ++j)
+#pragma unroll
+    for (int e = 0; e < EC; ++e) acc[j][e] = T(0);
+  for (int r = r0; r < r1; ++r) {
+    T w[CPT];
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int col = c0 + j * cstride;
+      w[j] = col < ncols ? __ldg(W + static_cast<size_t>(r) * ncols + col) : T(0);
+    }
+#pragma unroll
+    for (int e = 0; e < EC; ++e) {
+      const T h = in[e * in_stride + r];
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) acc[j][e] += h * w[j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) {
+    const int col = c0 + j * cstride;
+    if (col < ncols)
+#pragma unroll
+      for (int e = 0; e < EC; ++e) out[e * out_stride + col] = acc[j][e];
+  }
+}
+
+// out[e][col] = sum_k in[e][k] W[k][col] for the chunk's EC rows (a small GEMM;
+// each weight is read once per chunk), CPT columns per thread.
+template <class T, int EC, int CPT>
+__device__ void chunk_gemm_blocked(const T* in, int K, const T* __restrict__ W, int N, T* out) {
+  const int B = blockDim.x;
+  for (int c0 = threadIdx.x; c0 < N; c0 += B * CPT)
+    gemm_tile<T, EC, CPT>(in, K, W, 0, K, c0, B, N, out, N);
+}
+
+template <class T, int EC>
+__device__ void chunk_gemm(const T* in, int K, const T* __restrict__ W, int N, T* out) {
+  const int B = blockDim.x;
+  if (N > 2 * B)
+    chunk_gemm_blocked<T, EC, 4>(in, K, W, N, out);
+  else if (N > B)
+    chunk_gemm_blocked<T, EC, 2>(in, K, W, N, out);
+  else
+    chunk_gemm_blocked<T, EC, 1>(in, K, W, N, out);
+}
+
+// out[e][n] = sum_k in[e][k] W_l[k][n] for MLP layer l: on the tensor cores
+// (3xTF32) in float32 when the weights were laid out for them, else FMAs.
+template <class T, int EC>
+__device__ void mlp_layer_product(const typename Conv<T>::View& c, int l, const T* in, T* out) {
+#ifdef E3FUSE_HAVE_MMA_TF32
+  if constexpr (std::is_same_v<T, float> && EC % 8 == 0) {
+    if (c.frag_fwd[l]) {
+      chunk_gemm_tf32<EC, kWarps>(in, c.dims[l], c.frag_fwd[l], c.dims[l + 1], out);
+      return;
+    }
+  }
+#endif
+  chunk_gemm<T, EC>(in, c.dims[l], c.w[l], c.dims[l + 1], out);
+}
+
+// Radial MLP forward over the chunk: weights into wts [EC][numel]. In the backward
+// pass pre/act [layer][EC][H] keep every hidden layer.
+template <class T, int EC>
+__device__ void chunk_mlp_forward(const typename Conv<T>::View& c, T* emb, T* h0, T* h1, T* wts,
+                                  T* pre, T* act) {
+  const T* in = emb;
+  const int stride = EC * c.max_hidden;
+  for (int l = 0; l < c.mlp_layers; ++l) {
+    const int N = c.dims[l + 1];
+    if (l + 1 == c.mlp_layers) {
+      mlp_layer_product<T, EC>(c, l, in, wts);
+    } else {
+      T* p = pre ? pre + l * stride : (in == h0 ? h1 : h0);
+      T* a = act ? act + l * stride : p;
+      mlp_layer_product<T, EC>(c, l, in, p);
+      __syncthreads();
+      for (int q = threadIdx.x; q < EC * N; q += blockDim.x)
+        a[q] = ops::activation(c.act, p[q]) * c.act_scale;
+      in = a;
+    }
+    __syncthreads();
+  }
+}
+
+// Four consecutive values from shared memory (16-byte aligned): one vector load.
+template <class T>
+__device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+  } else {
+    const double2 a = reinterpret_cast<const double2*>(p)[0];
+    const double2 b = reinterpret_cast<const double2*>(p)[1];
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = b.x;
+    v[3] = b.y;
+  }
+}
+
+// Entry m of the chunk's edges e, e + step, ... below n: M[e][m] = sum_b cg[b] Y[e][b]
+// (forward), or with GRADIENT the backward's MK[e][m] = {M, K_x, K_y, K_z}, K_a = sum_b cg[b]
+// dY[e][b]/dv_a (the entry's derivative along the edge vector), from Y[e][b][4] = {Y, dY/dv}
+// (chunk_geometry), read by one 16-byte (float) load per (a, q) in tp_backward_edge.
+// D2 = d2 (1, 3, 5, 7): the entry's CG column stays in registers for all its edges and the
+// sums unroll; D2 = 0: d2 at run time (spherical harmonics above l = 3).
+template <class T, int D2, bool GRADIENT>
+__device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
+                                               const typename Conv<T>::MEntry& me, int e, int step,
+                                               int n, int sh_dim, const T* Y, T* M) {
+  const T* cg = c.cg + me.cg_base;
+  T column[D2 > 0 ? D2 : 1];
+  if constexpr (D2 > 0) {
+#pragma unroll
+    for (int b = 0; b < D2; ++b) column[b] = cg[b * me.d3];
+  }
+  auto weight = [&](int b) {
+    if constexpr (D2 > 0)
+      return column[b];
+    else
+      return cg[b * me.d3];
+  };
+  const int d2 = D2 > 0 ? D2 : me.d2;
+  for (; e < n; e += step) {
+    const int q = e * c.m_per_edge + me.out;
+    const int y0 = e * sh_dim + me.sh_offset;
+    if constexpr (!GRADIENT) {
+      T s = T(0);
+#pragma unroll
+      for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) s += weight(b) * Y[y0 + b];
+      M[q] = s;
+    } else {
+      T s = T(0), k0 = T(0), k1 = T(0), k2 = T(0);
+#pragma unroll
+      for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) {
+        T v[4];
+        load4_shared(Y + 4 * (y0 + b), v);
+        const T w = weight(b);
+        s += w * v[0];
+        k0 += w * v[1];
+        k1 += w * v[2];
+        k2 += w * v[3];
+      }
+      M[4 * q] = s;
+      M[4 * q + 1] = k0;
+      M[4 * q + 2] = k1;
+      M[4 * q + 3] = k2;
+    }
+  }
+}
+
+// M (forward) or MK (backward, GRADIENT) for the chunk's n edges (contract_entry). Thread t
+// takes the stored entries m = t, t + blockDim, ... and, when the entries are fewer than half
+// the threads, one of blockDim / m_per_edge groups of the edges: the entry's bookkeeping and
+// CG column are paid once per group, not once per edge. The sums are the ones each entry had
+// when a thread took one (edge, entry) pair (same order: same bits).
+// The forward takes the entries in contraction_order, the backward in path order. Measured
+// with both in contraction_order against both in path order (H100, 32,000 atoms, all layers,
+// benchmarks/results/conv_order_h100/): SevenNet-l3i5's forward 48.86 -> 46.59 ms (864 atoms
+// 1.383 -> 1.310), but its backward 129.56 -> 134.34 ms (864 atoms 3.737 -> 3.539);
+// SevenNet-0's backward 39.80 -> 38.74.
+template <class T, bool GRADIENT>
+__device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
+                                  T* M) {
+  if (c.m_per_edge == 0) return;
+  const int groups = max(1, static_cast<int>(blockDim.x) / c.m_per_edge);
+  for (int q = threadIdx.x; q < groups * c.m_per_edge; q += blockDim.x) {
+    const int group = q / c.m_per_edge, m = q - group * c.m_per_edge;
+    const typename Conv<T>::MEntry me = GRADIENT ? c.m_entries[m] : c.m_entries_balanced[m];
+    auto run = [&](auto d2) {
+      contract_entry<T, decltype(d2)::value, GRADIENT>(c, me, group, groups, n, sh_dim, Y, M);
+    };
+    switch (me.d2) {
+      case 1:
+        run(std::integral_constant<int, 1>{});
+        break;
+      case 3:
+        run(std::integral_constant<int, 3>{});
+        break;
+      case 5:
+        run(std::integral_constant<int, 5>{});
+        break;
+      case 7:
+        run(std::integral_constant<int, 7>{});
+        break;
+      default:
+        run(std::integral_constant<int, 0>{});
+        break;
+    }
+  }
+}
+
+// C consecutive values (C = 1 or 2) through the read-only path: one 4-, 8- or 16-byte
+// load (p aligned to C elements).
+template <class T, int C>
+__device__ __forceinline__ void ldg_vec(const T* p, T v[C]) {
+  static_assert(C == 1 || C == 2, "one or two channels per lane");
+  if constexpr (C == 1) {
+    v[0] = __ldg(p);
+  } else if constexpr (std::is_same_v<T, float>) {
+    const float2 a = __ldg(reinterpret_cast<const float2*>(p));
+    v[0] = a.x;
+    v[1] = a.y;
+  } else {
+    const double2 a = __ldg(reinterpret_cast<const double2*>(p));
+    v[0] = a.x;
+    v[1] = a.y;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor product: warp tasks (conv.cuh); lane l takes the C = lane_channels adjacent
+// channels u = task.u0 + C l .. u + C - 1.
+
+// Calls f(std::integral_constant<int, D>{}) for an irrep dimension d = 2l + 1, l <= 3,
+// so the per-channel loops below unroll over compile-time sizes. A switch, not
+// with_int_constant's chain of ifs: with the chain, MACE's forward convolution measured
+// 4 % slower (one run each, H100, 32,000 atoms; benchmarks/results/gpu_summary.md).
+template <int MAX_D = 7, class F>
+__device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
+  static_assert(MAX_D == 3 || MAX_D == 5 || MAX_D == 7, "irrep dimensions up to 3, 5 or 7");
+  if constexpr (MAX_D == 3) {
+    if (d == 1)
+      f(std::integral_constant<int, 1>{});
+    else
+      f(std::integral_constant<int, 3>{});
+  } else {
+    switch (d) {
+      case 1:
+        f(std::integral_constant<int, 1>{});
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>{});
+        break;
+      case 5:
+        if constexpr (MAX_D == 7) {
+          f(std::integral_constant<int, 5>{});
+          break;
+        }
+        [[fallthrough]];  // MAX_D == 5: one copy of f's body for d = 5
+      default:
+        f(std::integral_constant<int, MAX_D>{});
+        break;
+    }
+  }
+}
+
+// f(d1, d3) with both as compile-time constants (d1 <= MAX_D1).
+template <int MAX_D1 = 7, class F>
+__device__ __forceinline__ void with_path_dims(int d1, int d3, F&& f) {
+  with_irrep_dim<MAX_D1>(d1, [&](auto a) { with_irrep_dim(d3, [&](auto b) { f(a, b); }); });
+}
+
+// Whether a path of these irrep dimensions may take two channels per lane: the larger
+// ones would need more than the backward kernel's 128 registers.
+E3F_HD constexpr bool pairs_channels(int d1, int d3) { return d1 + d3 <= 8; }
+
+// Runs this warp's tensor-product tasks: f(d1, d3, C, B, P, u, active) with d1, d3 and C
+// (channels per lane) compile-time constants and u this lane's first channel. Lanes past
+// the block's width sit out, or with WHOLE_WARP (the task shuffles across the warp) run
+// with active = false on the task's first channels, contributing nothing. Two channels per
+// lane exist in float32 only. MAX_D1 = 3 (5): every input block has l <= 1 (2)
+// (Conv::View::max_d1), and only those paths are compiled (fewer registers).
+template <class T, bool WHOLE_WARP = false, int MAX_D1 = 7, class F>
+__device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View& c, F&& f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
+    const typename Conv<T>::Task task = c.tasks[q];
+    const typename Conv<T>::InBlock B = c.blocks[task.block];
+    const typename Conv<T>::Path P = c.paths[task.path];
+    int u = task.u0 + task.lane_channels * lane;
+    const bool active = u < B.mul;
+    if (!active) {
+      if (!WHOLE_WARP) continue;
+      u = task.u0;
+    }
+    with_path_dims<MAX_D1>(B.d1, P.d3, [&](auto d1, auto d3) {
+      if constexpr (std::is_same_v<T, float> && pairs_channels(d1, d3)) {
+        if (task.lane_channels == 2) {
+          f(d1, d3, std::integral_constant<int, 2>{}, B, P, u, active);
+          return;
+        }
+      }
+      f(d1, d3, std::integral_constant<int, 1>{}, B, P, u, active);
+    });
+  }
+}
+
+// The sums over the warp of three values, in a fixed order: lane 0 gets v0's, lane 8
+// v1's, lane 16 v2's. Halving exchanges (two values, then one) take 6 shuffles instead of
+// 15 for three separate reductions.
+template <class T>
+__device__ __forceinline__ T warp_sum3(T v0, T v1, T v2) {
+  const int lane = threadIdx.x % 32;
+  const bool upper = lane & 16, odd8 = lane & 8;
+  // lanes 0-15 keep v0, v1 and lanes 16-31 v2, 0
+  const T a = (upper ? v2 : v0) + __shfl_xor_sync(kFullMask, upper ? v0 : v2, 16);
+  const T b = (upper ? T(0) : v1) + __shfl_xor_sync(kFullMask, upper ? v1 : T(0), 16);
+  // lanes 0-7 keep a, 8-15 b (likewise 16-23, 24-31)
+  T r = (odd8 ? b : a) + __shfl_xor_sync(kFullMask, odd8 ? a : b, 8);
+  r += __shfl_xor_sync(kFullMask, r, 4);
+  r += __shfl_xor_sync(kFullMask, r, 2);
+  r += __shfl_xor_sync(kFullMask, r, 1);
+  return r;
+}
+
+// The radial-table coefficients of the weights of channels u .. u + C - 1 of path P on
+// edge e (interval[e]).
+template <class T, int C>
+__device__ __forceinline__ void load_edge_coefficients(const typename Conv<T>::View& c,
+                                                       const typename Conv<T>::Path& P, int u,
+                                                       int e, const int* interval,
+                                                       T (&coef)[C][4]) {
+  const T* entry = table_entry<T>(c, interval[e], P.weight_offset + u);
+#pragma unroll
+  for (int ch = 0; ch < C; ++ch) load_table_entry(entry + 4 * ch, coef[ch]);
+}
+
+// The radial weights w[c] of channels u .. u + C - 1 of path P on edge e: with TABLE from
+// their coefficients (load_edge_coefficients) at local_t[e], with dw/dr in dw_dr if given,
+// else from the MLP's output in wts.
+template <class T, int C, bool TABLE>
+__device__ __forceinline__ void edge_weights(const typename Conv<T>::View& c,
+                                             const typename Conv<T>::Path& P, int u, int e,
+                                             const T (&coef)[C][4], const T* wts, const T* local_t,
+                                             T (&w)[C], T* dw_dr) {
+  if constexpr (TABLE) {
+    const T t = local_t[e];
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      w[ch] = ops::radial_table_value(coef[ch], t);
+      if (dw_dr) dw_dr[ch] = ops::radial_table_grad(coef[ch], t, static_cast<T>(c.table_inv_step));
+    }
+  } else {
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) w[ch] = wts[e * c.weight_numel + P.weight_offset + u + ch];
+  }
+}
+
+// Edge e's inputs of a forward task: x_j's rows of block B (channels u ..) and the radial
+// weights of path P (from the table or the MLP's output in wts).
+template <class T, int D1, int C, bool TABLE>
+__device__ __forceinline__ void forward_edge_inputs(const typename Conv<T>::View& c,
+                                                    const typename Conv<T>::InBlock& B,
+                                                    const typename Conv<T>::Path& P, int u, int e,
+                                                    const int* sender, const T* __restrict__ x,
+                                                    const T* wts, const int* interval,
+                                                    const T* local_t, T (&xa)[D1][C], T (&w)[C]) {
+  const T* xj = x + static_cast<int64_t>(sender[e]) * c.dim_in + B.in_offset + u;
+#pragma unroll
+  for (int a = 0; a < D1; ++a) ldg_vec<T, C>(xj + a * B.mul, xa[a]);
+  T coef[C][4];
+  if constexpr (TABLE) load_edge_coefficients<T, C>(c, P, u, e, interval, coef);
+  edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, nullptr);
+}
+
+// y[out block of P][k][u] += w_e sum_a M_e[a][k] x_j[a][u] over the chunk's edges, summed
+// in registers and added once (the slots belong to this lane alone); C channels per lane
+// share each read of M.
+// TABLE: w_e comes from the radial table (interval[e], local_t[e]) instead of wts.
+// SPARSE (sparse_forward): the path's alpha x w3j entries, compile-time constants, instead
+// of M: per edge Y's D2 values are read, no M is built.
+template <class T, int D1, int D3, int C, bool TABLE, bool SPARSE>
+__device__ void tp_forward_task(const typename Conv<T>::View& c, const typename Conv<T>::InBlock& B,
+                                const typename Conv<T>::Path& P, int u, int n, const int* sender,
+                                const T* __restrict__ x, const T* wts, const int* interval,
+                                const T* local_t, const T* M, int sh_dim, const T* Y, T* yacc) {
+  T acc[D3][C];
+#pragma unroll
+  for (int k = 0; k < D3; ++k)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) acc[k][ch] = T(0);
+  if constexpr (SPARSE) {
+    // y[k] += w alpha sum w3j[a][b][k] x_j[a] Y[b] (ops/wigner3j_table.h); alpha at the end
+    with_irrep_dim(P.d2, [&](auto d2) {
+      constexpr int D2 = decltype(d2)::value;
+      using W3j = ops::Wigner3j<(D1 - 1) / 2, (D2 - 1) / 2, (D3 - 1) / 2>;
+      if constexpr (!W3j::exists) {
+        __trap();  // make_conv admits only paths with a Wigner 3j entry (sparse_cg)
+      } else {
+#pragma unroll 1
+        for (int e = 0; e < n; ++e) {
+          T xa[D1][C], w[C];
+          forward_edge_inputs<T, D1, C, TABLE>(c, B, P, u, e, sender, x, wts, interval, local_t, xa,
+                                               w);
+          const T* ye = Y + e * sh_dim + P.sh_offset;
+          T y[D2];
+#pragma unroll
+          for (int b = 0; b < D2; ++b) y[b] = ye[b];
+#pragma unroll
+          for (int ch = 0; ch < C; ++ch) {
+            T s[D3];
+#pragma unroll
+            for (int k = 0; k < D3; ++k) s[k] = T(0);
+            W3j::for_each([&](int a, int b, int k, double value) {
+              s[k] += static_cast<T>(value) * (xa[a][ch] * y[b]);
+            });
+#pragma unroll
+            for (int k = 0; k < D3; ++k) acc[k][ch] += w[ch] * s[k];
+          }
+        }
+      }
+    });
+  } else {
+    for (int e = 0; e < n; ++e) {
+      T xa[D1][C], w[C];
+      forward_edge_inputs<T, D1, C, TABLE>(c, B, P, u, e, sender, x, wts, interval, local_t, xa, w);
+      const T* Mp = M + e * c.m_per_edge + P.m_offset;
+#pragma unroll
+      for (int k = 0; k < D3; ++k) {
+        T s[C] = {};
+#pragma unroll
+        for (int a = 0; a < D1; ++a) {
+          const T m = Mp[a * D3 + k];
+#pragma unroll
+          for (int ch = 0; ch < C; ++ch) s[ch] += m * xa[a][ch];
+        }
+#pragma unroll
+        for (int ch = 0; ch < C; ++ch) acc[k][ch] += w[ch] * s[ch];
+      }
+    }
+  }
+  const T scale = SPARSE ? P.alpha : T(1);
+  T* y = yacc + P.out_offset + u;
+#pragma unroll
+  for (int k = 0; k < D3; ++k)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) y[k * B.mul + ch] += scale * acc[k][ch];
+}
+
+// One edge e of a backward task (tp_backward_task): g_j's row gj, and with TABLE the
+// weights' cubic coefficients, already in registers.
+template <class T, int D1, int D3, int C, bool TABLE>
+__device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c,
+                                                 const typename Conv<T>::Path& P, int u,
+                                                 bool active, int e, const T (&gj)[D3][C],
+                                                 const T (&coef)[C][4], T* wts, const T* local_t,
+                                                 const T* unit, const T* MK, const T (&sxk)[D1][C],
+                                                 T (&gxa)[D1][C], T* fe) {
+  constexpr bool kFold = C > 1;
+  T w[C], dw_dr[C];
+  edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, TABLE ? dw_dr : nullptr);
+  const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
+  // dw = s x_k M g_j; t = the same product without M, contracted with K for the force
+  T dw[C] = {}, f0 = T(0), f1 = T(0), f2 = T(0);
+  if constexpr (C == 1) {
+    // one channel: K g first (4 FMAs per entry with M g), then s x_k[a] (K g)[a] per row
+#pragma unroll
+    for (int a = 0; a < D1; ++a) {
+      T mg = T(0), k0 = T(0), k1 = T(0), k2 = T(0);
+#pragma unroll
+      for (int q = 0; q < D3; ++q) {
+        T v[4];
+        load4_shared(mk + 4 * (a * D3 + q), v);
+        mg += v[0] * gj[q][0];
+        k0 += v[1] * gj[q][0];
+        k1 += v[2] * gj[q][0];
+        k2 += v[3] * gj[q][0];
+      }
+      f0 += sxk[a][0] * k0;
+      f1 += sxk[a][0] * k1;
+      f2 += sxk[a][0] * k2;
+      dw[0] += sxk[a][0] * mg;
+      gxa[a][0] += w[0] * mg;
+    }
+  } else {
+#pragma unroll
+    for (int a = 0; a < D1; ++a) {
+      T wsxk[C];
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) wsxk[ch] = kFold ? w[ch] * sxk[a][ch] : sxk[a][ch];
+      T mg[C] = {};
+#pragma unroll
+      for (int q = 0; q < D3; ++q) {
+        T v[4];
+        load4_shared(mk + 4 * (a * D3 + q), v);
+        T t = T(0);
+#pragma unroll
+        for (int ch = 0; ch < C; ++ch) {
+          mg[ch] += v[0] * gj[q][ch];
+          t += wsxk[ch] * gj[q][ch];
+        }
+        f0 += v[1] * t;
+        f1 += v[2] * t;
+        f2 += v[3] * t;
+      }
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch) {
+        dw[ch] += sxk[a][ch] * mg[ch];
+        gxa[a][ch] += w[ch] * mg[ch];
+      }
+    }
+  }
+  const T fscale = kFold ? c.inv_denominator : w[0] * c.inv_denominator;
+  f0 *= fscale;
+  f1 *= fscale;
+  f2 *= fscale;
+  if constexpr (TABLE) {
+    T dr = T(0);
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) dr += dw[ch] * c.inv_denominator * dw_dr[ch];
+    f0 += dr * unit[4 * e];
+    f1 += dr * unit[4 * e + 1];
+    f2 += dr * unit[4 * e + 2];
+  } else if (active) {
+    T* slot = wts + e * c.weight_numel + P.weight_offset + u;
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) slot[ch] = dw[ch] * c.inv_denominator;
+  }
+  const T sum = warp_sum3(f0, f1, f2);
+  const int lane = threadIdx.x % 32;
+  if (lane % 8 == 0 && lane < 24) fe[(3 * e + lane / 8) * kWarps] += sum;
+}
+
+// Edge e's inputs of a backward task: g_j's row of path P (channels u ..) and with TABLE
+// the cubic coefficients of its weights.
+template <class T, int D3, int C, bool TABLE>
+__device__ __forceinline__ void gather_backward_edge(
+    const typename Conv<T>::View& c, const typename Conv<T>::InBlock& B,
+    const typename Conv<T>::Path& P, int u, int e, const int* receiver,
+    const T* __restrict__ grad_y, const int* interval, T (&g)[D3][C], T (&coef)[C][4]) {
+  const T* row = grad_y + static_cast<int64_t>(receiver[e]) * c.dim_out + P.out_offset + u;
+#pragma unroll
+  for (int q = 0; q < D3; ++q) ldg_vec<T, C>(row + q * B.mul, g[q]);
+  if constexpr (TABLE) load_edge_coefficients<T, C>(c, P, u, e, interval, coef);
+}
+
+// The chunk's edges e = (k, j) of one task, for the message k -> j that node k sends
+// (conv.cuh): the weight's adjoint dE/dw goes to the weight slot, dE/dx_k's partial to the
+// path's gx slot, and the angular part of f = dE/dv (v = r_j - r_k), contracted through
+// K = dM/dv, summed over the warp (warp_sum3) into the warp's column of fe:
+// fe[(3 e + a) * kWarps] (shared memory). An inactive lane (past the block's channels)
+// contributes zeros and writes nothing.
+//
+// The message is y_j += w s TP(x_k, Y(v)): Y_l(-v) = (-1)^l Y_l(v) puts the parity sign s of
+// the path on x_k, so M and K are the chunk's own (v from k to j).
+//
+// TABLE: w and dw/dr come from the radial table, and the radial part of f,
+// (dE/dw) (dw/dr) u_e, goes to the same column (no MLP adjoint afterwards).
+//
+// C channels per lane share each {M, K} read and the force partials: with C > 1 each
+// channel's weight is folded into s x_k once per task, so that the K contraction runs once
+// for the C channels.
+template <class T, int D1, int D3, int C, bool TABLE, bool PREFETCH>
+__device__ void tp_backward_task(const typename Conv<T>::View& c,
+                                 const typename Conv<T>::InBlock& B,
+                                 const typename Conv<T>::Path& P, int u, bool active, int64_t k,
+                                 int n, const int* receiver, const T* __restrict__ x,
+                                 const T* __restrict__ grad_y, T* wts, const int* interval,
+                                 const T* local_t, const T* unit, const T* MK, T* gx_slot, T* fe) {
+  const T s = P.parity ? T(-1) : T(1);
+  T sxk[D1][C], gxa[D1][C];
+  const T* xk_row = x + k * c.dim_in + B.in_offset + u;
+#pragma unroll
+  for (int a = 0; a < D1; ++a) {
+    ldg_vec<T, C>(xk_row + a * B.mul, sxk[a]);
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      sxk[a][ch] = active ? s * sxk[a][ch] : T(0);  // an inactive lane adds zeros
+      gxa[a][ch] = T(0);
+    }
+  }
+  // AHEAD: the next edge's row and coefficients are loaded before this edge's products (n >= 1)
+  constexpr bool AHEAD = PREFETCH && D1 <= 5 && D3 <= 5;
+  T gj[D3][C], coef[C][4];
+  if constexpr (AHEAD)
+    gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, 0, receiver, grad_y, interval, gj, coef);
+#pragma unroll 1
+  for (int e = 0; e < n; ++e) {
+    T gn[D3][C], cn[C][4];
+    if constexpr (AHEAD)
+      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e + 1 < n ? e + 1 : e, receiver, grad_y,
+                                            interval, gn, cn);
+    else
+      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
+    tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK, sxk,
+                                          gxa, fe);
+    if constexpr (AHEAD) {
+#pragma unroll
+      for (int q = 0; q < D3; ++q)
+#pragma unroll
+        for (int ch = 0; ch < C; ++ch) gj[q][ch] = gn[q][ch];
+#pragma unroll
+      for (int ch = 0; ch < C; ++ch)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) coef[ch][i] = cn[ch][i];
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int a = 0; a < D1; ++a)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) gx_slot[a * B.mul + ch] += s * gxa[a][ch];
+}
+
+// The force on each edge of the chunk: the warps' partials (rows [EC][3] of kWarps
+// columns) summed in double in a fixed order, by thread r for row r.
+template <class T>
+__device__ void sum_edge_forces(const T* part, int rows, double* edge_force) {
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const T* row = part + static_cast<size_t>(r) * kWarps;
+    double sum = 0.0;
+    for (int w = 0; w < kWarps; ++w) sum += static_cast<double>(row[w]);
+    edge_force[r] = sum;
+  }
+}
+
+// Adds the chunk's edge forces to node k's sums: force[3], then the per-atom virial
+// [a][b] -= share v[a] f[b] (share 1/2 when the receiver takes the other half, else 1).
+// Thread q < 12 owns sums[q] and walks the edges in order.
+template <class T>
+__device__ void add_edge_forces(const T* vec, int n, const double* edge_force, double share,
+                                double* sums) {
+  const int q = threadIdx.x;
+  if (q >= 12) return;
+  double sum = sums[q];
+  for (int e = 0; e < n; ++e) {
+    const double* f = edge_force + 3 * e;
+    if (q < 3) {
+      sum += f[q];
+    } else {
+      const int a = (q - 3) / 3, b = (q - 3) % 3;
+      sum -= share * static_cast<double>(vec[3 * e + a]) * f[b];
+    }
+  }
+  sums[q] = sum;
+}
+
+// Adds value to a fixed-point sum {hi, lo} (RemoteForces); a value out of range flags its
+// node.
+__device__ inline void add_fixed(unsigned long long* sum, double value, int64_t node,
+                                 int64_t* overflow_node) {
+  if (!(fabs(value) < kFixedLimit)) {
+    atomicMax(reinterpret_cast<unsigned long long*>(overflow_node),
+              static_cast<unsigned long long>(node + 1));
+    return;
+  }
+  const double hi = rint(value * kFixedHiScale);
+  const double lo = rint((value - hi / kFixedHiScale) * kFixedLoScale);
+  atomicAdd(sum, static_cast<unsigned long long>(static_cast<long long>(hi)));
+  atomicAdd(sum + 1, static_cast<unsigned long long>(static_cast<long long>(lo)));
+}
+
+// The chunk's message forces on their receivers j: -f_e, and j's half of the per-atom
+// virial, -v f_e / 2 (the sender took the other half in add_edge_forces).
+template <class T>
+__device__ void deliver_edge_forces(const RemoteForces& remote, const int* receiver, const T* vec,
+                                    int n, const double* edge_force) {
+  const int per_edge = remote.virials ? 12 : 3;
+  for (int q = threadIdx.x; q < n * per_edge; q += blockDim.x) {
+    const int e = q / per_edge, r = q - e * per_edge;
+    const int64_t j = receiver[e];
+    const double* f = edge_force + 3 * e;
+    if (r < 3) {
+      add_fixed(remote.forces + 2 * (3 * j + r), -f[r], j, remote.overflow_node);
+    } else {
+      const int a = (r - 3) / 3, b = (r - 3) % 3;
+      add_fixed(remote.virials + 2 * (9 * j + r - 3),
+                -0.5 * static_cast<double>(vec[3 * e + a]) * f[b], j, remote.overflow_node);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Kernels
+
+// TABLE: the radial MLP comes from c.table (no MLP workspace).
+// MINB: blocks per SM the registers are budgeted for (<= 64K / (256 MINB) per thread):
+// forward 3 (4 with a radial table), backward 2 (3 with a table spills and measured
+// slower).
+// PER_EDGE (with TABLE): c.table is the per-edge array of the exact RadialMLP (conv.cuh).
+template <class T, int EC, bool TABLE, int MINB, bool SPARSE, bool PER_EDGE = false>
+__global__ void __launch_bounds__(kThreads, MINB)
+    conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
+                        const T* __restrict__ x, T* __restrict__ y, int64_t* error_node,
+                        const int32_t* __restrict__ rows) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, false);
+  int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
+  int* s_sender = reinterpret_cast<int*>(smem + L.sender);
+  T* Y = reinterpret_cast<T*>(smem + L.Y);
+  T* vec = reinterpret_cast<T*>(smem + L.vec);
+  T* unit = reinterpret_cast<T*>(smem + L.u);
+  T* h0 = reinterpret_cast<T*>(smem + L.h0);
+  T* h1 = reinterpret_cast<T*>(smem + L.h1);
+  T* wts = reinterpret_cast<T*>(smem + L.wts);
+  T* M = reinterpret_cast<T*>(smem + L.M);
+  T* yacc = reinterpret_cast<T*>(smem + L.acc);
+  int* s_interval = reinterpret_cast<int*>(smem + L.interval);
+  T* s_t = reinterpret_cast<T*>(smem + L.local_t);
+  __shared__ int64_t s_pos;
+  __shared__ int s_count;
+
+  const int64_t i = rows ? rows[blockIdx.x] : blockIdx.x;  // ConvRows
+  for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yacc[q] = T(0);
+  if (threadIdx.x == 0) s_pos = g.row_offsets[i];
+  const int64_t end = g.row_offsets[i + 1];
+  const double cutoff2 = geo.cutoff * geo.cutoff;
+  __syncthreads();
+  while (true) {
+    take_chunk<EC>(g, i, cutoff2, INT64_MAX, end, &s_pos, &s_count, s_edge, error_node);
+    const int n = s_count;
+    if (n == 0) break;
+    // h0 holds the embedding with row stride num_basis = dims[0].
+    chunk_geometry<T, PER_EDGE>(geo, c, g, i, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : h0,
+                                c.dims[0], false, nullptr, vec, unit, s_interval, s_t, true);
+    __syncthreads();
+    if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
+    if constexpr (!SPARSE) chunk_contract_sh<T, false>(c, n, geo.sh_dim, Y, M);
+    __syncthreads();
+    for_each_warp_task<T>(
+        c, [&](auto d1, auto d3, auto lc, const auto& B, const auto& P, int ch, bool) {
+          tp_forward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE,
+                          SPARSE>(c, B, P, ch, n, s_sender, x, wts, s_interval, s_t, M, geo.sh_dim,
+                                  Y, yacc);
+        });
+    __syncthreads();
+  }
+  T* yi = y + i * c.dim_out;
+  for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yi[q] = yacc[q] * c.inv_denominator;
+}
+
+// Columns per thread of the transposed products in the MLP backward.
+template <class T>
+constexpr int backward_cpt() {
+  return sizeof(T) == 4 ? 4 : 2;
+}
+
+// MLP backward over the chunk: from grad_w (in wts) to dE/d emb [EC][num_basis] in
+// `out`. Each layer's transposed product out[e][k] = sum_n g[e][n] W^T[n][k] runs on
+// G = K / CPT column groups of CPT columns, split over P = blockDim / G thread
+// groups along n; the P partial sums are added in a fixed order (deterministic).
+template <class T, int EC>
+__device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts, const T* pre,
+                                   T* g0, T* g1, T* part, T*& out) {
+  constexpr int CPT = backward_cpt<T>();
+  const int stride = EC * c.max_hidden;
+  const T* gin = wts;
+  T* gout = g0;
+  for (int l = c.mlp_layers - 1; l >= 0; --l) {
+    const int K = c.dims[l], N = c.dims[l + 1];
+    int P = 0;  // partial sums to add, each [EC][K] in part
+#ifdef E3FUSE_HAVE_MMA_TF32
+    if constexpr (std::is_same_v<T, float> && EC % 8 == 0) {
+      if (c.frag_bwd[l]) {
+        chunk_gemm_tf32_split_k<EC, kWarps>(gin, N, c.frag_bwd[l], K, part);
+        P = kWarps;
+      }
+    }
+#endif
+    if (P == 0) {
+      const int G = (K + CPT - 1) / CPT;
+      P = max(1, kThreads / G);
+      const int chunk = (N + P - 1) / P;
+      const T* Wt = c.wt[l];
+      for (int t = threadIdx.x; t < G * P; t += blockDim.x) {
+        const int kb = t % G, part_id = t / G;
+        const int n0 = part_id * chunk, n1 = min(N, n0 + chunk);
+        gemm_tile<T, EC, CPT>(gin, N, Wt, n0, n1, kb, G, K, part + part_id * EC * K, K);
+      }
+    }
+    __syncthreads();
+    for (int q = threadIdx.x; q < EC * K; q += blockDim.x) {
+      T s = T(0);
+      for (int p = 0; p < P; ++p) s += part[p * EC * K + q];
+      if (l > 0) s *= ops::activation_grad(c.act, pre[(l - 1) * stride + q]) * c.act_scale;
+      gout[q] = s;
+    }
+    __syncthreads();
+    gin = gout;
+    gout = (gout == g0) ? g1 : g0;
+  }
+  out = const_cast<T*>(gin);
+}
+
+// MAX_D1: the largest input irrep dimension compiled (3, 5 or 7, see for_each_warp_task).
+// Below 7, tasks of paths up to l = 2 load each edge's inputs one edge ahead (kPrefetch);
+// with l = 3 inputs compiled the extra registers spill (SevenNet-l3i5 measured 10 % slower).
+// PER_EDGE: as conv_forward_kernel's.
+template <class T, int EC, bool TABLE, int MINB, int MAX_D1, bool PER_EDGE = false>
+__global__ void __launch_bounds__(kThreads, MINB)
+    conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
+                         int64_t receiver_rows, const T* __restrict__ x,
+                         const T* __restrict__ grad_y, T* __restrict__ grad_x, double* forces,
+                         double* atom_virials, RemoteForces remote, int64_t* error_node,
+                         const int32_t* __restrict__ rows) {
+  constexpr bool kPrefetch = MAX_D1 <= 5;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, true);
+  int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
+  int* s_sender = reinterpret_cast<int*>(smem + L.sender);
+  T* Y = reinterpret_cast<T*>(smem + L.Y);
+  T* vec = reinterpret_cast<T*>(smem + L.vec);
+  T* u = reinterpret_cast<T*>(smem + L.u);
+  T* emb = reinterpret_cast<T*>(smem + L.emb);
+  T* demb = reinterpret_cast<T*>(smem + L.demb);
+  T* h0 = reinterpret_cast<T*>(smem + L.h0);
+  T* h1 = reinterpret_cast<T*>(smem + L.h1);
+  T* pre = reinterpret_cast<T*>(smem + L.pre);
+  T* act = reinterpret_cast<T*>(smem + L.act);
+  T* wts = reinterpret_cast<T*>(smem + L.wts);
+  T* MK = reinterpret_cast<T*>(smem + L.K);
+  T* gx = reinterpret_cast<T*>(smem + L.acc);
+  T* part = reinterpret_cast<T*>(smem + L.part);
+  double* red = reinterpret_cast<double*>(smem + L.red);
+  int* s_interval = reinterpret_cast<int*>(smem + L.interval);
+  T* s_t = reinterpret_cast<T*>(smem + L.local_t);
+  __shared__ int64_t s_pos;
+  __shared__ int s_count;
+
+  const int64_t k = rows ? rows[blockIdx.x] : blockIdx.x;  // ConvRows
+  for (int q = threadIdx.x; q < c.gx_slots; q += blockDim.x) gx[q] = T(0);
+  if (threadIdx.x == 0) s_pos = g.row_offsets[k];
+  const int64_t end = g.row_offsets[k + 1];
+  const double cutoff2 = geo.cutoff * geo.cutoff;
+  double* edge_force = red;           // [EC][3]
+  double* force_sums = red + 3 * EC;  // node k's force [3] and virial [9]
+  if (threadIdx.x < 12) force_sums[threadIdx.x] = 0.0;
+  __syncthreads();
+  while (true) {
+    // messages to nodes at or past receiver_rows carry no adjoint (their dE/dy is zero)
+    take_chunk<EC>(g, k, cutoff2, receiver_rows, end, &s_pos, &s_count, s_edge, error_node);
+    const int n = s_count;
+    if (n == 0) break;
+    // node k sends these messages: their receiver is the neighbor (ordered-pair tables)
+    chunk_geometry<T, PER_EDGE>(geo, c, g, k, n, EC, s_edge, s_sender, Y, TABLE ? nullptr : emb,
+                                geo.num_basis, true, demb, vec, u, s_interval, s_t, false);
+    __syncthreads();
+    if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
+    chunk_contract_sh<T, true>(c, n, geo.sh_dim, Y, MK);
+    __syncthreads();
+    {
+      // the force partials [EC][3][kWarps], one column per warp
+      for (int r = threadIdx.x; r < 3 * n * kWarps; r += blockDim.x) part[r] = T(0);
+      __syncthreads();
+      for_each_warp_task<T, true, MAX_D1>(c, [&](auto d1, auto d3, auto lc, const auto& B,
+                                                 const auto& P, int ch, bool active) {
+        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE,
+                         kPrefetch>(c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval,
+                                    s_t, u, MK, gx + P.gx_offset + ch, part + threadIdx.x / 32);
+      });
+    }
+    __syncthreads();
+    sum_edge_forces<T>(part, 3 * n, edge_force);
+    __syncthreads();
+    if constexpr (!TABLE) {  // with a table, the radial part went in with the tensor product
+      // Radial part: dE/dr per edge through the MLP, f += dr * u.
+      T* gemb = nullptr;
+      chunk_mlp_backward<T, EC>(c, wts, pre, h0, h1, part, gemb);
+      if (threadIdx.x < n) {
+        const int e = threadIdx.x;
+        T dr = T(0);
+        for (int b = 0; b < geo.num_basis; ++b)
+          dr += gemb[e * geo.num_basis + b] * demb[e * geo.num_basis + b];
+        for (int a = 0; a < 3; ++a) edge_force[3 * e + a] += static_cast<double>(dr * u[4 * e + a]);
+      }
+      __syncthreads();
+    }
+    add_edge_forces<T>(vec, n, edge_force, remote.virials ? 0.5 : 1.0, force_sums);
+    deliver_edge_forces<T>(remote, s_sender, vec, n, edge_force);
+    __syncthreads();
+  }
+  // dE/dx_k: each input block's path slots added in path order
+  T* gk = grad_x + k * c.dim_in;
+  for (int q = threadIdx.x; q < c.dim_in; q += blockDim.x) {
+    int b = 0;
+    while (b + 1 < c.num_blocks && q >= c.blocks[b + 1].in_offset) ++b;
+    const typename Conv<T>::InBlock B = c.blocks[b];
+    const int r = q - B.in_offset;  // a * mul + u
+    T sum = T(0);
+    if (r < B.mul * B.d1)
+      for (int p = B.path_begin; p < B.path_end; ++p) sum += gx[c.paths[p].gx_offset + r];
+    gk[q] = sum * c.inv_denominator;
+  }
+  if (threadIdx.x == 0) {
+    for (int a = 0; a < 3; ++a) forces[3 * k + a] += force_sums[a];
+    if (atom_virials)
+      for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += force_sums[3 + q];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The non-linear block's RadialMLP, exactly per edge (conv.cuh): one warp per node walks its
+// row's edges inside the cutoff (the rows the convolution walks, in their order), the lanes
+// sharing each edge's layers; the activations and their r-tangents stay in the warp's shared
+// memory, 4 x hidden doubles. Same math as ops::radial_mlp_forward (tangent mode) and, on the
+// CPU, cpu/conv.cpp pair_mlp_weights: R = MLP(emb) f(r) (f = 1 with apply_cutoff).
+
+constexpr int kEdgeMlpThreads = 128;
+constexpr int kMaxEdgeMlpHidden = 256;  // 4 warps x 4 x 256 doubles: 32 KB of shared memory
+
+// The sum of x over the warp, in every lane (a fixed butterfly).
+__device__ inline double warp_all_sum(double x) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullMask, x, offset);
+  return x;
+}
+
+// Column c of a layer's affine map of the warp's activations h: o = b[c] + h . W[:, c], and
+// with TANGENT its r-derivative d = dh . W[:, c] (else 0).
+template <bool TANGENT>
+__device__ inline void mlp_column(const double* W, const double* b, const double* h,
+                                  const double* dh, int K, int N, int c, double& o, double& d) {
+  o = b[c];
+  d = 0.0;
+  for (int k = 0; k < K; ++k) {
+    const double w = W[static_cast<int64_t>(k) * N + c];
+    o += h[k] * w;
+    if (TANGENT) d += dh[k] * w;
+  }
+}
+
+// For every edge e of rows [0, g.num_nodes) inside the cutoff with a neighbor below
+// neighbor_end: out[e][w] = {R_w, dR_w/dr (TANGENT, else 0), 0, 0} of the ordered species pair
+// (s_i, s_j) of row i, or with `reverse` of (s_j, s_i) (the message i -> j of the backward).
+// Other entries are not written (the convolution skips those edges).
+template <class T, bool TANGENT>
+__global__ void __launch_bounds__(kEdgeMlpThreads)
+    radial_mlp_edges_kernel(typename Geometry<T>::View geo, ops::RadialMlpView mlp, int hidden,
+                            GraphView g, int64_t neighbor_end, bool reverse, T* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  double* h = reinterpret_cast<double*>(smem) + (threadIdx.x / kWarp) * 4 * hidden;
+  double* dh = h + hidden;  // d h / dr
+  double* z = h + 2 * hidden;
+  double* dz = h + 3 * hidden;
+  int lane;
+  const int64_t i = warp_node(lane);
+  if (i >= g.num_nodes) return;  // the whole warp
+  const int S = geo.num_species, nb = geo.num_basis;
+  const int numel = mlp.dims[mlp.layers];
+  const double cutoff2 = geo.cutoff * geo.cutoff;
+  for (int64_t e = g.row_offsets[i]; e < g.row_offsets[i + 1]; ++e) {
+    const int64_t j = g.neighbors[e];
+    if (j >= neighbor_end) continue;
+    double v[3];
+    edge_vector(g, i, e, v);
+    const double r2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+    if (r2 >= cutoff2 || r2 == 0.0) continue;  // the convolution reports r = 0
+    const double r = sqrt(r2);
+    const int si = g.species[i], sj = g.species[j];
+    const int pair = reverse ? sj * S + si : si * S + sj;
+    // the embedding (one per edge, both directions: r_0 of the row's order, as the CPU)
+    double f = 1.0, df = 0.0;
+    if (lane == 0) {
+      double emb[kMaxBasis], demb[kMaxBasis];
+      const double r0 = geo.pair_r0 ? geo.pair_r0[si * S + sj] : 1.0;
+      ops::mace_edge_embedding<double>(nb, geo.coeffs, geo.prefactor, geo.envelope, geo.transform,
+                                       geo.apply_cutoff, r, r0, emb, demb, f, df);
+      for (int b = 0; b < nb; ++b) {
+        h[b] = emb[b];
+        dh[b] = demb[b];
+      }
+      if (geo.apply_cutoff) {  // the envelope is inside emb
+        f = 1.0;
+        df = 0.0;
+      }
+    }
+    f = __shfl_sync(kFullMask, f, 0);
+    df = __shfl_sync(kFullMask, df, 0);
+    __syncwarp();
+    for (int l = 0; l < mlp.layers; ++l) {
+      const int K = mlp.dims[l], N = mlp.dims[l + 1];
+      const double* W = mlp.params + mlp.weight[l];
+      const double* b = mlp.params + mlp.bias[l] + (l == 0 ? static_cast<int64_t>(pair) * N : 0);
+      if (l + 1 == mlp.layers) {  // the output layer: straight to the edge's entries
+        T* row = out + static_cast<size_t>(e) * numel * 4;
+        for (int c = lane; c < N; c += kWarp) {
+          double o, d;
+          mlp_column<TANGENT>(W, b, h, dh, K, N, c, o, d);
+          row[4 * c] = static_cast<T>(o * f);
+          row[4 * c + 1] = TANGENT ? static_cast<T>(d * f + o * df) : T(0);
+          row[4 * c + 2] = T(0);
+          row[4 * c + 3] = T(0);
+        }
+        break;
+      }
+      double sum = 0.0, dsum = 0.0;
+      for (int c = lane; c < N; c += kWarp) {
+        double o, d;
+        mlp_column<TANGENT>(W, b, h, dh, K, N, c, o, d);
+        z[c] = o;
+        dz[c] = d;
+        sum += o;
+        dsum += d;
+      }
+      // LayerNorm (ops/radial_mlp.h): y = (z - mean) s gamma + beta, s = 1 / sqrt(var + eps)
+      const double mean = warp_all_sum(sum) / N, dmean = warp_all_sum(dsum) / N;
+      double var = 0.0, dvar = 0.0;
+      for (int c = lane; c < N; c += kWarp) {
+        const double zc = z[c] - mean, dc = dz[c] - dmean;
+        var += zc * zc;
+        dvar += 2.0 * zc * dc;
+      }
+      var = warp_all_sum(var) / N;
+      dvar = warp_all_sum(dvar) / N;
+      const double s = 1.0 / sqrt(var + mlp.eps);
+      const double ds = -0.5 * s * s * s * dvar;
+      const double* gamma = mlp.params + mlp.gamma[l];
+      const double* beta = mlp.params + mlp.beta[l];
+      __syncwarp();  // every lane has read h
+      for (int c = lane; c < N; c += kWarp) {
+        const double zc = z[c] - mean, dc = dz[c] - dmean;
+        const double y = zc * s * gamma[c] + beta[c];
+        const double dy = (dc * s + zc * ds) * gamma[c];
+        h[c] = ops::activation(Activation::silu, y);
+        dh[c] = TANGENT ? dy * ops::activation_grad(Activation::silu, y) : 0.0;
+      }
+      __syncwarp();
+    }
+    __syncwarp();  // every lane has read h before the next edge's embedding replaces it
+  }
+}
+
+// Largest dynamic shared memory a block may use on the current device.
+inline size_t shared_limit() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+        "cudaDeviceGetAttribute");
+  return static_cast<size_t>(optin) - 2048;  // static shared variables and reserve
+}
+
+// Whether the float32 backward runs 3 blocks per SM (80 registers per thread, the kernel
+// compiled for input blocks of l <= 1 only): with a radial table and such inputs (MACE with
+// hidden irreps up to l = 1). With l = 2 or 3 inputs those paths would spill more than the
+// occupancy gains (SevenNet-0 at 32,000 atoms 89.0 against 85.1 ms with 2 blocks, H100;
+// gpu_summary.md).
+template <class T>
+bool three_backward_blocks(const typename Conv<T>::View& v) {
+  return v.table != nullptr && v.max_d1 <= 3;
+}
+
+// Largest edge chunk to try: 8 with the radial MLP, 16 with a radial table. A larger chunk
+// reads the MLP's weights fewer times and synchronizes less, but takes more shared memory
+// (benchmarks/results/gpu_summary.md has the measurements).
+inline int max_edge_chunk(bool table) { return table ? 16 : 8; }
+
+// Whether `bytes` of dynamic shared memory (beside the kernel's static shared memory) leave one
+// SM as many blocks of `kernel` as its registers and launch bounds allow; remembered per device,
+// kernel and size (the launch path asks every call).
+template <class Kernel>
+bool shared_keeps_occupancy(Kernel kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, size_t>, bool> known;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), bytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  int per_sm = 0, reserved = 0, register_blocks = 0;
+  check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+        "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device),
+        "cudaDeviceGetAttribute");
+  cudaFuncAttributes attributes{};
+  check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, kernel, kThreads, 0),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  const size_t per_block = bytes + attributes.sharedSizeBytes + static_cast<size_t>(reserved);
+  const bool keeps =
+      static_cast<size_t>(per_sm) / per_block >= static_cast<size_t>(register_blocks);
+  known.emplace(key, keeps);
+  return keeps;
+}
+
+// Launches with edge chunk EC if its workspace fits in shared memory and, when `full_occupancy`,
+// if shared memory leaves the SM as many blocks as the kernel's registers allow. A chunk that
+// costs a block per SM loses more than its fewer synchronizations gain: SevenNet-l3i5's
+// backward at 32,000 atoms, all layers, 235.2 ms with 16-edge chunks (220.7 KB, 1 block per SM
+// in layers 1-3) against 175.2 ms with this rule (H100, benchmarks/results/chunk_occupancy/).
+template <class T, int EC, class Pick, class Launch>
+bool launch_with(const Geometry<T>& geom, const typename Conv<T>::View& view, bool backward,
+                 bool full_occupancy, size_t& bytes, Pick&& pick, Launch&& launch) {
+  if (EC > max_edge_chunk(view.table != nullptr)) return false;
+  bytes = smem_layout<T>(view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
+  if (bytes > shared_limit()) return false;
+  const auto kernel = pick(std::integral_constant<int, EC>{});
+  if (full_occupancy && !shared_keeps_occupancy(kernel, bytes)) return false;
+  raise_dynamic_shared_limit(reinterpret_cast<const void*>(kernel), bytes, "cudaFuncSetAttribute");
+  launch(kernel, bytes);
+  return true;
+}
+
+// Channel pairs are read as one vector (lane_channels): the node rows must be aligned to it.
+template <class T>
+void check_row_alignment(const typename Conv<T>::View& view, const T* rows) {
+  if (reinterpret_cast<uintptr_t>(rows) % (sizeof(T) * view.max_lane_channels) != 0)
+    throw Error("internal: convolution input rows not aligned for paired-channel loads");
+}
+
+// The largest chunk of 16, 8, 4 or 2 edges that keeps the kernel's full occupancy, else the
+// largest that fits: `pick(ec)` is the kernel for chunk ec, `launch(kernel, bytes)` starts it.
+template <class T, class Pick, class Launch>
+void launch_largest_chunk(const Geometry<T>& geom, const typename Conv<T>::View& view,
+                          bool backward, const char* what, const char* kernel, Pick&& pick,
+                          Launch&& launch) {
+  size_t bytes = 0;
+  auto largest = [&](bool full) {
+    return launch_with<T, 16>(geom, view, backward, full, bytes, pick, launch) ||
+           launch_with<T, 8>(geom, view, backward, full, bytes, pick, launch) ||
+           launch_with<T, 4>(geom, view, backward, full, bytes, pick, launch) ||
+           launch_with<T, 2>(geom, view, backward, full, bytes, pick, launch);
+  };
+  if (!largest(true) && !largest(false)) {
+    throw Error(std::string("the ") + what + " does not fit in shared memory (" +
+                std::to_string(bytes) + " bytes for 2 edges)");
+  }
+  check_launch(kernel);
+}
+
+// The non-linear block's exact RadialMLP (conv.cuh): its weights for the edges of g's rows
+// (with `reverse`, those of the messages the rows send, and their r-derivatives) into
+// conv.edge_weights, and the view that reads them as a table of one interval per edge.
+// Sized by g.num_edges, the whole graph's edge count known on the host (first_receivers keeps
+// it: edges past the rows' own are left unwritten); only without it is the count read back
+// from the device (a stream synchronization).
+template <class T>
+typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& conv,
+                                        const GraphView& g, int64_t neighbor_end, bool reverse,
+                                        cudaStream_t stream, bool ready = false) {
+  int64_t edges = 0;
+  if (g.num_edges >= 0) {
+    edges = g.num_edges;
+  } else {
+    check(cudaMemcpyAsync(&edges, g.row_offsets + g.num_nodes, sizeof(int64_t),
+                          cudaMemcpyDeviceToHost, stream),
+          "edge count download");
+    check(cudaStreamSynchronize(stream), "edge count download");
+  }
+  if (edges >= std::numeric_limits<int>::max())
+    throw Error("the non-linear block's per-edge RadialMLP on CUDA: " + std::to_string(edges) +
+                " edges, 2^31 or more are not supported; use radial='table'");
+  DeviceArray<T>& out = *conv.edge_weights;
+  out.resize(std::max<size_t>(1, static_cast<size_t>(edges) * conv.view.weight_numel * 4));
+  const int hidden = conv.radial_mlp_hidden;
+  const size_t smem = sizeof(double) * 4 * hidden * (kEdgeMlpThreads / kWarp);
+  const auto blocks = static_cast<unsigned>(blocks_for(g.num_nodes * kWarp, kEdgeMlpThreads));
+  if (!ready) {  // ConvRows::edge_weights_ready: written for this graph just before
+    if (reverse)
+      radial_mlp_edges_kernel<T, true><<<blocks, kEdgeMlpThreads, smem, stream>>>(
+          geom.view, conv.radial_mlp, hidden, g, neighbor_end, true, out.data());
+    else
+      radial_mlp_edges_kernel<T, false><<<blocks, kEdgeMlpThreads, smem, stream>>>(
+          geom.view, conv.radial_mlp, hidden, g, neighbor_end, false, out.data());
+    check_launch("radial_mlp_edges_kernel");
+  }
+  typename Conv<T>::View v = conv.view;
+  v.table = out.data();
+  v.table_intervals = static_cast<int>(std::max<int64_t>(1, edges));
+  v.table_fine_intervals = v.table_intervals;
+  v.table_coarse_shift = 0;
+  v.table_origin = 0.0;
+  v.table_inv_step = 1.0;  // dR/dr = c1 exactly (radial_table_grad at t = 0)
+  v.pair_slot = nullptr;
+  v.sparse_cg = false;  // the forward kernel compiled for it reads M (smem_layout agrees)
+  return v;
+}
+
+}  // namespace
+
+template <class T>
+void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g,
+                   int64_t receiver_rows, const T* x, const T* grad_y, T* grad_x, double* forces,
+                   double* atom_virials, const RemoteForces& remote, int64_t* error_node,
+                   cudaStream_t stream, const ConvRows& rows) {
+  if (g.num_nodes == 0) return;
+  check_row_alignment<T>(conv.view, x);
+  check_row_alignment<T>(conv.view, grad_y);
+  const int64_t blocks = rows.all() ? g.num_nodes : rows.count;
+  const int32_t* row_list = rows.all() ? nullptr : rows.rows;
+  if (conv.radial_mlp.layers > 0) {
+    const typename Conv<T>::View v =
+        per_edge_weights(geom, conv, g, receiver_rows, true, stream, rows.edge_weights_ready);
+    if (blocks == 0) return;
+    launch_largest_chunk(
+        geom, v, true, "convolution backward", "conv_backward_kernel",
+        [&](auto ec) { return conv_backward_kernel<T, decltype(ec)::value, true, 2, 7, true>; },
+        [&](auto kernel, size_t smem) {
+          kernel<<<blocks, kThreads, smem, stream>>>(geom.view, v, g, receiver_rows, x, grad_y,
+                                                     grad_x, forces, atom_virials, remote,
+                                                     error_node, row_list);
+        });
+    return;
+  }
+  if (blocks == 0) return;
+  launch_largest_chunk(
+      geom, conv.view, true, "convolution backward", "conv_backward_kernel",
+      [&](auto ec) {
+        constexpr int EC = decltype(ec)::value;
+        auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2, 7>
+                                      : conv_backward_kernel<T, EC, false, 2, 7>;
+        if constexpr (std::is_same_v<T, float>) {
+          if (three_backward_blocks<T>(conv.view))
+            kernel = conv_backward_kernel<T, EC, true, 3, 3>;
+          else if (conv.view.table && conv.view.max_d1 == 5)
+            kernel = conv_backward_kernel<T, EC, true, 2, 5>;
+        }
+        return kernel;
+      },
+      [&](auto kernel, size_t smem) {
+        kernel<<<blocks, kThreads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x,
+                                                   grad_y, grad_x, forces, atom_virials, remote,
+                                                   error_node, row_list);
+      });
+}
+
+}  // namespace e3fuse::cuda
