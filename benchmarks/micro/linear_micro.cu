@@ -160,10 +160,8 @@ int run(const Options& opt) {
       if (b.nonlinear) add_linear(p + "readout_2", b.readout_2);
     }
   } else {
-    // the convolution's side of linear_1 / linear_2 in its ir_mul layout, as the engine wires it
-    cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan, false);
-    for (auto& layer : typed.layers)
-      cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
+    // linear_1 / linear_2 with the convolution's side in its ir_mul layout (make_typed_plan)
+    const cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan, false);
     for (size_t t = 0; t < typed.layers.size(); ++t) {
       const std::string p = std::to_string(t) + ".";
       add_linear(p + "self_connection", typed.layers[t].self_connection);

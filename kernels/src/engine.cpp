@@ -231,8 +231,6 @@ class CpuRunner {
  public:
   CpuRunner(const ModelPlan& plan, bool radial_tables)
       : plan_(cpu::make_typed_plan<T>(plan, radial_tables)) {
-    for (auto& layer : plan_.layers)
-      cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
     for (const SevennetLayer& l : plan.layers) {
       const ElementLinearPlan per_species{l.self_connection.in, l.self_connection.out,
                                           l.self_connection_species};

@@ -419,7 +419,9 @@ void wire_conv_layout(Linear<T>& before, const Conv<T>& conv, Linear<T>& after) 
   after.in_ir_mul = true;
 }
 
-// radial_tables: tabulate the radial MLPs of the SevenNet layers (see RadialTable).
+// radial_tables: tabulate the radial MLPs of the SevenNet layers (see RadialTable). Each
+// layer's linear_1 / linear_2 are wired to the convolution's ir_mul layout (wire_conv_layout),
+// as MACE's blocks wire theirs (make_mace_block).
 template <class T>
 TypedPlan<T> make_typed_plan(const ModelPlan& p, bool radial_tables = false) {
   TypedPlan<T> t;
@@ -453,6 +455,7 @@ TypedPlan<T> make_typed_plan(const ModelPlan& p, bool radial_tables = false) {
     q.linear_1 = make_linear<T>(l.linear_1);
     q.linear_2 = make_linear<T>(l.linear_2);
     q.conv = make_conv<T>(l.conv, radial_tables ? &p : nullptr);
+    wire_conv_layout(q.linear_1, q.conv, q.linear_2);
     q.gate.plan = l.gate;
     q.gate.gated_factor = static_cast<T>(l.gate.gated_factor);
     t.layers.push_back(std::move(q));

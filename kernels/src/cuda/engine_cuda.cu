@@ -1101,10 +1101,7 @@ class BackendImpl : public Backend {
  private:
   template <class T>
   static std::unique_ptr<Model> make_sevennet(const ModelPlan& plan, bool radial_tables) {
-    cpu::TypedPlan<T> typed = cpu::make_typed_plan<T>(plan, radial_tables);
-    for (auto& layer : typed.layers)
-      cpu::wire_conv_layout(layer.linear_1, layer.conv, layer.linear_2);
-    return std::make_unique<SevennetModel<T>>(typed, plan);
+    return std::make_unique<SevennetModel<T>>(cpu::make_typed_plan<T>(plan, radial_tables), plan);
   }
 
   // after_sync: called once the step's results are on the host, before its errors are read.
