@@ -81,6 +81,8 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
   return out;
 }
 
+int round_up4(int n) { return (n + 3) / 4 * 4; }
+
 // Whether a path's Clebsch-Gordan block cg [d1][d2][d3] is alpha x w3j(l1, l2, l3), every
 // entry to a few units of its own rounding (it was computed from the same float64 w3j and
 // may be stored in float32); alpha from the largest entry.
@@ -165,7 +167,8 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   // Group the paths by input block (in the order of the input blocks).
   std::vector<InBlock> blocks;
   std::vector<Path> paths;
-  std::vector<MEntry> entries;
+  std::vector<MEntry> entries, entries_fwd;
+  int m_stride_fwd = 0;
   std::vector<T> cg;
   std::vector<int64_t> outputs_seen;
   int gx_slots = 0;
@@ -190,14 +193,23 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
              p.l2 % 2,
              static_cast<int>(entries.size()),
              gx_slots,
-             static_cast<T>(alpha)};
+             static_cast<T>(alpha),
+             0};
       gx_slots += p.d1 * ib.mul;
       const int cg_begin = static_cast<int>(cg.size());
       cg.insert(cg.end(), p.cg.begin(), p.cg.end());
+      // the forward's rows padded to 4 entries (column [d1] for d3 = 1), 16-byte aligned
+      const int row = p.d3 == 1 ? 1 : round_up4(p.d3);
+      q.mf_offset = m_stride_fwd;
+      m_stride_fwd += p.d3 == 1 ? round_up4(p.d1) : p.d1 * row;
       for (int a = 0; a < p.d1; ++a)
-        for (int k = 0; k < p.d3; ++k)
-          entries.push_back({cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset,
-                             static_cast<int>(entries.size())});
+        for (int k = 0; k < p.d3; ++k) {
+          const MEntry entry{cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset,
+                             static_cast<int>(entries.size())};
+          entries.push_back(entry);
+          entries_fwd.push_back(entry);
+          entries_fwd.back().out = q.mf_offset + a * row + k;
+        }
       paths.push_back(q);
     }
     b.path_end = static_cast<int>(paths.size());
@@ -213,10 +225,11 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   c.tasks.upload(tasks);
   v.tasks = c.tasks.data();
   v.m_per_edge = static_cast<int>(entries.size());
+  v.m_stride_fwd = m_stride_fwd;
   c.blocks.upload(blocks);
   c.paths.upload(paths);
   c.m_entries.upload(entries);
-  c.m_entries_balanced.upload(contraction_order(entries));
+  c.m_entries_balanced.upload(contraction_order(entries_fwd));
   c.cg.upload(cg);
   v.blocks = c.blocks.data();
   v.paths = c.paths.data();

@@ -81,9 +81,13 @@ struct Conv {
   };
   // gx_offset: the path's slot [d1][mul] of dE/dx partial sums in the backward pass.
   // alpha: the path's Clebsch-Gordan block is alpha x w3j(l1, l2, l3) (ops/wigner3j_table.h).
+  // m_offset: the path's entries [d1][d3] in the backward's {M, K} rows; mf_offset: in the
+  // forward's M rows (View::m_stride_fwd), where each row a is padded to a multiple of 4
+  // (16-byte loads), or with d3 = 1 the column [d1] is.
   struct Path {
     int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset, gx_offset;
     T alpha;
+    int mf_offset;
   };
   // The tensor product is dealt to the warps as tasks: path `path` for the 32 x C channels
   // u0 .. u0 + 32 C - 1 of its input block, C = lane_channels adjacent channels per lane:
@@ -97,7 +101,8 @@ struct Conv {
   };
   // M[e][out] = sum_b cg[cg_base + b * d3] * Y[e][sh_offset + b] (see ops/tp.h). The entries
   // are stored in the order the threads take them (chunk_contract_sh in conv_kernels.cuh), out is
-  // each one's column of M.
+  // each one's column of M (m_entries: of the backward's rows; m_entries_balanced: of the
+  // forward's padded rows).
   struct MEntry {
     int cg_base, d2, d3, sh_offset, out;
   };
@@ -110,9 +115,10 @@ struct Conv {
     const Path* paths = nullptr;  // grouped by input block
     const Task* tasks = nullptr;  // warp w runs tasks[task_begin[w] .. task_begin[w + 1])
     int task_begin[kConvWarps + 1] = {};
-    int gx_slots = 0;  // sum over paths of d1 x mul
-    int m_per_edge = 0;
-    const MEntry* m_entries = nullptr;           // in path order (the backward's)
+    int gx_slots = 0;                   // sum over paths of d1 x mul
+    int m_per_edge = 0;                 // entries (d1 x d3 per path)
+    int m_stride_fwd = 0;               // the forward's M per edge, padded (Path::mf_offset)
+    const MEntry* m_entries = nullptr;  // in path order (the backward's)
     const MEntry* m_entries_balanced = nullptr;  // contraction_order (the forward's)
     const T* cg = nullptr;
     // Every path is alpha x w3j(l1, l2, l3) (Path::alpha): the forward tensor product may

@@ -76,7 +76,7 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
   s.h0 = take_if(mlp, t * ec * c.max_hidden);
   s.h1 = take_if(mlp, t * ec * c.max_hidden);
   s.wts = take_if(mlp, t * ec * c.weight_numel);
-  s.M = take_if(!backward && !sparse_forward(c), t * ec * c.m_per_edge);
+  s.M = take_if(!backward && !sparse_forward(c), t * ec * c.m_stride_fwd);
   if (!backward) {
     s.acc = take(t * c.dim_out);
   } else {
@@ -425,7 +425,7 @@ __device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
   };
   const int d2 = D2 > 0 ? D2 : me.d2;
   for (; e < n; e += step) {
-    const int q = e * c.m_per_edge + me.out;
+    const int q = e * (GRADIENT ? c.m_per_edge : c.m_stride_fwd) + me.out;
     const int y0 = e * sh_dim + me.sh_offset;
     if constexpr (!GRADIENT) {
       T s = T(0);
@@ -708,18 +708,56 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
     for (int e = 0; e < n; ++e) {
       T xa[D1][C], w[C];
       forward_edge_inputs<T, D1, C, TABLE>(c, B, P, u, e, sender, x, wts, interval, local_t, xa, w);
-      const T* Mp = M + e * c.m_per_edge + P.m_offset;
+      // the path's padded rows (Path::mf_offset): in float32 four entries per 16-byte load,
+      // the sums over a in the same order (D3 of them at once)
+      constexpr int kRow = D3 == 1 ? 1 : (D3 + 3) / 4 * 4;
+      const T* Mp = M + e * c.m_stride_fwd + P.mf_offset;
+      if constexpr (std::is_same_v<T, float>) {
+        T s[D3][C];
 #pragma unroll
-      for (int k = 0; k < D3; ++k) {
-        T s[C] = {};
+        for (int k = 0; k < D3; ++k)
 #pragma unroll
-        for (int a = 0; a < D1; ++a) {
-          const T m = Mp[a * D3 + k];
+          for (int ch = 0; ch < C; ++ch) s[k][ch] = T(0);
+        if constexpr (D3 == 1) {
 #pragma unroll
-          for (int ch = 0; ch < C; ++ch) s[ch] += m * xa[a][ch];
+          for (int a0 = 0; a0 < D1; a0 += 4) {
+            T m[4];
+            load4_shared(Mp + a0, m);
+#pragma unroll
+            for (int a = a0; a < D1 && a < a0 + 4; ++a)
+#pragma unroll
+              for (int ch = 0; ch < C; ++ch) s[0][ch] += m[a - a0] * xa[a][ch];
+          }
+        } else {
+#pragma unroll
+          for (int a = 0; a < D1; ++a)
+#pragma unroll
+            for (int k0 = 0; k0 < D3; k0 += 4) {
+              T m[4];
+              load4_shared(Mp + a * kRow + k0, m);
+#pragma unroll
+              for (int k = k0; k < D3 && k < k0 + 4; ++k)
+#pragma unroll
+                for (int ch = 0; ch < C; ++ch) s[k][ch] += m[k - k0] * xa[a][ch];
+            }
         }
 #pragma unroll
-        for (int ch = 0; ch < C; ++ch) acc[k][ch] += w[ch] * s[ch];
+        for (int k = 0; k < D3; ++k)
+#pragma unroll
+          for (int ch = 0; ch < C; ++ch) acc[k][ch] += w[ch] * s[k][ch];
+      } else {  // double: one sum at a time (D3 at once spill in the 64-register kernels)
+#pragma unroll
+        for (int k = 0; k < D3; ++k) {
+          T s[C] = {};
+#pragma unroll
+          for (int a = 0; a < D1; ++a) {
+            const T m = Mp[a * kRow + k];
+#pragma unroll
+            for (int ch = 0; ch < C; ++ch) s[ch] += m * xa[a][ch];
+          }
+#pragma unroll
+          for (int ch = 0; ch < C; ++ch) acc[k][ch] += w[ch] * s[ch];
+        }
       }
     }
   }
