@@ -220,6 +220,7 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   v.num_blocks = static_cast<int>(blocks.size());
   v.sparse_cg = sparse_cg;
   for (const InBlock& b : blocks) v.max_d1 = std::max(v.max_d1, b.d1);
+  for (const Path& p : paths) v.max_d3 = std::max(v.max_d3, p.d3);
   v.gx_slots = gx_slots;
   const std::vector<Task> tasks = deal_tasks<T>(blocks, paths, v);
   c.tasks.upload(tasks);

@@ -110,6 +110,7 @@ struct Conv {
     int dim_in = 0, dim_out = 0, weight_numel = 0;
     int num_blocks = 0;
     int max_d1 = 1;             // the largest input irrep dimension
+    int max_d3 = 1;             // the largest output irrep dimension
     int max_lane_channels = 1;  // over the tasks: 2 asks rows aligned to 2 elements
     const InBlock* blocks = nullptr;
     const Path* paths = nullptr;  // grouped by input block

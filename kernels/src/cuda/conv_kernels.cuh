@@ -41,12 +41,17 @@ E3F_HD size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
 
 // Whether the forward tensor product runs from the compile-time Wigner 3j entries
 // (tp_forward_task) instead of the per-edge M table: with a radial table (the float32
-// kernels) and input features up to l = 2. Measured at 32,000 Cu atoms (H100, float32, per
-// call of all layers, benchmarks/results/sparse_cg_*): SevenNet-0 16.9 against 19.2 ms,
-// MACE-MP-0 medium 13.0 against 14.7 ms, but SevenNet-l3i5 (l = 3 inputs) 77.4 against 65.0.
+// kernels) and input features up to l = 1, or up to l = 2 with scalar outputs only. Since
+// the M rows are read 16 bytes at a time (31d74fb), M is faster for the layers with l = 2
+// inputs and l >= 1 outputs, the Wigner 3j entries for the others; H100, float32, forward
+// ms per layer at 32,000 Cu atoms (benchmarks/results/conv_forward_rows_h100/), entries
+// against M: SevenNet-0 layers 1-3 4.41 against 3.81 (864 atoms 0.132 against 0.140),
+// layer 0 1.43 against 1.65, layer 4 1.16 against 1.22; MACE-MP-0 medium layer 0 3.16
+// against 3.94, layer 1 8.46 against 8.61. With l = 3 inputs (SevenNet-l3i5) M was faster
+// already with one load per entry (benchmarks/results/sparse_cg_*).
 template <class View>
 E3F_HD bool sparse_forward(const View& c) {
-  return c.sparse_cg && c.table != nullptr && c.max_d1 <= 5;
+  return c.sparse_cg && c.table != nullptr && (c.max_d1 <= 3 || (c.max_d1 == 5 && c.max_d3 == 1));
 }
 
 template <class T>
