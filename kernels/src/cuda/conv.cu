@@ -81,8 +81,6 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
   return out;
 }
 
-int round_up4(int n) { return (n + 3) / 4 * 4; }
-
 // Whether a path's Clebsch-Gordan block cg [d1][d2][d3] is alpha x w3j(l1, l2, l3), every
 // entry to a few units of its own rounding (it was computed from the same float64 w3j and
 // may be stored in float32); alpha from the largest entry.
@@ -198,10 +196,9 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
       gx_slots += p.d1 * ib.mul;
       const int cg_begin = static_cast<int>(cg.size());
       cg.insert(cg.end(), p.cg.begin(), p.cg.end());
-      // the forward's rows padded to 4 entries (column [d1] for d3 = 1), 16-byte aligned
-      const int row = p.d3 == 1 ? 1 : round_up4(p.d3);
+      const int row = forward_m_row(p.d3);
       q.mf_offset = m_stride_fwd;
-      m_stride_fwd += p.d3 == 1 ? round_up4(p.d1) : p.d1 * row;
+      m_stride_fwd += forward_m_size(p.d1, p.d3);
       for (int a = 0; a < p.d1; ++a)
         for (int k = 0; k < p.d3; ++k) {
           const MEntry entry{cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset,

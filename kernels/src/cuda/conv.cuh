@@ -73,6 +73,13 @@ struct Geometry {
   DeviceArray<double> pair_r0;
 };
 
+// The forward's M layout (Conv::Path::mf_offset): row a of a path starts at entry
+// a x forward_m_row(d3), rows padded to a multiple of 4 entries for 16-byte loads (with
+// d3 = 1 the path's column [d1] is one padded row), and a path takes forward_m_size(d1, d3)
+// entries, a multiple of 4. make_conv lays M out and tp_forward_task reads it by these.
+E3F_HD constexpr int forward_m_row(int d3) { return d3 == 1 ? 1 : (d3 + 3) / 4 * 4; }
+E3F_HD constexpr int forward_m_size(int d1, int d3) { return (d1 * forward_m_row(d3) + 3) / 4 * 4; }
+
 template <class T>
 struct Conv {
   // One input irrep block and its paths (paths[path_begin .. path_end)).
@@ -82,8 +89,7 @@ struct Conv {
   // gx_offset: the path's slot [d1][mul] of dE/dx partial sums in the backward pass.
   // alpha: the path's Clebsch-Gordan block is alpha x w3j(l1, l2, l3) (ops/wigner3j_table.h).
   // m_offset: the path's entries [d1][d3] in the backward's {M, K} rows; mf_offset: in the
-  // forward's M rows (View::m_stride_fwd), where each row a is padded to a multiple of 4
-  // (16-byte loads), or with d3 = 1 the column [d1] is.
+  // forward's padded M rows (View::m_stride_fwd, forward_m_row).
   struct Path {
     int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset, gx_offset;
     T alpha;

@@ -715,7 +715,7 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
       forward_edge_inputs<T, D1, C, TABLE>(c, B, P, u, e, sender, x, wts, interval, local_t, xa, w);
       // the path's padded rows (Path::mf_offset): in float32 four entries per 16-byte load,
       // the sums over a in the same order (D3 of them at once)
-      constexpr int kRow = D3 == 1 ? 1 : (D3 + 3) / 4 * 4;
+      constexpr int kRow = forward_m_row(D3);
       const T* Mp = M + e * c.m_stride_fwd + P.mf_offset;
       if constexpr (std::is_same_v<T, float>) {
         T s[D3][C];
