@@ -41,17 +41,18 @@ E3F_HD size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
 
 // Whether the forward tensor product runs from the compile-time Wigner 3j entries
 // (tp_forward_task) instead of the per-edge M table: with a radial table (the float32
-// kernels) and input features up to l = 1, or up to l = 2 with scalar outputs only. Since
-// the M rows are read 16 bytes at a time (31d74fb), M is faster for the layers with l = 2
+// kernels) and input features up to l = 1, or with scalar outputs only. Since
+// the M rows are read 16 bytes at a time (31d74fb), M is faster for the layers with l >= 2
 // inputs and l >= 1 outputs, the Wigner 3j entries for the others; H100, float32, forward
 // ms per layer at 32,000 Cu atoms (benchmarks/results/conv_forward_rows_h100/), entries
 // against M: SevenNet-0 layers 1-3 4.41 against 3.81 (864 atoms 0.132 against 0.140),
 // layer 0 1.43 against 1.65, layer 4 1.16 against 1.22; MACE-MP-0 medium layer 0 3.16
-// against 3.94, layer 1 8.46 against 8.61. With l = 3 inputs (SevenNet-l3i5) M was faster
-// already with one load per entry (benchmarks/results/sparse_cg_*).
+// against 3.94, layer 1 8.46 against 8.61; SevenNet-l3i5 layer 4 1.33 against 1.52
+// (benchmarks/results/conv_scalar_ahead/). With l = 3 inputs and outputs (SevenNet-l3i5 layers 1-3)
+// M was faster already with one load per entry (benchmarks/results/sparse_cg_*).
 template <class View>
 E3F_HD bool sparse_forward(const View& c) {
-  return c.sparse_cg && c.table != nullptr && (c.max_d1 <= 3 || (c.max_d1 == 5 && c.max_d3 == 1));
+  return c.sparse_cg && c.table != nullptr && (c.max_d1 <= 3 || c.max_d3 == 1);
 }
 
 template <class T>
@@ -526,8 +527,11 @@ __device__ __forceinline__ void ldg_vec(const T* p, T v[C]) {
 // 4 % slower (one run each, H100, 32,000 atoms; benchmarks/results/gpu_summary.md).
 template <int MAX_D = 7, class F>
 __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
-  static_assert(MAX_D == 3 || MAX_D == 5 || MAX_D == 7, "irrep dimensions up to 3, 5 or 7");
-  if constexpr (MAX_D == 3) {
+  static_assert(MAX_D == 1 || MAX_D == 3 || MAX_D == 5 || MAX_D == 7,
+                "irrep dimensions up to 1, 3, 5 or 7");
+  if constexpr (MAX_D == 1) {
+    f(std::integral_constant<int, 1>{});
+  } else if constexpr (MAX_D == 3) {
     if (d == 1)
       f(std::integral_constant<int, 1>{});
     else
@@ -553,10 +557,10 @@ __device__ __forceinline__ void with_irrep_dim(int d, F&& f) {
   }
 }
 
-// f(d1, d3) with both as compile-time constants (d1 <= MAX_D1).
-template <int MAX_D1 = 7, class F>
+// f(d1, d3) with both as compile-time constants (d1 <= MAX_D1, d3 <= MAX_D3).
+template <int MAX_D1 = 7, int MAX_D3 = 7, class F>
 __device__ __forceinline__ void with_path_dims(int d1, int d3, F&& f) {
-  with_irrep_dim<MAX_D1>(d1, [&](auto a) { with_irrep_dim(d3, [&](auto b) { f(a, b); }); });
+  with_irrep_dim<MAX_D1>(d1, [&](auto a) { with_irrep_dim<MAX_D3>(d3, [&](auto b) { f(a, b); }); });
 }
 
 // Whether a path of these irrep dimensions may take two channels per lane: the larger
@@ -568,8 +572,9 @@ E3F_HD constexpr bool pairs_channels(int d1, int d3) { return d1 + d3 <= 8; }
 // the block's width sit out, or with WHOLE_WARP (the task shuffles across the warp) run
 // with active = false on the task's first channels, contributing nothing. Two channels per
 // lane exist in float32 only. MAX_D1 = 3 (5): every input block has l <= 1 (2)
-// (Conv::View::max_d1), and only those paths are compiled (fewer registers).
-template <class T, bool WHOLE_WARP = false, int MAX_D1 = 7, class F>
+// (Conv::View::max_d1), and only those paths are compiled (fewer registers); MAX_D3 = 1:
+// every output is a scalar (Conv::View::max_d3).
+template <class T, bool WHOLE_WARP = false, int MAX_D1 = 7, int MAX_D3 = 7, class F>
 __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View& c, F&& f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
@@ -582,7 +587,7 @@ __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View&
       if (!WHOLE_WARP) continue;
       u = task.u0;
     }
-    with_path_dims<MAX_D1>(B.d1, P.d3, [&](auto d1, auto d3) {
+    with_path_dims<MAX_D1, MAX_D3>(B.d1, P.d3, [&](auto d1, auto d3) {
       if constexpr (std::is_same_v<T, float> && pairs_channels(d1, d3)) {
         if (task.lane_channels == 2) {
           f(d1, d3, std::integral_constant<int, 2>{}, B, P, u, active);
@@ -887,7 +892,7 @@ __device__ __forceinline__ void gather_backward_edge(
 // C channels per lane share each {M, K} read and the force partials: with C > 1 each
 // channel's weight is folded into s x_k once per task, so that the K contraction runs once
 // for the C channels.
-template <class T, int D1, int D3, int C, bool TABLE, bool PREFETCH>
+template <class T, int D1, int D3, int C, bool TABLE, bool AHEAD>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
                                  const typename Conv<T>::Path& P, int u, bool active, int64_t k,
@@ -907,7 +912,6 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     }
   }
   // AHEAD: the next edge's row and coefficients are loaded before this edge's products (n >= 1)
-  constexpr bool AHEAD = PREFETCH && D1 <= 5 && D3 <= 5;
   T gj[D3][C], coef[C][4];
   if constexpr (AHEAD)
     gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, 0, receiver, grad_y, interval, gj, coef);
@@ -1119,18 +1123,30 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
   out = const_cast<T*>(gin);
 }
 
-// MAX_D1: the largest input irrep dimension compiled (3, 5 or 7, see for_each_warp_task).
-// Below 7, tasks of paths up to l = 2 load each edge's inputs one edge ahead (kPrefetch);
-// with l = 3 inputs compiled the extra registers spill (SevenNet-l3i5 measured 10 % slower).
+// Whether the backward's tasks of (d1, d3, c) load each edge's inputs one edge ahead
+// (tp_backward_task's AHEAD), in the kernel compiled for MAX_D1 / MAX_D3: with scalar inputs
+// or outputs all of them; below MAX_D1 = 7 those of paths up to l = 2; with l = 3 inputs the
+// small ones, d1 d3 c <= 15 (127 registers, no spills). SevenNet-l3i5's backward at 32,000
+// atoms (H100, benchmarks/results/conv_scalar_ahead/): layers 1-3 40.3 -> 38.1 ms each with
+// the limit 15, 41.0-42.1 with 25 (which adds l = 1 x l = 3 and l = 2 x l = 2 paths). The
+// l <= 2 rule spilled in that kernel and measured 10 % slower than none ahead.
+template <int MAX_D1, int MAX_D3>
+constexpr bool backward_prefetch(int d1, int d3, int c) {
+  if (MAX_D1 == 1 || MAX_D3 == 1) return true;
+  if (MAX_D1 <= 5) return d1 <= 5 && d3 <= 5;
+  return d1 * d3 * c <= 15;
+}
+
+// MAX_D1: the largest input irrep dimension compiled (3, 5 or 7, see for_each_warp_task);
+// MAX_D3 = 1: scalar outputs only.
 // PER_EDGE: as conv_forward_kernel's.
-template <class T, int EC, bool TABLE, int MINB, int MAX_D1, bool PER_EDGE = false>
+template <class T, int EC, bool TABLE, int MINB, int MAX_D1, int MAX_D3 = 7, bool PER_EDGE = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          int64_t receiver_rows, const T* __restrict__ x,
                          const T* __restrict__ grad_y, T* __restrict__ grad_x, double* forces,
                          double* atom_virials, RemoteForces remote, int64_t* error_node,
                          const int32_t* __restrict__ rows) {
-  constexpr bool kPrefetch = MAX_D1 <= 5;
   extern __shared__ __align__(16) unsigned char smem[];
   const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, true);
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
@@ -1179,11 +1195,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // the force partials [EC][3][kWarps], one column per warp
       for (int r = threadIdx.x; r < 3 * n * kWarps; r += blockDim.x) part[r] = T(0);
       __syncthreads();
-      for_each_warp_task<T, true, MAX_D1>(c, [&](auto d1, auto d3, auto lc, const auto& B,
-                                                 const auto& P, int ch, bool active) {
-        tp_backward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE,
-                         kPrefetch>(c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval,
-                                    s_t, u, MK, gx + P.gx_offset + ch, part + threadIdx.x / 32);
+      for_each_warp_task<T, true, MAX_D1, MAX_D3>(c, [&](auto d1, auto d3, auto lc, const auto& B,
+                                                         const auto& P, int ch, bool active) {
+        constexpr int D1 = decltype(d1)::value, D3 = decltype(d3)::value, C = decltype(lc)::value;
+        tp_backward_task<T, D1, D3, C, TABLE, backward_prefetch<MAX_D1, MAX_D3>(D1, D3, C)>(
+            c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
+            gx + P.gx_offset + ch, part + threadIdx.x / 32);
       });
     }
     __syncthreads();
@@ -1376,6 +1393,20 @@ bool three_backward_blocks(const typename Conv<T>::View& v) {
   return v.table != nullptr && v.max_d1 <= 3;
 }
 
+// The float32 backward of a layer whose inputs (the first layer of SevenNet and MACE) or
+// outputs (the last of SevenNet) are all scalars runs a kernel compiled for those paths
+// alone, 4 blocks per SM (64 registers). H100, 32,000 atoms, backward ms against the
+// kernels of the layer's largest input l (benchmarks/results/conv_scalar_ahead/):
+// - scalar inputs: SevenNet-0 3.24 -> 2.50, SevenNet-l3i5 4.20 -> 3.38, MACE-MP-0 medium
+//   7.50 -> 5.98 (864 atoms 0.123 -> 0.093, 0.166 -> 0.128, 0.286 -> 0.222); at 5 blocks
+//   per SM it spills 464 bytes and SevenNet-l3i5 took 3.99, MACE 6.88;
+// - scalar outputs: SevenNet-0 3.37 -> 2.19, SevenNet-l3i5 4.22 -> 2.64 (864 atoms
+//   0.113 -> 0.078, 0.140 -> 0.095); 3 blocks per SM 2.46 and 2.96.
+// The forward of those layers at 5 or 6 blocks per SM was faster for SevenNet's scalar
+// outputs at 32,000 atoms (1.14 -> 0.91 ms) but slower at 864 atoms and for MACE's scalar
+// inputs at both sizes (3.16 -> 3.36-3.42 ms, 0.115 -> 0.142-0.147): not kept.
+constexpr int kScalarPathBlocks = 4;
+
 // Largest edge chunk to try: 8 with the radial MLP, 16 with a radial table. A larger chunk
 // reads the MLP's weights fewer times and synchronizes less, but takes more shared memory
 // (benchmarks/results/gpu_summary.md has the measurements).
@@ -1520,7 +1551,7 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
     if (blocks == 0) return;
     launch_largest_chunk(
         geom, v, true, "convolution backward", "conv_backward_kernel",
-        [&](auto ec) { return conv_backward_kernel<T, decltype(ec)::value, true, 2, 7, true>; },
+        [&](auto ec) { return conv_backward_kernel<T, decltype(ec)::value, true, 2, 7, 7, true>; },
         [&](auto kernel, size_t smem) {
           kernel<<<blocks, kThreads, smem, stream>>>(geom.view, v, g, receiver_rows, x, grad_y,
                                                      grad_x, forces, atom_virials, remote,
@@ -1536,7 +1567,11 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2, 7>
                                       : conv_backward_kernel<T, EC, false, 2, 7>;
         if constexpr (std::is_same_v<T, float>) {
-          if (three_backward_blocks<T>(conv.view))
+          if (conv.view.table && conv.view.max_d1 == 1)
+            kernel = conv_backward_kernel<T, EC, true, kScalarPathBlocks, 1, 7>;
+          else if (conv.view.table && conv.view.max_d3 == 1)
+            kernel = conv_backward_kernel<T, EC, true, kScalarPathBlocks, 7, 1>;
+          else if (three_backward_blocks<T>(conv.view))
             kernel = conv_backward_kernel<T, EC, true, 3, 3>;
           else if (conv.view.table && conv.view.max_d1 == 5)
             kernel = conv_backward_kernel<T, EC, true, 2, 5>;
