@@ -1125,15 +1125,19 @@ __device__ void chunk_mlp_backward(const typename Conv<T>::View& c, const T* wts
 
 // Whether the backward's tasks of (d1, d3, c) load each edge's inputs one edge ahead
 // (tp_backward_task's AHEAD), in the kernel compiled for MAX_D1 / MAX_D3: with scalar inputs
-// or outputs all of them; below MAX_D1 = 7 those of paths up to l = 2; with l = 3 inputs the
-// small ones, d1 d3 c <= 15 (127 registers, no spills). SevenNet-l3i5's backward at 32,000
-// atoms (H100, benchmarks/results/conv_scalar_ahead/): layers 1-3 40.3 -> 38.1 ms each with
-// the limit 15, 41.0-42.1 with 25 (which adds l = 1 x l = 3 and l = 2 x l = 2 paths). The
-// l <= 2 rule spilled in that kernel and measured 10 % slower than none ahead.
+// or outputs all of them; with l <= 1 inputs those of paths up to l = 2; with l = 2 or 3
+// inputs the small ones, d1 d3 c <= 15. H100, backward at 32,000 atoms
+// (benchmarks/results/conv_scalar_ahead/ and conv_forward_ahead/):
+// - l = 3 (SevenNet-l3i5 layers 1-3, 127 registers, no spills): 40.3 -> 38.1 ms each with
+//   the limit 15, 41.0-42.1 with 25; the l <= 2 rule spilled and measured 10 % slower than
+//   none ahead;
+// - l = 2 (SevenNet-0 layers 1-3, 128 registers): the limit 15 removes the l <= 2 rule's 56 /
+//   152 bytes of spills, 11.00-11.13 -> 10.82-10.87 ms each;
+// - l = 1 (MACE layer 1, 80 registers): the limit 15 took 19.19 -> 19.71 ms, not kept.
 template <int MAX_D1, int MAX_D3>
 constexpr bool backward_prefetch(int d1, int d3, int c) {
   if (MAX_D1 == 1 || MAX_D3 == 1) return true;
-  if (MAX_D1 <= 5) return d1 <= 5 && d3 <= 5;
+  if (MAX_D1 <= 3) return d1 <= 5 && d3 <= 5;
   return d1 * d3 * c <= 15;
 }
 
