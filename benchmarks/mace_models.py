@@ -97,17 +97,36 @@ def build(name: str, seed: int = 0) -> Any:
     return model.eval()
 
 
+def _package_versions() -> str:
+    """The versions of the packages a pickled mace-torch model depends on ("none": absent;
+    mace-torch picks some of its modules by whether cuequivariance-torch imports)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def one(package: str) -> str:
+        try:
+            return f"{package} {version(package)}"
+        except PackageNotFoundError:
+            return f"{package} none"
+
+    return " ".join(one(p) for p in ("mace-torch", "e3nn", "torch", "cuequivariance-torch"))
+
+
 def model_files(name: str, models_dir: Path) -> tuple[Path, Path]:
     """(mace-torch model file, .e3f file) for `name`: an architecture name above (built with
-    random weights and saved once) or a mace-torch model file (torch.save(model))."""
+    random weights and saved once per set of package versions, kept beside it in
+    <model>.versions: a model pickled without cuequivariance-torch made the cuEquivariance
+    anchor fail) or a mace-torch model file (torch.save(model))."""
     import torch
 
     models_dir.mkdir(parents=True, exist_ok=True)
     if name in HIDDEN:
         source = models_dir / f"mace-{name}-random.model"
-        if not source.is_file():
-            print(f"building {name} with random weights -> {source}", flush=True)
+        stamp = source.with_suffix(".versions")
+        versions = _package_versions()
+        if not source.is_file() or not stamp.is_file() or stamp.read_text() != versions:
+            print(f"building {name} with random weights -> {source} ({versions})", flush=True)
             torch.save(build(name), source)
+            stamp.write_text(versions)
     else:
         source = Path(name)
         if not source.is_file():
