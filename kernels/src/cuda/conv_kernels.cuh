@@ -1399,8 +1399,9 @@ bool three_backward_blocks(const typename Conv<T>::View& v) {
 
 // The float32 backward of a layer whose inputs (the first layer of SevenNet and MACE) or
 // outputs (the last of SevenNet) are all scalars runs a kernel compiled for those paths
-// alone, 4 blocks per SM (64 registers). H100, 32,000 atoms, backward ms against the
-// kernels of the layer's largest input l (benchmarks/results/conv_scalar_ahead/):
+// alone, 4 blocks per SM (64 registers). Before, scalar inputs ran the l <= 1 kernel (3 blocks
+// per SM) and scalar outputs the kernel of the layer's largest input l (2 blocks per SM).
+// H100, 32,000 atoms, backward ms (benchmarks/results/conv_scalar_ahead/):
 // - scalar inputs: SevenNet-0 3.24 -> 2.50, SevenNet-l3i5 4.20 -> 3.38, MACE-MP-0 medium
 //   7.50 -> 5.98 (864 atoms 0.123 -> 0.093, 0.166 -> 0.128, 0.286 -> 0.222); at 5 blocks
 //   per SM it spills 464 bytes and SevenNet-l3i5 took 3.99, MACE 6.88;
