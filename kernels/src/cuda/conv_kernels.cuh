@@ -571,7 +571,7 @@ E3F_HD constexpr bool pairs_channels(int d1, int d3) { return d1 + d3 <= 8; }
 // (channels per lane) compile-time constants and u this lane's first channel. Lanes past
 // the block's width sit out, or with WHOLE_WARP (the task shuffles across the warp) run
 // with active = false on the task's first channels, contributing nothing. Two channels per
-// lane exist in float32 only. MAX_D1 = 3 (5): every input block has l <= 1 (2)
+// lane exist in float32 only. MAX_D1 = 1 (3, 5): every input block has l = 0 (l <= 1, 2)
 // (Conv::View::max_d1), and only those paths are compiled (fewer registers); MAX_D3 = 1:
 // every output is a scalar (Conv::View::max_d3).
 template <class T, bool WHOLE_WARP = false, int MAX_D1 = 7, int MAX_D3 = 7, class F>
@@ -1141,7 +1141,7 @@ constexpr bool backward_prefetch(int d1, int d3, int c) {
   return d1 * d3 * c <= 15;
 }
 
-// MAX_D1: the largest input irrep dimension compiled (3, 5 or 7, see for_each_warp_task);
+// MAX_D1: the largest input irrep dimension compiled (1, 3, 5 or 7, see for_each_warp_task);
 // MAX_D3 = 1: scalar outputs only.
 // PER_EDGE: as conv_forward_kernel's.
 template <class T, int EC, bool TABLE, int MINB, int MAX_D1, int MAX_D3 = 7, bool PER_EDGE = false>
