@@ -100,6 +100,37 @@ bool w3j_multiple(int d1, int d2, int d3, const std::vector<T>& cg, double& alph
   return true;
 }
 
+// Whether the CG block cg [d1][d2][d3] is scale x partner [d3][d2][d1] transposed (a and k
+// swapped), every entry to a few units of its own rounding; scale from the largest entry.
+template <class T>
+bool transposed_multiple(int d1, int d2, int d3, const std::vector<T>& cg,
+                         const std::vector<T>& partner, double& scale) {
+  const size_t n = static_cast<size_t>(d1) * d2 * d3;
+  if (cg.size() != n || partner.size() != n) return false;
+  auto other = [&](int a, int b, int k) {
+    return static_cast<double>(partner[(static_cast<size_t>(k) * d2 + b) * d1 + a]);
+  };
+  double largest = 0.0;
+  scale = 0.0;
+  for (int a = 0; a < d1; ++a)
+    for (int b = 0; b < d2; ++b)
+      for (int k = 0; k < d3; ++k)
+        if (std::abs(other(a, b, k)) > largest) {
+          largest = std::abs(other(a, b, k));
+          scale =
+              static_cast<double>(cg[(static_cast<size_t>(a) * d2 + b) * d3 + k]) / other(a, b, k);
+        }
+  if (largest == 0.0 || scale == 0.0) return false;
+  const double tolerance = 8.0 * std::numeric_limits<T>::epsilon() * std::abs(scale) * largest;
+  for (int a = 0; a < d1; ++a)
+    for (int b = 0; b < d2; ++b)
+      for (int k = 0; k < d3; ++k)
+        if (std::abs(static_cast<double>(cg[(static_cast<size_t>(a) * d2 + b) * d3 + k]) -
+                     scale * other(a, b, k)) > tolerance)
+          return false;
+  return true;
+}
+
 // The float32 radial MLP on the tensor cores (3xTF32, as accurate as FMAs) unless the
 // device is older than sm_80. The kernels' shared-memory layout depends on it, so it also
 // checks the code that runs was compiled for sm_80 or later (not JIT-compiled from older PTX).
@@ -169,6 +200,8 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   int m_stride_fwd = 0;
   std::vector<T> cg;
   std::vector<int64_t> outputs_seen;
+  std::vector<const std::vector<T>*> path_cg;  // per path: its CG block, d1, offset in cg
+  std::vector<int> path_d1, path_cg_begin;
   int gx_slots = 0;
   bool sparse_cg = true;
   for (const auto& ib : conv.in_blocks) {
@@ -189,10 +222,12 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
              p.d2,
              p.d3,
              p.l2 % 2,
-             static_cast<int>(entries.size()),
+             -1,
              gx_slots,
              static_cast<T>(alpha),
-             0};
+             0,
+             0,
+             T(1)};
       gx_slots += p.d1 * ib.mul;
       const int cg_begin = static_cast<int>(cg.size());
       cg.insert(cg.end(), p.cg.begin(), p.cg.end());
@@ -201,19 +236,55 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
       m_stride_fwd += forward_m_size(p.d1, p.d3);
       for (int a = 0; a < p.d1; ++a)
         for (int k = 0; k < p.d3; ++k) {
-          const MEntry entry{cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset,
-                             static_cast<int>(entries.size())};
-          entries.push_back(entry);
-          entries_fwd.push_back(entry);
-          entries_fwd.back().out = q.mf_offset + a * row + k;
+          entries_fwd.push_back(
+              {cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset, q.mf_offset + a * row + k});
         }
       paths.push_back(q);
+      path_cg.push_back(&p.cg);
+      path_d1.push_back(p.d1);
+      path_cg_begin.push_back(cg_begin);
     }
     b.path_end = static_cast<int>(paths.size());
     blocks.push_back(b);
   }
   if (paths.size() != conv.paths.size())
     throw Error("internal: convolution path outside the input blocks");
+  // The backward's {M, K} rows: in a layer with l = 3 inputs, a path (l1 < l3) whose
+  // partner (l3, l2, l1) reads the same spherical harmonics reads the partner's rows
+  // transposed (Path::m_transposed); the others have rows of their own, in path order.
+  // SevenNet-l3i5's layers 1-3: 738 -> 531 entries per edge, backward 38.2 -> 37.3 ms per
+  // layer at 32,000 atoms and 1.14 -> 1.10 at 864 (H100, benchmarks/results/backward_chunk_cap/).
+  // In SevenNet-0's l = 2 layers the same sharing measured 37.0 -> 37.1 ms (all layers) and
+  // 1.22 -> 1.24 at 864 atoms (benchmarks/results/backward_mk_partner/): they keep their own.
+  std::vector<int> partner(paths.size(), -1);
+  const int max_d1 = path_d1.empty() ? 0 : *std::max_element(path_d1.begin(), path_d1.end());
+  for (size_t i = 0; i < paths.size() && max_d1 == 7; ++i) {
+    const Path& q = paths[i];
+    if (path_d1[i] >= q.d3) continue;
+    for (size_t j = 0; j < paths.size() && partner[i] < 0; ++j) {
+      const Path& r = paths[j];
+      double scale = 0.0;
+      if (path_d1[j] == q.d3 && r.d3 == path_d1[i] && r.d2 == q.d2 && r.sh_offset == q.sh_offset &&
+          transposed_multiple(path_d1[i], q.d2, q.d3, *path_cg[i], *path_cg[j], scale)) {
+        partner[i] = static_cast<int>(j);
+        paths[i].m_scale = static_cast<T>(scale);
+      }
+    }
+  }
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (partner[i] >= 0) continue;
+    Path& q = paths[i];
+    q.m_offset = static_cast<int>(entries.size());
+    for (int a = 0; a < path_d1[i]; ++a)
+      for (int k = 0; k < q.d3; ++k)
+        entries.push_back({path_cg_begin[i] + a * q.d2 * q.d3 + k, q.d2, q.d3, q.sh_offset,
+                           static_cast<int>(entries.size())});
+  }
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (partner[i] < 0) continue;
+    paths[i].m_offset = paths[partner[i]].m_offset;
+    paths[i].m_transposed = 1;
+  }
   v.num_blocks = static_cast<int>(blocks.size());
   v.sparse_cg = sparse_cg;
   for (const InBlock& b : blocks) v.max_d1 = std::max(v.max_d1, b.d1);
@@ -223,6 +294,7 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   c.tasks.upload(tasks);
   v.tasks = c.tasks.data();
   v.m_per_edge = static_cast<int>(entries.size());
+  v.m_entries_fwd = static_cast<int>(entries_fwd.size());
   v.m_stride_fwd = m_stride_fwd;
   c.blocks.upload(blocks);
   c.paths.upload(paths);

@@ -90,10 +90,16 @@ struct Conv {
   // alpha: the path's Clebsch-Gordan block is alpha x w3j(l1, l2, l3) (ops/wigner3j_table.h).
   // m_offset: the path's entries [d1][d3] in the backward's {M, K} rows; mf_offset: in the
   // forward's padded M rows (View::m_stride_fwd, forward_m_row).
+  // m_transposed: the path (l1, l2, l3), l1 < l3, reads the rows of its partner (l3, l2, l1)
+  // transposed: cg[a][b][k] = m_scale cg_partner[k][b][a] (w3j(l1, l2, l3)[a][b][k] =
+  // (-1)^(l1 + l2 + l3) w3j(l3, l2, l1)[k][b][a]), so M[a][k] = m_scale M_partner[k][a] and
+  // likewise K; m_scale is 1 for a path with rows of its own.
   struct Path {
     int out_offset, weight_offset, sh_offset, d2, d3, parity, m_offset, gx_offset;
     T alpha;
     int mf_offset;
+    int m_transposed;
+    T m_scale;
   };
   // The tensor product is dealt to the warps as tasks: path `path` for the 32 x C channels
   // u0 .. u0 + 32 C - 1 of its input block, C = lane_channels adjacent channels per lane:
@@ -123,7 +129,8 @@ struct Conv {
     const Task* tasks = nullptr;  // warp w runs tasks[task_begin[w] .. task_begin[w + 1])
     int task_begin[kConvWarps + 1] = {};
     int gx_slots = 0;                   // sum over paths of d1 x mul
-    int m_per_edge = 0;                 // entries (d1 x d3 per path)
+    int m_per_edge = 0;                 // the backward's entries (shared by transposed partners)
+    int m_entries_fwd = 0;              // the forward's entries (d1 x d3 per path)
     int m_stride_fwd = 0;               // the forward's M per edge, padded (Path::mf_offset)
     const MEntry* m_entries = nullptr;  // in path order (the backward's)
     const MEntry* m_entries_balanced = nullptr;  // contraction_order (the forward's)

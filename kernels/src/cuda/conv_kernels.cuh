@@ -460,7 +460,7 @@ __device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
 
 // M (forward) or MK (backward, GRADIENT) for the chunk's n edges (contract_entry). Thread t
 // takes the stored entries m = t, t + blockDim, ... and, when the entries are fewer than half
-// the threads, one of blockDim / m_per_edge groups of the edges: the entry's bookkeeping and
+// the threads, one of blockDim / entries groups of the edges: the entry's bookkeeping and
 // CG column are paid once per group, not once per edge. The sums are the ones each entry had
 // when a thread took one (edge, entry) pair (same order: same bits).
 // The forward takes the entries in contraction_order, the backward in path order. Measured
@@ -471,10 +471,11 @@ __device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
 template <class T, bool GRADIENT>
 __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
                                   T* M) {
-  if (c.m_per_edge == 0) return;
-  const int groups = max(1, static_cast<int>(blockDim.x) / c.m_per_edge);
-  for (int q = threadIdx.x; q < groups * c.m_per_edge; q += blockDim.x) {
-    const int group = q / c.m_per_edge, m = q - group * c.m_per_edge;
+  const int entries = GRADIENT ? c.m_per_edge : c.m_entries_fwd;
+  if (entries == 0) return;
+  const int groups = max(1, static_cast<int>(blockDim.x) / entries);
+  for (int q = threadIdx.x; q < groups * entries; q += blockDim.x) {
+    const int group = q / entries, m = q - group * entries;
     const typename Conv<T>::MEntry me = GRADIENT ? c.m_entries[m] : c.m_entries_balanced[m];
     auto run = [&](auto d2) {
       contract_entry<T, decltype(d2)::value, GRADIENT>(c, me, group, groups, n, sh_dim, Y, M);
@@ -780,8 +781,9 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
 }
 
 // One edge e of a backward task (tp_backward_task): g_j's row gj, and with TABLE the
-// weights' cubic coefficients, already in registers.
-template <class T, int D1, int D3, int C, bool TABLE>
+// weights' cubic coefficients, already in registers. TRANSPOSED (Path::m_transposed): the
+// path's {M, K} entry (a, q) is its partner's (q, a), scaled by m_scale (in s x_k).
+template <class T, int D1, int D3, int C, bool TABLE, bool TRANSPOSED>
 __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c,
                                                  const typename Conv<T>::Path& P, int u,
                                                  bool active, int e, const T (&gj)[D3][C],
@@ -792,6 +794,7 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
   T w[C], dw_dr[C];
   edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, TABLE ? dw_dr : nullptr);
   const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
+  constexpr int kRowStride = TRANSPOSED ? 1 : D3, kColumnStride = TRANSPOSED ? D1 : 1;
   // dw = s x_k M g_j; t = the same product without M, contracted with K for the force
   T dw[C] = {}, f0 = T(0), f1 = T(0), f2 = T(0);
   if constexpr (C == 1) {
@@ -802,7 +805,7 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
 #pragma unroll
       for (int q = 0; q < D3; ++q) {
         T v[4];
-        load4_shared(mk + 4 * (a * D3 + q), v);
+        load4_shared(mk + 4 * (a * kRowStride + q * kColumnStride), v);
         mg += v[0] * gj[q][0];
         k0 += v[1] * gj[q][0];
         k1 += v[2] * gj[q][0];
@@ -824,7 +827,7 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
 #pragma unroll
       for (int q = 0; q < D3; ++q) {
         T v[4];
-        load4_shared(mk + 4 * (a * D3 + q), v);
+        load4_shared(mk + 4 * (a * kRowStride + q * kColumnStride), v);
         T t = T(0);
 #pragma unroll
         for (int ch = 0; ch < C; ++ch) {
@@ -892,14 +895,15 @@ __device__ __forceinline__ void gather_backward_edge(
 // C channels per lane share each {M, K} read and the force partials: with C > 1 each
 // channel's weight is folded into s x_k once per task, so that the K contraction runs once
 // for the C channels.
-template <class T, int D1, int D3, int C, bool TABLE, bool AHEAD>
+template <class T, int D1, int D3, int C, bool TABLE, bool AHEAD, bool TRANSPOSED>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
                                  const typename Conv<T>::Path& P, int u, bool active, int64_t k,
                                  int n, const int* receiver, const T* __restrict__ x,
                                  const T* __restrict__ grad_y, T* wts, const int* interval,
                                  const T* local_t, const T* unit, const T* MK, T* gx_slot, T* fe) {
-  const T s = P.parity ? T(-1) : T(1);
+  // the parity sign, and the partner's scale of transposed rows (Path::m_scale, 1 otherwise)
+  const T s = (P.parity ? T(-1) : T(1)) * P.m_scale;
   T sxk[D1][C], gxa[D1][C];
   const T* xk_row = x + k * c.dim_in + B.in_offset + u;
 #pragma unroll
@@ -923,8 +927,8 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                             interval, gn, cn);
     else
       gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
-    tp_backward_edge<T, D1, D3, C, TABLE>(c, P, u, active, e, gj, coef, wts, local_t, unit, MK, sxk,
-                                          gxa, fe);
+    tp_backward_edge<T, D1, D3, C, TABLE, TRANSPOSED>(c, P, u, active, e, gj, coef, wts, local_t,
+                                                      unit, MK, sxk, gxa, fe);
     if constexpr (AHEAD) {
 #pragma unroll
       for (int q = 0; q < D3; ++q)
@@ -1202,9 +1206,21 @@ __global__ void __launch_bounds__(kThreads, MINB)
       for_each_warp_task<T, true, MAX_D1, MAX_D3>(c, [&](auto d1, auto d3, auto lc, const auto& B,
                                                          const auto& P, int ch, bool active) {
         constexpr int D1 = decltype(d1)::value, D3 = decltype(d3)::value, C = decltype(lc)::value;
-        tp_backward_task<T, D1, D3, C, TABLE, backward_prefetch<MAX_D1, MAX_D3>(D1, D3, C)>(
-            c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
-            gx + P.gx_offset + ch, part + threadIdx.x / 32);
+        auto run = [&](auto transposed) {
+          tp_backward_task<T, D1, D3, C, TABLE, backward_prefetch<MAX_D1, MAX_D3>(D1, D3, C),
+                           decltype(transposed)::value>(
+              c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
+              gx + P.gx_offset + ch, part + threadIdx.x / 32);
+        };
+        // only paths with d1 < d3 read their partner's rows, in layers with l = 3 inputs
+        // (make_conv); the other kernels compile no transposed reads
+        if constexpr (D1 < D3 && MAX_D1 == 7) {
+          if (P.m_transposed) {
+            run(std::true_type{});
+            return;
+          }
+        }
+        run(std::false_type{});
       });
     }
     __syncthreads();
@@ -1414,8 +1430,16 @@ constexpr int kScalarPathBlocks = 4;
 
 // Largest edge chunk to try: 8 with the radial MLP, 16 with a radial table. A larger chunk
 // reads the MLP's weights fewer times and synchronizes less, but takes more shared memory
-// (benchmarks/results/gpu_summary.md has the measurements).
-inline int max_edge_chunk(bool table) { return table ? 16 : 8; }
+// (benchmarks/results/gpu_summary.md has the measurements). The backward of layers with
+// l = 3 inputs takes at most 4 edges: SevenNet-l3i5's layers 1-3 at 2 blocks per SM (H100,
+// 32,000 atoms, benchmarks/results/backward_chunk_cap/) ran 37.3 ms each at 4 edges, 50.5
+// at 8 and (with rows of their own) 44.5 at 6 against 38.2 at 4; only at 864 atoms were 8
+// edges faster (1.06 against 1.10 ms).
+template <class T>
+int max_edge_chunk(const typename Conv<T>::View& view, bool backward) {
+  if (backward && view.max_d1 == 7) return 4;
+  return view.table != nullptr ? 16 : 8;
+}
 
 // Whether `bytes` of dynamic shared memory (beside the kernel's static shared memory) leave one
 // SM as many blocks of `kernel` as its registers and launch bounds allow; remembered per device,
@@ -1453,7 +1477,7 @@ bool shared_keeps_occupancy(Kernel kernel, size_t bytes) {
 template <class T, int EC, class Pick, class Launch>
 bool launch_with(const Geometry<T>& geom, const typename Conv<T>::View& view, bool backward,
                  bool full_occupancy, size_t& bytes, Pick&& pick, Launch&& launch) {
-  if (EC > max_edge_chunk(view.table != nullptr)) return false;
+  if (EC > max_edge_chunk<T>(view, backward)) return false;
   bytes = smem_layout<T>(view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
   if (bytes > shared_limit()) return false;
   const auto kernel = pick(std::integral_constant<int, EC>{});
