@@ -77,37 +77,12 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-struct Structure {
-  int64_t n = 0;
-  double cell[9] = {};
-  bool pbc[3] = {false, false, false};
-  std::vector<double> positions;
-};
-
-Structure read_structure(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot open the structure file " + path);
-  std::vector<double> head(13);
-  f.read(reinterpret_cast<char*>(head.data()), 13 * sizeof(double));
-  if (!f) throw Error(path + ": truncated header");
-  Structure s;
-  s.n = static_cast<int64_t>(head[0]);
-  if (s.n <= 0 || static_cast<double>(s.n) != head[0]) throw Error(path + ": bad atom count");
-  std::copy(head.begin() + 1, head.begin() + 10, s.cell);
-  for (int a = 0; a < 3; ++a) s.pbc[a] = head[10 + a] != 0.0;
-  s.positions.resize(static_cast<size_t>(3 * s.n));
-  f.read(reinterpret_cast<char*>(s.positions.data()),
-         static_cast<std::streamsize>(s.positions.size() * sizeof(double)));
-  if (!f) throw Error(path + ": truncated positions");
-  return s;
-}
-
 // The order in which the kernels' thread blocks take the rows (CONV_MICRO_ROW_ORDER, a
 // measurement of the microbenchmark only): "natural" (the atoms' own order, no row list, as
 // the engine runs), "morton" (rows sorted by the Morton code of their position, 10 bits per
 // axis over the bounding box: rows near in space run at the same time, so that the rows they
 // gather share the L2 cache), or "random" (a fixed shuffle: atoms in no spatial order).
-std::vector<int32_t> row_order(const Structure& s, const std::string& order) {
+std::vector<int32_t> row_order(const e3fuse_micro::Structure& s, const std::string& order) {
   std::vector<int32_t> rows(static_cast<size_t>(s.n));
   for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   if (order == "random") {
@@ -175,7 +150,7 @@ int run(const Options& opt) {
   const auto model = e3fuse::Model::load(opt.model);
   const e3fuse::ModelPlan& plan = model->plan();
   const bool table = opt.radial == "table";
-  const Structure s = read_structure(opt.structure);
+  const e3fuse_micro::Structure s = e3fuse_micro::read_structure(opt.structure);
   const int64_t n = s.n;
 
   const e3fuse_micro::DeviceStream ds;
