@@ -7,7 +7,7 @@
 #
 # Builds _core and e3fuse_radial_micro (build/gpu-ab, -DE3FUSE_MICROBENCH=ON), then runs
 # benchmarks/micro/radial_micro.py with RADIAL_ARGS (its options; default: 7net-l3i5, 7net-0
-# and mp0-medium at 32,000 and 864 atoms, tiles 16, 32 and 64) -> $OUT/radial_summary.md, the
+# and mp0-medium at 32,000 and 864 atoms, four configurations) -> $OUT/radial_summary.md, the
 # JSON of every run and radial.log. Needs .carry/reference.tar.xz (sevenn and mace-torch make
 # the model files; the tests' carry, moved to that name, is enough).
 set -uo pipefail

@@ -36,6 +36,7 @@
 #include "e3fuse/error.h"
 #include "e3fuse/model.h"
 #include "micro_common.h"
+#include "micro_inputs.cuh"
 #include "model/plan.h"
 #include "neighbors/neighbor_list.cuh"
 
@@ -158,16 +159,9 @@ int run(const Options& opt) {
   cudaStream_t stream = ds.stream;
 
   // The graph: the engine's GPU neighbor list (BackendImpl::compute_system).
-  DeviceArray<double> positions;
-  positions.upload(s.positions.data(), s.positions.size(), stream);
-  cu::DeviceNeighborList neighbors(plan.cutoff, opt.skin);
-  neighbors.update(n, positions.data(), s.cell, s.pbc, 0.0, stream, s.positions.data());
-  check(cudaStreamSynchronize(stream), "neighbor list");
-  DeviceArray<int32_t> species;
-  species.upload(std::vector<int32_t>(static_cast<size_t>(n), 0));
-  e3fuse::GraphView g = neighbors.view(positions.data(), species.data());
-  g.num_nodes = n;
-  g.num_energy_nodes = n;
+  const e3fuse_micro::DeviceGraph graph(s, plan.cutoff, opt.skin, stream);
+  const e3fuse::GraphView& g = graph.view;
+  const cu::DeviceNeighborList& neighbors = graph.neighbors;
   const int64_t list_edges = neighbors.num_edges();
   const char* order_env = std::getenv("CONV_MICRO_ROW_ORDER");
   const std::string order = order_env && *order_env ? order_env : "natural";
@@ -224,12 +218,7 @@ int run(const Options& opt) {
   const bool mace = plan.family == "mace";
   const e3fuse::cpu::TypedPlan<T> typed = e3fuse::cpu::make_typed_plan<T>(plan, table && !mace);
   const cu::Geometry<T> geom = cu::make_geometry<T>(typed);
-  std::vector<const e3fuse::ConvPlan*> conv_plans;
-  if (mace) {
-    for (const auto& l : plan.mace_layers) conv_plans.push_back(&l.conv);
-  } else {
-    for (const auto& l : plan.layers) conv_plans.push_back(&l.conv);
-  }
+  const std::vector<const e3fuse::ConvPlan*> conv_plans = e3fuse_micro::conv_plans(plan);
 
   DeviceArray<int64_t> error_node;
   error_node.resize(2);

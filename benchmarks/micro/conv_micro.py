@@ -368,7 +368,12 @@ def run_e3fuse(exe: Path, e3f: Path, struct: Path, edges_out: Path, args: Any) -
         "--edges-out",
         str(edges_out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    return run_json(cmd, args.timeout)
+
+
+def run_json(cmd: list[str], timeout: float | None) -> dict[str, Any]:
+    """Runs a microbenchmark executable and returns the JSON object it prints."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(proc.stdout)

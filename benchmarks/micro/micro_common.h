@@ -1,12 +1,11 @@
 // benchmarks/micro/micro_common.h: what the microbenchmark executables share (conv_micro.cu,
 // linear_micro.cu, radial_micro.cu): the "--key value" command line and its common options,
-// CUDA-event timing per launch, random node rows, the structure file, the JSON list of times
-// and the result's output.
+// CUDA-event timing per launch, random node rows, the JSON list of times and the result's
+// output.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -133,34 +132,6 @@ inline void emit_json(const std::string& text, const std::string& path) {
   std::ofstream f(path);
   f << text;
   if (!f) throw e3fuse::Error("cannot write " + path);
-}
-
-// A structure file of conv_micro.py: float64 little endian [n, cell (9, rows = lattice
-// vectors), pbc (3, 0/1), positions (3 n)].
-struct Structure {
-  int64_t n = 0;
-  double cell[9] = {};
-  bool pbc[3] = {false, false, false};
-  std::vector<double> positions;
-};
-
-inline Structure read_structure(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw e3fuse::Error("cannot open the structure file " + path);
-  std::vector<double> head(13);
-  f.read(reinterpret_cast<char*>(head.data()), 13 * sizeof(double));
-  if (!f) throw e3fuse::Error(path + ": truncated header");
-  Structure s;
-  s.n = static_cast<int64_t>(head[0]);
-  if (s.n <= 0 || static_cast<double>(s.n) != head[0])
-    throw e3fuse::Error(path + ": bad atom count");
-  std::copy(head.begin() + 1, head.begin() + 10, s.cell);
-  for (int a = 0; a < 3; ++a) s.pbc[a] = head[10 + a] != 0.0;
-  s.positions.resize(static_cast<size_t>(3 * s.n));
-  f.read(reinterpret_cast<char*>(s.positions.data()),
-         static_cast<std::streamsize>(s.positions.size() * sizeof(double)));
-  if (!f) throw e3fuse::Error(path + ": truncated positions");
-  return s;
 }
 
 // The current device's properties and a non-blocking stream for the timed launches.

@@ -39,6 +39,7 @@
 #include "e3fuse/error.h"
 #include "e3fuse/model.h"
 #include "micro_common.h"
+#include "micro_inputs.cuh"
 #include "model/plan.h"
 #include "neighbors/neighbor_list.cuh"
 
@@ -410,28 +411,16 @@ int run_float32(const Options& opt) {
   const e3fuse_micro::DeviceStream ds;
   cudaStream_t stream = ds.stream;
 
-  DeviceArray<double> positions;
-  positions.upload(s.positions.data(), s.positions.size(), stream);
-  cu::DeviceNeighborList neighbors(plan.cutoff, opt.skin);
-  neighbors.update(n, positions.data(), s.cell, s.pbc, 0.0, stream, s.positions.data());
-  check(cudaStreamSynchronize(stream), "neighbor list");
-  DeviceArray<int32_t> species;
-  species.upload(std::vector<int32_t>(static_cast<size_t>(n), 0));
-  e3fuse::GraphView g = neighbors.view(positions.data(), species.data());
-  g.num_nodes = n;
-  g.num_energy_nodes = n;
+  const e3fuse_micro::DeviceGraph graph(s, plan.cutoff, opt.skin, stream);
+  const e3fuse::GraphView& g = graph.view;
+  const cu::DeviceNeighborList& neighbors = graph.neighbors;
 
   const bool mace = plan.family == "mace";
   const e3fuse::cpu::TypedPlan<float> typed = e3fuse::cpu::make_typed_plan<float>(plan, !mace);
   const cu::Geometry<float> geom = cu::make_geometry<float>(typed);
   if (geom.view.mace_embedding && geom.view.transform.kind != e3fuse::DistanceTransform::none)
     throw Error("a distance transform (species-pair radial input) is not timed here");
-  std::vector<const e3fuse::ConvPlan*> conv_plans;
-  if (mace) {
-    for (const auto& l : plan.mace_layers) conv_plans.push_back(&l.conv);
-  } else {
-    for (const auto& l : plan.layers) conv_plans.push_back(&l.conv);
-  }
+  const std::vector<const e3fuse::ConvPlan*> conv_plans = e3fuse_micro::conv_plans(plan);
   DeviceArray<int64_t> error_node;
   error_node.resize(2);
   error_node.zero();

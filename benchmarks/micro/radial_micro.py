@@ -16,9 +16,7 @@ checkpoints, the MACE-MP-0 medium architecture with random weights).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,29 +27,9 @@ import conv_micro  # noqa: E402
 
 def run(exe: Path, e3f: Path, struct: Path, config: str, json_out: Path, repeats: int) -> Any:
     tile, rows, plain = config.split(":")
-    cmd = [
-        str(exe),
-        "--model",
-        str(e3f),
-        "--structure",
-        str(struct),
-        "--tile",
-        tile,
-        "--rows",
-        rows,
-        "--plain",
-        plain,
-        "--warmup",
-        "3",
-        "--repeats",
-        str(repeats),
-        "--json-out",
-        str(json_out),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
-    return json.loads(json_out.read_text())
+    cmd = [str(exe), "--model", str(e3f), "--structure", str(struct), "--tile", tile]
+    cmd += ["--rows", rows, "--plain", plain, "--warmup", "3", "--repeats", str(repeats)]
+    return conv_micro.run_json([*cmd, "--json-out", str(json_out)], None)
 
 
 def markdown(rows: list[dict[str, Any]], configs: list[str]) -> str:
