@@ -66,7 +66,7 @@ MICRO=${MICRO:-conv}
 # kernels (with the working tree's CMakeLists.txt where the base has no target for it)
 grep -qE "e3fuse_${MICRO}_micro|foreach\(micro .*\b${MICRO}\b" "$BASE_TREE/CMakeLists.txt" ||
   cp CMakeLists.txt "$BASE_TREE/"
-cp benchmarks/micro/${MICRO}_micro.* benchmarks/micro/micro_common.h "$BASE_TREE/benchmarks/micro/" ||
+cp benchmarks/micro/${MICRO}_micro.* benchmarks/micro/micro_common.h benchmarks/micro/micro_inputs.cuh "$BASE_TREE/benchmarks/micro/" ||
   die "cannot copy the microbenchmark into the base"
 say "base built with the working tree's benchmarks/micro/${MICRO}_micro.*"
 build_micro() { # tree: e3fuse_${MICRO}_micro in tree/build/gpu
