@@ -163,7 +163,9 @@ __device__ void split_rows(const float* in, int K, uint32_t* hi, uint32_t* lo) {
 // (append_tf32_fragments, 32 bytes per lane and k-step) or, with `plain`, one float4 per
 // lane and k-step split here (half the bytes); B: the split rows [ET][K]). epilogue(mt, d)
 // gets each m-tile's accumulators d[nt][4] (mma_tf32.cuh's layout: lane 4 g + t holds rows
-// m0 + g and m0 + g + 8 of edges 8 nt + 2 t and 8 nt + 2 t + 1).
+// m0 + g and m0 + g + 8 of edges 8 nt + 2 t and 8 nt + 2 t + 1). Not chunk_gemm_tf32: that
+// keeps every B operand of the chunk in registers (32 per 8 edges at K = 64), which tiles of
+// 32-128 edges cannot afford; here B is read from shared memory per m-tile.
 template <int ET, class Epilogue>
 __device__ void tile_product(const uint32_t* hi, const uint32_t* lo, int K,
                              const float4* __restrict__ frag, const float4* __restrict__ plain,
@@ -208,9 +210,9 @@ __device__ void tile_product(const uint32_t* hi, const uint32_t* lo, int K,
 }
 
 // Warp 0 fills the tile with the next edges inside the cutoff of the block's rows
-// [*row, row_end), continuing across rows: s_edge, s_local (the row's index from the block's
-// first row) and s_row_of (the row itself); returns the count through *count. Block-wide
-// sync after.
+// [*row, row_end), continuing across rows: s_edge and s_local (the edge's row, counted from
+// the block's first row); returns the count through *count. Block-wide sync after. The scan
+// of one row is take_chunk's (conv_kernels.cuh), which stops at the end of its row.
 template <int ET>
 __device__ void take_tile(const e3fuse::GraphView& g, double cutoff2, int64_t first_row,
                           int64_t row_end, int64_t* row, int64_t* pos, int* count, int64_t* s_edge,
