@@ -1431,13 +1431,15 @@ constexpr int kScalarPathBlocks = 4;
 // Largest edge chunk to try: 8 with the radial MLP, 16 with a radial table. A larger chunk
 // reads the MLP's weights fewer times and synchronizes less, but takes more shared memory
 // (benchmarks/results/gpu_summary.md has the measurements). The backward of layers with
-// l = 3 inputs takes at most 4 edges: SevenNet-l3i5's layers 1-3 at 2 blocks per SM (H100,
-// 32,000 atoms, benchmarks/results/backward_chunk_cap/) ran 37.3 ms each at 4 edges, 50.5
-// at 8 and (with rows of their own) 44.5 at 6 against 38.2 at 4; only at 864 atoms were 8
-// edges faster (1.06 against 1.10 ms).
+// l = 3 inputs and l > 0 outputs takes at most 4 edges: SevenNet-l3i5's layers 1-3 at 2
+// blocks per SM (H100, 32,000 atoms, benchmarks/results/backward_chunk_cap/) ran 37.3 ms
+// each at 4 edges, 50.5 at 8 and (with rows of their own) 44.5 at 6 against 38.2 at 4; only
+// at 864 atoms were 8 edges faster (1.06 against 1.10 ms). Its last layer (scalar outputs,
+// the 4-block kernel) is not capped: capped, it took 4.66 ms against 2.64 at 32,000 atoms
+// (0.154 against 0.094 at 864; benchmarks/results/backward_l1_carveout/).
 template <class T>
 int max_edge_chunk(const typename Conv<T>::View& view, bool backward) {
-  if (backward && view.max_d1 == 7) return 4;
+  if (backward && view.max_d1 == 7 && view.max_d3 > 1) return 4;
   return view.table != nullptr ? 16 : 8;
 }
 
