@@ -1436,7 +1436,7 @@ constexpr int kScalarPathBlocks = 4;
 // each at 4 edges, 50.5 at 8 and (with rows of their own) 44.5 at 6 against 38.2 at 4; only
 // at 864 atoms were 8 edges faster (1.06 against 1.10 ms). Its last layer (scalar outputs,
 // the 4-block kernel) is not capped: capped, it took 4.67 ms against 2.66 at 32,000 atoms
-// (0.154 against 0.094 at 864; benchmarks/results/backward_l1_carveout/).
+// (0.153 against 0.095 at 864; benchmarks/results/backward_l1_carveout/, call 4).
 template <class T>
 int max_edge_chunk(const typename Conv<T>::View& view, bool backward) {
   if (backward && view.max_d1 == 7 && view.max_d3 > 1) return 4;
