@@ -55,6 +55,22 @@ E3F_HD bool sparse_forward(const View& c) {
   return c.sparse_cg && c.table != nullptr && (c.max_d1 <= 3 || c.max_d3 == 1);
 }
 
+// Whether the float32 backward runs its tensor product from the compile-time Wigner 3j
+// entries (tp_backward_edge_sparse) instead of the per-edge {M, K} rows: no rows are built,
+// and the angular force goes through dE/dY (3 d2 multiply-adds per lane and path where the
+// K contraction takes 3 d1 d3 per channel). Only in layers whose inputs or outputs are all
+// scalars (the first and last of SevenNet, the first of MACE). H200, backward ms at 32,000
+// atoms, {M, K} -> sparse (benchmarks/results/sparse_backward/): SevenNet-l3i5 layer 0 3.31
+// -> 3.12, layer 4 2.69 -> 2.60; SevenNet-0 2.50 -> 2.40, 2.19 -> 2.05; MACE-MP-0 medium
+// layer 0 5.82 -> 5.47 (864 atoms 3-16 % less). In the other layers it lost: SevenNet-l3i5's
+// layers 1-3 38.2 -> 110.8 ms each (864 atoms 1.11 -> 2.03), SevenNet-0's 10.8 -> 18.8,
+// MACE's layer 1 19.4 -> 20.3.
+template <class T, class View>
+E3F_HD bool sparse_backward(const View& c) {
+  return std::is_same_v<T, float> && c.sparse_cg && c.table != nullptr &&
+         (c.max_d1 == 1 || c.max_d3 == 1);
+}
+
 template <class T>
 E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_basis, int ec,
                         bool backward) {
@@ -90,7 +106,8 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.demb = take_if(mlp, t * ec * num_basis);
     s.pre = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.act = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
-    s.K = take(t * ec * c.m_per_edge * 4);  // {M, K_x, K_y, K_z} per entry
+    s.K =
+        take_if(!sparse_backward<T>(c), t * ec * c.m_per_edge * 4);  // {M, K_x, K_y, K_z} per entry
     s.acc = take(t * c.gx_slots);
     // each warp's per-edge force partials during the tensor product [EC][3][kWarps],
     // then (MLP only) the MLP adjoint's partial sums in the same space
@@ -866,6 +883,73 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
   if (lane % 8 == 0 && lane < 24) fe[(3 * e + lane / 8) * kWarps] += sum;
 }
 
+// One edge e of a backward task from the path's compile-time Wigner 3j entries
+// (ops/wigner3j_table.h; its Clebsch-Gordan block is alpha x w3j) instead of {M, K} rows,
+// with the radial table's w and dw/dr. Per channel mg[a] = alpha sum_{b,q} w3j[a][b][q] Y[b]
+// g_j[q] (tp_backward_edge's M g_j), and over the lane's channels the path's dE/dY,
+// t[b] = sum_{a,q} w3j[a][b][q] (w s x_k[a]) g_j[q], whose angular force is
+// alpha sum_b t[b] dY[b]/dv (Y[e][b][4] = {Y, dY/dv}, chunk_geometry).
+template <class T, int D1, int D2, int D3, int C>
+__device__ __forceinline__ void tp_backward_edge_sparse(
+    const typename Conv<T>::View& c, const typename Conv<T>::Path& P, int u, int e,
+    const T (&gj)[D3][C], const T (&coef)[C][4], const T* local_t, const T* unit, const T* Y,
+    int sh_dim, const T (&sxk)[D1][C], T (&gxa)[D1][C], T* fe) {
+  using W3j = ops::Wigner3j<(D1 - 1) / 2, (D2 - 1) / 2, (D3 - 1) / 2>;
+  T w[C], dw_dr[C];
+  edge_weights<T, C, true>(c, P, u, e, coef, nullptr, local_t, w, dw_dr);
+  const T* ye = Y + 4 * (e * sh_dim + P.sh_offset);
+  T y[D2], t[D2];
+#pragma unroll
+  for (int b = 0; b < D2; ++b) {
+    y[b] = ye[4 * b];
+    t[b] = T(0);
+  }
+  T wsx[D1][C], mg[D1][C];
+#pragma unroll
+  for (int a = 0; a < D1; ++a)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      wsx[a][ch] = w[ch] * sxk[a][ch];
+      mg[a][ch] = T(0);
+    }
+  W3j::for_each([&](int a, int b, int q, double value) {
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      const T p = static_cast<T>(value) * gj[q][ch];
+      mg[a][ch] += p * y[b];
+      t[b] += p * wsx[a][ch];
+    }
+  });
+  T dw[C] = {};
+#pragma unroll
+  for (int a = 0; a < D1; ++a)
+#pragma unroll
+    for (int ch = 0; ch < C; ++ch) {
+      const T m = P.alpha * mg[a][ch];
+      dw[ch] += sxk[a][ch] * m;
+      gxa[a][ch] += w[ch] * m;
+    }
+  T f0 = T(0), f1 = T(0), f2 = T(0);
+#pragma unroll
+  for (int b = 0; b < D2; ++b) {
+    T v[4];
+    load4_shared(ye + 4 * b, v);
+    f0 += t[b] * v[1];
+    f1 += t[b] * v[2];
+    f2 += t[b] * v[3];
+  }
+  const T fscale = P.alpha * c.inv_denominator;
+  T dr = T(0);
+#pragma unroll
+  for (int ch = 0; ch < C; ++ch) dr += dw[ch] * c.inv_denominator * dw_dr[ch];
+  f0 = f0 * fscale + dr * unit[4 * e];
+  f1 = f1 * fscale + dr * unit[4 * e + 1];
+  f2 = f2 * fscale + dr * unit[4 * e + 2];
+  const T sum = warp_sum3(f0, f1, f2);
+  const int lane = threadIdx.x % 32;
+  if (lane % 8 == 0 && lane < 24) fe[(3 * e + lane / 8) * kWarps] += sum;
+}
+
 // Edge e's inputs of a backward task: g_j's row of path P (channels u ..) and with TABLE
 // the cubic coefficients of its weights.
 template <class T, int D3, int C, bool TABLE>
@@ -895,15 +979,20 @@ __device__ __forceinline__ void gather_backward_edge(
 // C channels per lane share each {M, K} read and the force partials: with C > 1 each
 // channel's weight is folded into s x_k once per task, so that the K contraction runs once
 // for the C channels.
-template <class T, int D1, int D3, int C, bool TABLE, bool AHEAD, bool TRANSPOSED>
+//
+// SPARSE (sparse_backward, with TABLE): each edge from the path's Wigner 3j entries
+// (tp_backward_edge_sparse), reading Y and dY/dv instead of {M, K}.
+template <class T, int D1, int D3, int C, bool TABLE, bool AHEAD, bool TRANSPOSED, bool SPARSE>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
                                  const typename Conv<T>::Path& P, int u, bool active, int64_t k,
                                  int n, const int* receiver, const T* __restrict__ x,
                                  const T* __restrict__ grad_y, T* wts, const int* interval,
-                                 const T* local_t, const T* unit, const T* MK, T* gx_slot, T* fe) {
-  // the parity sign, and the partner's scale of transposed rows (Path::m_scale, 1 otherwise)
-  const T s = (P.parity ? T(-1) : T(1)) * P.m_scale;
+                                 const T* local_t, const T* unit, const T* MK, const T* Y,
+                                 int sh_dim, T* gx_slot, T* fe) {
+  // the parity sign, and the partner's scale of transposed rows (Path::m_scale, 1 otherwise;
+  // the sparse tasks read no rows)
+  const T s = (P.parity ? T(-1) : T(1)) * (SPARSE ? T(1) : P.m_scale);
   T sxk[D1][C], gxa[D1][C];
   const T* xk_row = x + k * c.dim_in + B.in_offset + u;
 #pragma unroll
@@ -916,29 +1005,49 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     }
   }
   // AHEAD: the next edge's row and coefficients are loaded before this edge's products (n >= 1)
-  T gj[D3][C], coef[C][4];
-  if constexpr (AHEAD)
-    gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, 0, receiver, grad_y, interval, gj, coef);
-#pragma unroll 1
-  for (int e = 0; e < n; ++e) {
-    T gn[D3][C], cn[C][4];
+  auto walk_edges = [&](auto&& edge) {
+    T gj[D3][C], coef[C][4];
     if constexpr (AHEAD)
-      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e + 1 < n ? e + 1 : e, receiver, grad_y,
-                                            interval, gn, cn);
-    else
-      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
-    tp_backward_edge<T, D1, D3, C, TABLE, TRANSPOSED>(c, P, u, active, e, gj, coef, wts, local_t,
-                                                      unit, MK, sxk, gxa, fe);
-    if constexpr (AHEAD) {
+      gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, 0, receiver, grad_y, interval, gj, coef);
+#pragma unroll 1
+    for (int e = 0; e < n; ++e) {
+      if constexpr (!AHEAD) {
+        gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e, receiver, grad_y, interval, gj, coef);
+        edge(e, gj, coef);
+      } else {
+        T gn[D3][C], cn[C][4];
+        gather_backward_edge<T, D3, C, TABLE>(c, B, P, u, e + 1 < n ? e + 1 : e, receiver, grad_y,
+                                              interval, gn, cn);
+        edge(e, gj, coef);
 #pragma unroll
-      for (int q = 0; q < D3; ++q)
+        for (int q = 0; q < D3; ++q)
 #pragma unroll
-        for (int ch = 0; ch < C; ++ch) gj[q][ch] = gn[q][ch];
+          for (int ch = 0; ch < C; ++ch) gj[q][ch] = gn[q][ch];
 #pragma unroll
-      for (int ch = 0; ch < C; ++ch)
+        for (int ch = 0; ch < C; ++ch)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) coef[ch][i] = cn[ch][i];
+          for (int i = 0; i < 4; ++i) coef[ch][i] = cn[ch][i];
+      }
     }
+  };
+  if constexpr (SPARSE) {
+    static_assert(TABLE, "the sparse backward reads its weights from the radial table");
+    with_irrep_dim(P.d2, [&](auto d2) {
+      constexpr int D2 = decltype(d2)::value;
+      if constexpr (!ops::Wigner3j<(D1 - 1) / 2, (D2 - 1) / 2, (D3 - 1) / 2>::exists) {
+        __trap();  // make_conv admits only paths with a Wigner 3j entry (sparse_cg)
+      } else {
+        walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
+          tp_backward_edge_sparse<T, D1, D2, D3, C>(c, P, u, e, gj, coef, local_t, unit, Y, sh_dim,
+                                                    sxk, gxa, fe);
+        });
+      }
+    });
+  } else {
+    walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
+      tp_backward_edge<T, D1, D3, C, TABLE, TRANSPOSED>(c, P, u, active, e, gj, coef, wts, local_t,
+                                                        unit, MK, sxk, gxa, fe);
+    });
   }
   if (!active) return;
 #pragma unroll
@@ -1148,7 +1257,9 @@ constexpr bool backward_prefetch(int d1, int d3, int c) {
 // MAX_D1: the largest input irrep dimension compiled (1, 3, 5 or 7, see for_each_warp_task);
 // MAX_D3 = 1: scalar outputs only.
 // PER_EDGE: as conv_forward_kernel's.
-template <class T, int EC, bool TABLE, int MINB, int MAX_D1, int MAX_D3 = 7, bool PER_EDGE = false>
+// SPARSE: the tensor product from the Wigner 3j entries (sparse_backward), no {M, K} rows.
+template <class T, int EC, bool TABLE, int MINB, int MAX_D1, int MAX_D3 = 7, bool PER_EDGE = false,
+          bool SPARSE = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          int64_t receiver_rows, const T* __restrict__ x,
@@ -1197,7 +1308,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                 geo.num_basis, true, demb, vec, u, s_interval, s_t, false);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
-    chunk_contract_sh<T, true>(c, n, geo.sh_dim, Y, MK);
+    if constexpr (!SPARSE) chunk_contract_sh<T, true>(c, n, geo.sh_dim, Y, MK);
     __syncthreads();
     {
       // the force partials [EC][3][kWarps], one column per warp
@@ -1208,13 +1319,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
         constexpr int D1 = decltype(d1)::value, D3 = decltype(d3)::value, C = decltype(lc)::value;
         auto run = [&](auto transposed) {
           tp_backward_task<T, D1, D3, C, TABLE, backward_prefetch<MAX_D1, MAX_D3>(D1, D3, C),
-                           decltype(transposed)::value>(
-              c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK,
-              gx + P.gx_offset + ch, part + threadIdx.x / 32);
+                           decltype(transposed)::value, SPARSE>(
+              c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK, Y,
+              geo.sh_dim, gx + P.gx_offset + ch, part + threadIdx.x / 32);
         };
         // only paths with d1 < d3 read their partner's rows, in layers with l = 3 inputs
         // (make_conv); the other kernels compile no transposed reads
-        if constexpr (D1 < D3 && MAX_D1 == 7) {
+        if constexpr (D1 < D3 && MAX_D1 == 7 && !SPARSE) {
           if (P.m_transposed) {
             run(std::true_type{});
             return;
@@ -1598,10 +1709,15 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2, 7>
                                       : conv_backward_kernel<T, EC, false, 2, 7>;
         if constexpr (std::is_same_v<T, float>) {
+          const bool sparse = sparse_backward<T>(conv.view);
           if (conv.view.table && conv.view.max_d1 == 1)
-            kernel = conv_backward_kernel<T, EC, true, kScalarPathBlocks, 1, 7>;
+            kernel = sparse
+                         ? conv_backward_kernel<T, EC, true, kScalarPathBlocks, 1, 7, false, true>
+                         : conv_backward_kernel<T, EC, true, kScalarPathBlocks, 1, 7>;
           else if (conv.view.table && conv.view.max_d3 == 1)
-            kernel = conv_backward_kernel<T, EC, true, kScalarPathBlocks, 7, 1>;
+            kernel = sparse
+                         ? conv_backward_kernel<T, EC, true, kScalarPathBlocks, 7, 1, false, true>
+                         : conv_backward_kernel<T, EC, true, kScalarPathBlocks, 7, 1>;
           else if (three_backward_blocks<T>(conv.view))
             kernel = conv_backward_kernel<T, EC, true, 3, 3>;
           else if (conv.view.table && conv.view.max_d1 == 5)
