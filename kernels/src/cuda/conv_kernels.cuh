@@ -582,6 +582,21 @@ __device__ __forceinline__ void with_path_dims(int d1, int d3, F&& f) {
   with_irrep_dim<MAX_D1>(d1, [&](auto a) { with_irrep_dim<MAX_D3>(d3, [&](auto b) { f(a, b); }); });
 }
 
+// f(std::integral_constant<int, D2>{}) for a path of input dimension D1, output D3 and
+// spherical-harmonics dimension d2, compiled only where the real Wigner 3j symbol
+// (l1, l2, l3) has entries (ops/wigner3j_table.h): the sparse kernels' dispatch. make_conv
+// admits only such paths to them (sparse_cg), so the others trap.
+template <int D1, int D3, class F>
+__device__ __forceinline__ void with_wigner3j_d2(int d2, F&& f) {
+  with_irrep_dim(d2, [&](auto d) {
+    constexpr int D2 = decltype(d)::value;
+    if constexpr (!ops::Wigner3j<(D1 - 1) / 2, (D2 - 1) / 2, (D3 - 1) / 2>::exists)
+      __trap();
+    else
+      f(d);
+  });
+}
+
 // Whether a path of these irrep dimensions may take two channels per lane: the larger
 // ones would need more than the backward kernel's 128 registers.
 E3F_HD constexpr bool pairs_channels(int d1, int d3) { return d1 + d3 <= 8; }
@@ -704,32 +719,28 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
     for (int ch = 0; ch < C; ++ch) acc[k][ch] = T(0);
   if constexpr (SPARSE) {
     // y[k] += w alpha sum w3j[a][b][k] x_j[a] Y[b] (ops/wigner3j_table.h); alpha at the end
-    with_irrep_dim(P.d2, [&](auto d2) {
+    with_wigner3j_d2<D1, D3>(P.d2, [&](auto d2) {
       constexpr int D2 = decltype(d2)::value;
       using W3j = ops::Wigner3j<(D1 - 1) / 2, (D2 - 1) / 2, (D3 - 1) / 2>;
-      if constexpr (!W3j::exists) {
-        __trap();  // make_conv admits only paths with a Wigner 3j entry (sparse_cg)
-      } else {
 #pragma unroll 1
-        for (int e = 0; e < n; ++e) {
-          T xa[D1][C], w[C];
-          forward_edge_inputs<T, D1, C, TABLE>(c, B, P, u, e, sender, x, wts, interval, local_t, xa,
-                                               w);
-          const T* ye = Y + e * sh_dim + P.sh_offset;
-          T y[D2];
+      for (int e = 0; e < n; ++e) {
+        T xa[D1][C], w[C];
+        forward_edge_inputs<T, D1, C, TABLE>(c, B, P, u, e, sender, x, wts, interval, local_t, xa,
+                                             w);
+        const T* ye = Y + e * sh_dim + P.sh_offset;
+        T y[D2];
 #pragma unroll
-          for (int b = 0; b < D2; ++b) y[b] = ye[b];
+        for (int b = 0; b < D2; ++b) y[b] = ye[b];
 #pragma unroll
-          for (int ch = 0; ch < C; ++ch) {
-            T s[D3];
+        for (int ch = 0; ch < C; ++ch) {
+          T s[D3];
 #pragma unroll
-            for (int k = 0; k < D3; ++k) s[k] = T(0);
-            W3j::for_each([&](int a, int b, int k, double value) {
-              s[k] += static_cast<T>(value) * (xa[a][ch] * y[b]);
-            });
+          for (int k = 0; k < D3; ++k) s[k] = T(0);
+          W3j::for_each([&](int a, int b, int k, double value) {
+            s[k] += static_cast<T>(value) * (xa[a][ch] * y[b]);
+          });
 #pragma unroll
-            for (int k = 0; k < D3; ++k) acc[k][ch] += w[ch] * s[k];
-          }
+          for (int k = 0; k < D3; ++k) acc[k][ch] += w[ch] * s[k];
         }
       }
     });
@@ -1033,16 +1044,11 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
   };
   if constexpr (SPARSE) {
     static_assert(TABLE, "the sparse backward reads its weights from the radial table");
-    with_irrep_dim(P.d2, [&](auto d2) {
-      constexpr int D2 = decltype(d2)::value;
-      if constexpr (!ops::Wigner3j<(D1 - 1) / 2, (D2 - 1) / 2, (D3 - 1) / 2>::exists) {
-        __trap();  // make_conv admits only paths with a Wigner 3j entry (sparse_cg)
-      } else {
-        walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
-          tp_backward_edge_sparse<T, D1, D2, D3, C>(c, P, u, e, gj, coef, local_t, unit, Y, sh_dim,
-                                                    sxk, gxa, fe);
-        });
-      }
+    with_wigner3j_d2<D1, D3>(P.d2, [&](auto d2) {
+      walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
+        tp_backward_edge_sparse<T, D1, decltype(d2)::value, D3, C>(c, P, u, e, gj, coef, local_t,
+                                                                   unit, Y, sh_dim, sxk, gxa, fe);
+      });
     });
   } else {
     walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
