@@ -20,18 +20,16 @@ int lane_channels(const typename Conv<T>::View& v, const typename Conv<T>::InBlo
 }
 
 // The order in which the threads take the M entries (chunk_contract_sh: thread t the stored
-// entries t, t + kThreads, ...): when they are more than half the threads, sorted by d2
-// (an entry's sums are d2 terms per edge) from the largest, each round of kThreads taken in
-// the opposite direction of the one before, so that each thread's sum of d2 is near the
-// mean. SevenNet-l3i5's 738 entries per edge: the largest sum of d2 over the threads is 1.56
-// times the mean in path order, 1.12 in this one. Fewer entries keep path order (every
-// thread takes at most one per group of edges).
+// entries t, t + kThreads, ...): when they are more than half the threads, sorted by their
+// terms (an entry's sum per edge) from the most, each round of kThreads taken in the
+// opposite direction of the one before, so that each thread's sum of terms is near the
+// mean. Fewer entries keep path order (every thread takes at most one per group of edges).
 template <class MEntry>
 std::vector<MEntry> contraction_order(const std::vector<MEntry>& entries) {
   if (entries.size() <= static_cast<size_t>(kThreads / 2)) return entries;
   std::vector<MEntry> order = entries;
   std::stable_sort(order.begin(), order.end(),
-                   [](const MEntry& a, const MEntry& b) { return a.d2 > b.d2; });
+                   [](const MEntry& a, const MEntry& b) { return a.terms > b.terms; });
   for (size_t r = 0; r < order.size(); r += kThreads) {
     if ((r / kThreads) % 2 == 1) {
       const size_t end = std::min(order.size(), r + kThreads);
@@ -79,6 +77,30 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
   }
   v.task_begin[kWarps] = static_cast<int>(out.size());
   return out;
+}
+
+// Column (a, k) of a path's Clebsch-Gordan block cg [d1][d2][d3] as M's entry `out`: its
+// nonzero coefficients in increasing b (Conv::MEntry), those past the first kInlineTerms
+// appended to extra_y / extra_w. False for a column with none: M's entry stays zero.
+template <class T>
+bool column_entry(const std::vector<T>& cg, int a, int k, int d2, int d3, int sh_offset, int out,
+                  std::vector<int>& extra_y, std::vector<T>& extra_w,
+                  typename Conv<T>::MEntry& entry) {
+  constexpr int inline_terms = Conv<T>::kInlineTerms;
+  entry = {out, 0, static_cast<int>(extra_y.size()), {}, {}};
+  for (int b = 0; b < d2; ++b) {
+    const T w = cg[(static_cast<size_t>(a) * d2 + b) * d3 + k];
+    if (w == T(0)) continue;
+    if (entry.terms < inline_terms) {
+      entry.y[entry.terms] = sh_offset + b;
+      entry.w[entry.terms] = w;
+    } else {
+      extra_y.push_back(sh_offset + b);
+      extra_w.push_back(w);
+    }
+    ++entry.terms;
+  }
+  return entry.terms > 0;
 }
 
 // Whether a path's Clebsch-Gordan block cg [d1][d2][d3] is alpha x w3j(l1, l2, l3), every
@@ -196,9 +218,13 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   // Group the paths by input block (in the order of the input blocks).
   std::vector<InBlock> blocks;
   std::vector<Path> paths;
+  using DenseEntry = typename Conv<T>::DenseEntry;
   std::vector<MEntry> entries, entries_fwd;
-  int m_stride_fwd = 0;
+  std::vector<DenseEntry> dense_entries;
+  int m_stride_fwd = 0, m_per_edge = 0;
   std::vector<T> cg;
+  std::vector<int> extra_y;
+  std::vector<T> extra_w;
   std::vector<int64_t> outputs_seen;
   std::vector<const std::vector<T>*> path_cg;  // per path: its CG block, d1, offset in cg
   std::vector<int> path_d1, path_cg_begin;
@@ -229,20 +255,21 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
              0,
              T(1)};
       gx_slots += p.d1 * ib.mul;
-      const int cg_begin = static_cast<int>(cg.size());
+      path_cg_begin.push_back(static_cast<int>(cg.size()));
       cg.insert(cg.end(), p.cg.begin(), p.cg.end());
       const int row = forward_m_row(p.d3);
       q.mf_offset = m_stride_fwd;
       m_stride_fwd += forward_m_size(p.d1, p.d3);
       for (int a = 0; a < p.d1; ++a)
         for (int k = 0; k < p.d3; ++k) {
-          entries_fwd.push_back(
-              {cg_begin + a * p.d2 * p.d3 + k, p.d2, p.d3, q.sh_offset, q.mf_offset + a * row + k});
+          MEntry entry;
+          if (column_entry(p.cg, a, k, p.d2, p.d3, q.sh_offset, q.mf_offset + a * row + k, extra_y,
+                           extra_w, entry))
+            entries_fwd.push_back(entry);
         }
       paths.push_back(q);
       path_cg.push_back(&p.cg);
       path_d1.push_back(p.d1);
-      path_cg_begin.push_back(cg_begin);
     }
     b.path_end = static_cast<int>(paths.size());
     blocks.push_back(b);
@@ -274,11 +301,16 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   for (size_t i = 0; i < paths.size(); ++i) {
     if (partner[i] >= 0) continue;
     Path& q = paths[i];
-    q.m_offset = static_cast<int>(entries.size());
+    q.m_offset = m_per_edge;
     for (int a = 0; a < path_d1[i]; ++a)
-      for (int k = 0; k < q.d3; ++k)
-        entries.push_back({path_cg_begin[i] + a * q.d2 * q.d3 + k, q.d2, q.d3, q.sh_offset,
-                           static_cast<int>(entries.size())});
+      for (int k = 0; k < q.d3; ++k, ++m_per_edge) {
+        dense_entries.push_back(
+            {path_cg_begin[i] + a * q.d2 * q.d3 + k, q.d2, q.d3, q.sh_offset, m_per_edge});
+        MEntry entry;
+        if (column_entry(*path_cg[i], a, k, q.d2, q.d3, q.sh_offset, m_per_edge, extra_y, extra_w,
+                         entry))
+          entries.push_back(entry);
+      }
   }
   for (size_t i = 0; i < paths.size(); ++i) {
     if (partner[i] < 0) continue;
@@ -293,19 +325,26 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   const std::vector<Task> tasks = deal_tasks<T>(blocks, paths, v);
   c.tasks.upload(tasks);
   v.tasks = c.tasks.data();
-  v.m_per_edge = static_cast<int>(entries.size());
-  v.m_entries_fwd = static_cast<int>(entries_fwd.size());
+  v.m_per_edge = m_per_edge;
+  v.m_columns = static_cast<int>(entries.size());
+  v.m_columns_fwd = static_cast<int>(entries_fwd.size());
   v.m_stride_fwd = m_stride_fwd;
   c.blocks.upload(blocks);
   c.paths.upload(paths);
   c.m_entries.upload(entries);
   c.m_entries_balanced.upload(contraction_order(entries_fwd));
+  c.extra_y.upload(extra_y);
+  c.extra_w.upload(extra_w);
+  c.m_dense_entries.upload(dense_entries);
   c.cg.upload(cg);
+  v.m_dense_entries = c.m_dense_entries.data();
+  v.cg = c.cg.data();
   v.blocks = c.blocks.data();
   v.paths = c.paths.data();
   v.m_entries = c.m_entries.data();
   v.m_entries_balanced = c.m_entries_balanced.data();
-  v.cg = c.cg.data();
+  v.extra_y = c.extra_y.data();
+  v.extra_w = c.extra_w.data();
 
   const auto& mlp = conv.mlp;
   v.mlp_layers = static_cast<int>(mlp.weight.size());

@@ -111,11 +111,24 @@ struct Conv {
   struct Task {
     int block, path, u0, lane_channels;
   };
-  // M[e][out] = sum_b cg[cg_base + b * d3] * Y[e][sh_offset + b] (see ops/tp.h). The entries
-  // are stored in the order the threads take them (chunk_contract_sh in conv_kernels.cuh), out is
-  // each one's column of M (m_entries: of the backward's rows; m_entries_balanced: of the
-  // forward's padded rows).
+  // Column `out` of M (m_entries: of the backward's rows; m_entries_balanced: of the
+  // forward's padded rows): M[e][out] = sum_b cg[a][b][k] Y[e][sh_offset + b] (ops/tp.h) over
+  // the column's nonzero coefficients only, in increasing b, so the same sum as over every b
+  // (a zero term adds nothing): sum_t w[t] Y[e][y[t]]. A real Wigner 3j column (a, k) has at
+  // most two nonzero coefficients (kInlineTerms); a longer column keeps the others in
+  // View::extra_y / extra_w from `extra` on. Over SevenNet-l3i5's 34 paths, 611 of 3,436
+  // coefficients are nonzero, and 197 of its 738 columns have none: those are not stored,
+  // their M stays the zero each block writes once. The entries are stored in the order the
+  // threads take them (chunk_contract_sh in conv_kernels.cuh).
+  static constexpr int kInlineTerms = 2;
   struct MEntry {
+    int out, terms, extra;
+    int y[kInlineTerms];
+    T w[kInlineTerms];
+  };
+  // The same column summed over every b (cg[cg_base + b d3] Y[e][sh_offset + b]): the {M, K}
+  // rows of the backward kernels with l = 3 inputs (dense_columns in conv_kernels.cuh).
+  struct DenseEntry {
     int cg_base, d2, d3, sh_offset, out;
   };
   struct View {
@@ -129,12 +142,16 @@ struct Conv {
     const Task* tasks = nullptr;  // warp w runs tasks[task_begin[w] .. task_begin[w + 1])
     int task_begin[kConvWarps + 1] = {};
     int gx_slots = 0;                   // sum over paths of d1 x mul
-    int m_per_edge = 0;                 // the backward's entries (shared by transposed partners)
-    int m_entries_fwd = 0;              // the forward's entries (d1 x d3 per path)
+    int m_per_edge = 0;                 // the backward's {M, K} row (shared by transposed partners)
+    int m_columns = 0;                  // its stored columns (m_entries; the others are zero)
+    int m_columns_fwd = 0;              // the forward's stored columns (m_entries_balanced)
     int m_stride_fwd = 0;               // the forward's M per edge, padded (Path::mf_offset)
     const MEntry* m_entries = nullptr;  // in path order (the backward's)
-    const MEntry* m_entries_balanced = nullptr;  // contraction_order (the forward's)
-    const T* cg = nullptr;
+    const DenseEntry* m_dense_entries = nullptr;  // all m_per_edge of them, in path order
+    const T* cg = nullptr;                        // the paths' blocks, for DenseEntry
+    const MEntry* m_entries_balanced = nullptr;   // contraction_order (the forward's)
+    const int* extra_y = nullptr;                 // MEntry's terms past kInlineTerms
+    const T* extra_w = nullptr;
     // Every path is alpha x w3j(l1, l2, l3) (Path::alpha): the forward tensor product may
     // run from the compile-time Wigner 3j entries (conv_kernels.cuh, sparse_forward).
     bool sparse_cg = false;
@@ -167,7 +184,10 @@ struct Conv {
   DeviceArray<Path> paths;
   DeviceArray<Task> tasks;
   DeviceArray<MEntry> m_entries, m_entries_balanced;
-  DeviceArray<T> cg, mlp, table;
+  DeviceArray<DenseEntry> m_dense_entries;
+  DeviceArray<T> cg;
+  DeviceArray<int> extra_y;
+  DeviceArray<T> extra_w, mlp, table;
   DeviceArray<float> mlp_fragments;
   DeviceArray<int> pair_slot;
   // mace's non-linear block without tables (see the top of this file): its RadialMLP in

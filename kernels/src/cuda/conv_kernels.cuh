@@ -425,16 +425,88 @@ __device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
   }
 }
 
-// Entry m of the chunk's edges e, e + step, ... below n: M[e][m] = sum_b cg[b] Y[e][b]
-// (forward), or with GRADIENT the backward's MK[e][m] = {M, K_x, K_y, K_z}, K_a = sum_b cg[b]
-// dY[e][b]/dv_a (the entry's derivative along the edge vector), from Y[e][b][4] = {Y, dY/dv}
-// (chunk_geometry), read by one 16-byte (float) load per (a, q) in tp_backward_edge.
-// D2 = d2 (1, 3, 5, 7): the entry's CG column stays in registers for all its edges and the
-// sums unroll; D2 = 0: d2 at run time (spherical harmonics above l = 3).
-template <class T, int D2, bool GRADIENT>
+// Entry me of the chunk's edges e, e + step, ... below n: M[e][out] = sum_t w[t] Y[e][y[t]]
+// over the column's nonzero coefficients (Conv::MEntry), or with GRADIENT the backward's
+// MK[e][out] = {M, K_x, K_y, K_z}, K_a the same sum of dY[e][b]/dv_a (the entry's derivative
+// along the edge vector), from Y[e][b][4] = {Y, dY/dv} (chunk_geometry), read by one 16-byte
+// (float) load per (a, q) in tp_backward_edge. Summed over every b, these terms were among
+// zeros (the same values). H200, all layers at 32,000 atoms, every b -> nonzero terms
+// (benchmarks/results/sparse_columns/): SevenNet-l3i5's forward 41.52 -> 39.13 ms (611 of
+// its 3,436 coefficients are nonzero), SevenNet-0's backward 36.89 -> 35.34, MACE-MP-0
+// medium's backward 24.83 -> 24.03 (864 atoms 2-7 % less); not in the l = 3 backward
+// (dense_columns).
+template <class T, bool GRADIENT>
 __device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
                                                const typename Conv<T>::MEntry& me, int e, int step,
                                                int n, int sh_dim, const T* Y, T* M) {
+  constexpr int R = GRADIENT ? 4 : 1;  // values per component of Y and per entry of M
+  constexpr int inline_terms = Conv<T>::kInlineTerms;
+  for (; e < n; e += step) {
+    const T* Ye = Y + R * e * sh_dim;
+    T s[R] = {};
+    auto add = [&](T w, int y) {
+      if constexpr (GRADIENT) {
+        T v[4];
+        load4_shared(Ye + 4 * y, v);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[r] += w * v[r];
+      } else {
+        s[0] += w * Ye[y];
+      }
+    };
+    add(me.w[0], me.y[0]);
+    if (me.terms > 1) add(me.w[1], me.y[1]);
+    for (int t = inline_terms; t < me.terms; ++t)
+      add(c.extra_w[me.extra + t - inline_terms], c.extra_y[me.extra + t - inline_terms]);
+    T* out = M + R * (e * (GRADIENT ? c.m_per_edge : c.m_stride_fwd) + me.out);
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = s[r];
+  }
+}
+
+// M (forward) or MK (backward, GRADIENT) for the chunk's n edges (contract_entry): the stored
+// entries only, the others stay the zeros of zero_contracted_rows. Thread t takes the stored
+// entries m = t, t + blockDim, ... and, when the entries are fewer than half the threads, one
+// of blockDim / entries groups of the edges: the entry's bookkeeping is paid once per group,
+// not once per edge. The sums are the ones each entry had when a thread took one (edge,
+// entry) pair (same order: same bits).
+// The forward takes the entries in contraction_order, the backward in path order. Measured
+// with both in contraction_order against both in path order (H100, 32,000 atoms, all layers,
+// benchmarks/results/conv_order_h100/): SevenNet-l3i5's forward 48.86 -> 46.59 ms (864 atoms
+// 1.383 -> 1.310), but its backward 129.56 -> 134.34 ms (864 atoms 3.737 -> 3.539);
+// SevenNet-0's backward 39.80 -> 38.74.
+template <class T, bool GRADIENT>
+__device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
+                                  T* M) {
+  const int entries = GRADIENT ? c.m_columns : c.m_columns_fwd;
+  if (entries == 0) return;
+  const int groups = max(1, static_cast<int>(blockDim.x) / entries);
+  for (int q = threadIdx.x; q < groups * entries; q += blockDim.x) {
+    const int group = q / entries, m = q - group * entries;
+    const typename Conv<T>::MEntry me = GRADIENT ? c.m_entries[m] : c.m_entries_balanced[m];
+    contract_entry<T, GRADIENT>(c, me, group, groups, n, sh_dim, Y, M);
+  }
+}
+
+// The backward kernels with l = 3 inputs (MAX_D1 = 7) build their {M, K} rows from every
+// coefficient of each column (Conv::DenseEntry), zeros included. With the nonzero ones only
+// (chunk_contract_sh) SevenNet-l3i5's layer-1 backward executed 6.5 % fewer instructions
+// but waited for them: "no instruction" stalls 1.67 -> 4.14 cycles per issue (ncu, H200,
+// 32,000 atoms), and its layers 1-3 took 37.7 -> 44.8 ms each (864 atoms 1.10 -> 1.05);
+// every other kernel was faster with the nonzero terms (benchmarks/results/sparse_columns/).
+template <int MAX_D1>
+constexpr bool dense_columns() {
+  return MAX_D1 == 7;
+}
+
+// Entry me of the chunk's edges e, e + step, ... below n: MK[e][out] = {M, K_x, K_y, K_z}
+// summed over every b of the column, which stays in registers for all its edges; D2 = d2
+// (1, 3, 5, 7), or 0: d2 at run time (spherical harmonics above l = 3).
+template <class T, int D2>
+__device__ __forceinline__ void contract_dense_entry(const typename Conv<T>::View& c,
+                                                     const typename Conv<T>::DenseEntry& me, int e,
+                                                     int step, int n, int sh_dim, const T* Y,
+                                                     T* M) {
   const T* cg = c.cg + me.cg_base;
   T column[D2 > 0 ? D2 : 1];
   if constexpr (D2 > 0) {
@@ -449,54 +521,38 @@ __device__ __forceinline__ void contract_entry(const typename Conv<T>::View& c,
   };
   const int d2 = D2 > 0 ? D2 : me.d2;
   for (; e < n; e += step) {
-    const int q = e * (GRADIENT ? c.m_per_edge : c.m_stride_fwd) + me.out;
+    const int q = e * c.m_per_edge + me.out;
     const int y0 = e * sh_dim + me.sh_offset;
-    if constexpr (!GRADIENT) {
-      T s = T(0);
+    T s = T(0), k0 = T(0), k1 = T(0), k2 = T(0);
 #pragma unroll
-      for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) s += weight(b) * Y[y0 + b];
-      M[q] = s;
-    } else {
-      T s = T(0), k0 = T(0), k1 = T(0), k2 = T(0);
-#pragma unroll
-      for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) {
-        T v[4];
-        load4_shared(Y + 4 * (y0 + b), v);
-        const T w = weight(b);
-        s += w * v[0];
-        k0 += w * v[1];
-        k1 += w * v[2];
-        k2 += w * v[3];
-      }
-      M[4 * q] = s;
-      M[4 * q + 1] = k0;
-      M[4 * q + 2] = k1;
-      M[4 * q + 3] = k2;
+    for (int b = 0; b < (D2 > 0 ? D2 : d2); ++b) {
+      T v[4];
+      load4_shared(Y + 4 * (y0 + b), v);
+      const T w = weight(b);
+      s += w * v[0];
+      k0 += w * v[1];
+      k1 += w * v[2];
+      k2 += w * v[3];
     }
+    M[4 * q] = s;
+    M[4 * q + 1] = k0;
+    M[4 * q + 2] = k1;
+    M[4 * q + 3] = k2;
   }
 }
 
-// M (forward) or MK (backward, GRADIENT) for the chunk's n edges (contract_entry). Thread t
-// takes the stored entries m = t, t + blockDim, ... and, when the entries are fewer than half
-// the threads, one of blockDim / entries groups of the edges: the entry's bookkeeping and
-// CG column are paid once per group, not once per edge. The sums are the ones each entry had
-// when a thread took one (edge, entry) pair (same order: same bits).
-// The forward takes the entries in contraction_order, the backward in path order. Measured
-// with both in contraction_order against both in path order (H100, 32,000 atoms, all layers,
-// benchmarks/results/conv_order_h100/): SevenNet-l3i5's forward 48.86 -> 46.59 ms (864 atoms
-// 1.383 -> 1.310), but its backward 129.56 -> 134.34 ms (864 atoms 3.737 -> 3.539);
-// SevenNet-0's backward 39.80 -> 38.74.
-template <class T, bool GRADIENT>
-__device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
-                                  T* M) {
-  const int entries = GRADIENT ? c.m_per_edge : c.m_entries_fwd;
+// chunk_contract_sh's backward with DenseEntry: every one of the m_per_edge entries.
+template <class T>
+__device__ void chunk_contract_dense(const typename Conv<T>::View& c, int n, int sh_dim, const T* Y,
+                                     T* M) {
+  const int entries = c.m_per_edge;
   if (entries == 0) return;
   const int groups = max(1, static_cast<int>(blockDim.x) / entries);
   for (int q = threadIdx.x; q < groups * entries; q += blockDim.x) {
     const int group = q / entries, m = q - group * entries;
-    const typename Conv<T>::MEntry me = GRADIENT ? c.m_entries[m] : c.m_entries_balanced[m];
+    const typename Conv<T>::DenseEntry me = c.m_dense_entries[m];
     auto run = [&](auto d2) {
-      contract_entry<T, decltype(d2)::value, GRADIENT>(c, me, group, groups, n, sh_dim, Y, M);
+      contract_dense_entry<T, decltype(d2)::value>(c, me, group, groups, n, sh_dim, Y, M);
     };
     switch (me.d2) {
       case 1:
@@ -516,6 +572,14 @@ __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh
         break;
     }
   }
+}
+
+// Zeroes the block's M (forward) or MK (backward, GRADIENT) rows of ec edges once: the
+// entries chunk_contract_sh does not store (no nonzero coefficient) keep these zeros.
+template <class T, bool GRADIENT>
+__device__ void zero_contracted_rows(const typename Conv<T>::View& c, int ec, T* M) {
+  const int count = GRADIENT ? 4 * ec * c.m_per_edge : ec * c.m_stride_fwd;
+  for (int q = threadIdx.x; q < count; q += blockDim.x) M[q] = T(0);
 }
 
 // C consecutive values (C = 1 or 2) through the read-only path: one 4-, 8- or 16-byte
@@ -1163,6 +1227,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   const int64_t i = rows ? rows[blockIdx.x] : blockIdx.x;  // ConvRows
   for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yacc[q] = T(0);
+  if constexpr (!SPARSE) zero_contracted_rows<T, false>(c, EC, M);
   if (threadIdx.x == 0) s_pos = g.row_offsets[i];
   const int64_t end = g.row_offsets[i + 1];
   const double cutoff2 = geo.cutoff * geo.cutoff;
@@ -1298,6 +1363,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   const int64_t k = rows ? rows[blockIdx.x] : blockIdx.x;  // ConvRows
   for (int q = threadIdx.x; q < c.gx_slots; q += blockDim.x) gx[q] = T(0);
+  if constexpr (!SPARSE && !dense_columns<MAX_D1>()) zero_contracted_rows<T, true>(c, EC, MK);
   if (threadIdx.x == 0) s_pos = g.row_offsets[k];
   const int64_t end = g.row_offsets[k + 1];
   const double cutoff2 = geo.cutoff * geo.cutoff;
@@ -1315,7 +1381,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                 geo.num_basis, true, demb, vec, u, s_interval, s_t, false);
     __syncthreads();
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, emb, h0, h1, wts, pre, act);
-    if constexpr (!SPARSE) chunk_contract_sh<T, true>(c, n, geo.sh_dim, Y, MK);
+    if constexpr (SPARSE) {
+    } else if constexpr (dense_columns<MAX_D1>()) {
+      chunk_contract_dense<T>(c, n, geo.sh_dim, Y, MK);
+    } else {
+      chunk_contract_sh<T, true>(c, n, geo.sh_dim, Y, MK);
+    }
     __syncthreads();
     {
       // the force partials [EC][3][kWarps], one column per warp
