@@ -127,7 +127,8 @@ struct Conv {
     T w[kInlineTerms];
   };
   // The same column summed over every b (cg[cg_base + b d3] Y[e][sh_offset + b]): the {M, K}
-  // rows of the backward kernels with l = 3 inputs (dense_columns in conv_kernels.cuh).
+  // rows of the backward kernels compiled for l = 3 inputs, which the float64 and radial-MLP
+  // layers run too (dense_columns in conv_kernels.cuh).
   struct DenseEntry {
     int cg_base, d2, d3, sh_offset, out;
   };

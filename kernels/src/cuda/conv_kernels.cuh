@@ -488,12 +488,14 @@ __device__ void chunk_contract_sh(const typename Conv<T>::View& c, int n, int sh
   }
 }
 
-// The backward kernels with l = 3 inputs (MAX_D1 = 7) build their {M, K} rows from every
-// coefficient of each column (Conv::DenseEntry), zeros included. With the nonzero ones only
-// (chunk_contract_sh) SevenNet-l3i5's layer-1 backward executed 6.5 % fewer instructions
-// but waited for them: "no instruction" stalls 1.67 -> 4.14 cycles per issue (ncu, H200,
-// 32,000 atoms), and its layers 1-3 took 37.7 -> 44.8 ms each (864 atoms 1.10 -> 1.05);
-// every other kernel was faster with the nonzero terms (benchmarks/results/sparse_columns/).
+// The backward kernels compiled for l = 3 inputs (MAX_D1 = 7: the float32 table kernel of
+// layers with l = 3 inputs, and the float64 and radial-MLP kernels of every layer) build
+// their {M, K} rows from every coefficient of each column (Conv::DenseEntry), zeros
+// included. With the nonzero ones only (chunk_contract_sh), SevenNet-l3i5's layer-1
+// backward executed 6.5 % fewer instructions but waited for them: "no instruction" stalls
+// 1.67 -> 4.14 cycles per issue (ncu, H200, 32,000 atoms), and its layers 1-3 took
+// 37.7 -> 44.8 ms each (864 atoms 1.10 -> 1.05). The float32 table kernels of the other
+// layers were faster with the nonzero terms (benchmarks/results/sparse_columns/).
 template <int MAX_D1>
 constexpr bool dense_columns() {
   return MAX_D1 == 7;
