@@ -98,7 +98,6 @@ def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[s
 
 
 def run_model(name: str, path: Path, sizes: list[int], repeats: int, profiled: int) -> list[dict]:
-    import torch
     from ase.calculators.calculator import all_changes
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -130,7 +129,9 @@ def run_model(name: str, path: Path, sizes: list[int], repeats: int, profiled: i
             trace = json.loads(trace_file.read_text())
         calls, events = gpu_intervals(trace)
         per_call = [call_breakdown(c, events) for c in calls]
-        med = {k: statistics.median(c[k] for c in per_call) for k in per_call[0]} if per_call else {}
+        med = {}
+        if per_call:
+            med = {k: statistics.median(c[k] for c in per_call) for k in per_call[0]}
         kernel_names: dict[str, list[float]] = {}
         if calls:
             last = calls[-1]
