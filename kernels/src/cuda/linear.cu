@@ -16,9 +16,12 @@
 //
 // float32 runs the same tiles on the tensor cores (linear_mma_kernel: mma.sync with
 // the 3xTF32 split of mma_tf32.cuh, float32-accurate) on sm_80 and later; float64 runs the
-// FMA kernel. Measured on an H200 at 32,000 atoms, linears' device time per 11 calls: MACE-MP-0
-// medium 104.6 (FMA kernel) -> 93.1 ms, SevenNet-0 92.9 -> 82.4 (benchmarks/results/
-// linear_tc_h200 and session_final_h200, two calls on the same kind of card).
+// FMA kernel. The tensor-core kernel copies each slice's pre-split B fragments into shared
+// memory (cp.async, double-buffered, once per block instead of once per warp and k-step
+// from L2) while the previous slice's products run. Measured on an H200 at 32,000 atoms,
+// linears' device time per 11 calls: MACE-MP-0 medium 104.6 (FMA kernel) -> 93.1 ms,
+// SevenNet-0 92.9 -> 82.4 (benchmarks/results/linear_tc_h200 and session_final_h200, two
+// calls on the same kind of card).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -253,7 +256,12 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
                 kSliceK % 8 == 0 && kRowsPerLoad * kSliceK == kMmaThreads &&
                 kLoads * kRowsPerLoad == TN);
   __shared__ __align__(16) float a_tile[TN * kMmaRow];
+  // The slice's B fragments (all kMmaNTiles n-tiles: every warp's), copied while the
+  // previous slice's products run; two buffers, b_buf the one the next slice goes into.
+  constexpr int kSliceFrags = kSliceK / 8 * kMmaNTiles * 32;
+  __shared__ __align__(16) float4 b_tile[2][kSliceFrags];
   __shared__ int next_species;
+  int b_buf = 0;
 
   const LinearTask task = tasks[blockIdx.x % num_tasks];
   const int m_begin = split_m ? static_cast<int>(blockIdx.z) : 0;
@@ -283,6 +291,12 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
           v[j] = k_ok && n < num_nodes ? __ldg(p + n * dim_src) : 0.0f;
         }
       };
+      auto stage_b = [&](const SliceCursor& c) {
+        const LinearSource& so = sources[c.si];
+        const int count = min(kSliceK / 8, (so.K - c.k0 + 7) / 8) * kMmaNTiles * 32;
+        const float4* from = frag_set + so.frag + static_cast<int64_t>(c.k0 / 8) * kMmaNTiles * 32;
+        for (int i = tid; i < count; i += kMmaThreads) copy_async_16(&b_tile[b_buf][i], from + i);
+      };
       auto advance = [&](SliceCursor& c) {
         c.k0 += kSliceK;
         while (c.si < task.source_end && c.k0 >= sources[c.si].K) {
@@ -301,21 +315,30 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
       SliceCursor next{task.source_begin, -kSliceK};
       advance(next);  // the first slice of a source with K > 0
       float staged[kLoads];
-      if (next.si < task.source_end) load_slice(next, staged);
+      if (next.si < task.source_end) {
+        load_slice(next, staged);
+        stage_b(next);
+      }
+      // b_tile[b_buf] holds the slice `next`. The buffer it goes into was last read two
+      // slices earlier (also across m and species passes), before the first barrier below.
       while (next.si < task.source_end) {
         const SliceCursor cur = next;
+        const float4* f = b_tile[b_buf] + nt0 * 32 + lane;
+        b_buf ^= 1;
         __syncthreads();  // the previous slice's fragments have been read
 #pragma unroll
         for (int j = 0; j < kLoads; ++j)
           a_tile[(load_row + j * kRowsPerLoad) * kMmaRow + load_k] = staged[j];
+        copy_async_wait_all();
         __syncthreads();
         advance(next);  // the next slice's loads fly while this one's products run
-        if (next.si < task.source_end) load_slice(next, staged);
+        if (next.si < task.source_end) {
+          load_slice(next, staged);
+          stage_b(next);
+        }
 
         const LinearSource& so = sources[cur.si];
         const int ksteps = min(kSliceK / 8, (so.K - cur.k0 + 7) / 8);
-        const float4* f =
-            frag_set + so.frag + (static_cast<int64_t>(cur.k0 / 8) * kMmaNTiles + nt0) * 32 + lane;
 #pragma unroll
         for (int ks = 0; ks < kSliceK / 8; ++ks) {
           if (ks >= ksteps) break;
@@ -332,7 +355,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
           }
 #pragma unroll
           for (int j = 0; j < kNTiles; ++j) {
-            const float4 b = __ldg(f + (ks * kMmaNTiles + j) * 32);
+            const float4 b = f[(ks * kMmaNTiles + j) * 32];
             const uint32_t bh[2] = {__float_as_uint(b.x), __float_as_uint(b.y)};
             const uint32_t bl[2] = {__float_as_uint(b.z), __float_as_uint(b.w)};
 #pragma unroll

@@ -86,6 +86,17 @@ __device__ __forceinline__ void mma_tf32(float d[4], uint32_t a0, uint32_t a1, u
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// 16 bytes from global to shared memory without a register round trip (cp.async, sm_80),
+// and the wait for all of this thread's copies.
+__device__ __forceinline__ void copy_async_16(void* to_shared, const void* from_global) {
+  const auto to = static_cast<unsigned>(__cvta_generic_to_shared(to_shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(from_global) : "memory");
+}
+
+__device__ __forceinline__ void copy_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // d += A B in 3xTF32 (small terms first), both operands already split: A as a[4] high / low
 // parts, B as b[2].
 __device__ __forceinline__ void mma_3xtf32(float d[4], const uint32_t ah[4], const uint32_t al[4],
