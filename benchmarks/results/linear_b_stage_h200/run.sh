@@ -5,7 +5,9 @@
 #   OUT=$OUT bash benchmarks/results/linear_b_stage_h200/run.sh
 set -uo pipefail
 [[ -f .carry/reference-tests.tar.xz ]] && mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
-MICRO=linear BASE=1495e5e0c9dd1c675e8ae47d52a2f2d599d71304 OUT=$OUT/ab ROUNDS=${ROUNDS:-2} REPEATS=${REPEATS:-5} \
+# BASE=HEAD: the device's git metadata is the session's first commit (a8f40bc here), whose
+# kernels/ is 1495e5e's; the working tree is the new side.
+MICRO=linear BASE=HEAD OUT=$OUT/ab ROUNDS=${ROUNDS:-2} REPEATS=${REPEATS:-5} \
   MICRO_MODELS="7net-0 7net-l3i5 mp0-medium" MICRO_SIZES="864 32000" timeout ${AB_S:-300} bash scripts/gpu_ab.sh
 echo "A/B done at $SECONDS s"
 # the staged module is the new tree's (gpu_ab.sh builds the new tree last)
