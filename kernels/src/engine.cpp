@@ -381,7 +381,6 @@ class MaceRunner {
     const auto N = static_cast<size_t>(n);
     up_.resize(num_layers);
     m_.resize(num_layers);
-    z_.resize(num_layers);
     rho_.resize(num_layers);
     nl_a_.resize(num_layers);
     nl_z_.resize(num_layers);
@@ -389,7 +388,7 @@ class MaceRunner {
     std::vector<T> x;
     embed_species(geom_, g, x);
     std::vector<double> inter(N, 0.0);
-    std::vector<T> sc, y, mlin, p, r(N);
+    std::vector<T> sc, y, p, r(N);
     for (int t = 0; t < num_layers; ++t) {
       const Layer& L = layers_[t];
       const int64_t rows = cpu::layer_output_rows(g, halo, t);
@@ -428,25 +427,21 @@ class MaceRunner {
         m_[t].resize(N * L.linear_2.dim_out);
         cpu::linear_forward(L.linear_2, rows, gated.data(), m_[t].data());
       } else {
-        // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
-        // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d). Z and rho are kept.
-        const auto dim = static_cast<int64_t>(L.linear.dim_out);
+        // m = linear(y), or skip(linear(y)) without residual (one element-dependent linear of
+        // y, MaceBlock::skip_reads_conv); as mace, density blocks divide m by 1 + rho
+        const int64_t dim = L.skip_reads_conv ? L.skip.dim_out : L.linear.dim_out;
         m_[t].resize(N * dim);
-        mlin.resize(N * dim);
-        const bool via_mlin = L.density || !L.residual;
-        cpu::linear_forward(L.linear, rows, y.data(), via_mlin ? mlin.data() : m_[t].data());
+        if (L.skip_reads_conv)
+          cpu::element_linear_forward(L.skip, rows, g.species, y.data(), m_[t].data());
+        else
+          cpu::linear_forward(L.linear, rows, y.data(), m_[t].data());
         if (L.density) {
           cpu::ensure_density_tables(layers_[t].edge_density, n, g.species);
           rho_[t].resize(N);
           cpu::edge_density_forward(geom_, L.edge_density, cpu::first_receivers(g, rows),
                                     rho_[t].data());
-          z_[t].assign(mlin.begin(), mlin.begin() + rows * dim);
+          scale_rows(m_[t], rows, dim, rho_[t]);
         }
-        if (!L.residual)
-          cpu::element_linear_forward(L.skip, rows, g.species, mlin.data(), m_[t].data());
-        else if (L.density)
-          std::copy(mlin.begin(), mlin.begin() + rows * dim, m_[t].begin());
-        if (L.density) scale_rows(m_[t], rows, L.residual ? dim : L.skip.dim_out, rho_[t]);
       }
       p.resize(N * L.product.dim_out);
       cpu::symmetric_contraction_forward(L.product, rows, g.species, m_[t].data(), p.data());
@@ -488,7 +483,7 @@ class MaceRunner {
     if (pair_.pair)
       cpu::pair_repulsion_backward(pair_, g, n, scale_, forces.data(),
                                    want_virial ? atom_virials.data() : nullptr);
-    std::vector<T> gx(N * layers_.back().product_linear.dim_out, T(0)), gp, gm, gmlin, gy, gup, gh;
+    std::vector<T> gx(N * layers_.back().product_linear.dim_out, T(0)), gp, gm, gy, gup, gh;
     for (int t = num_layers - 1; t >= 0; --t) {
       const Layer& L = layers_[t];
       const int64_t rows = cpu::layer_output_rows(g, halo, t);
@@ -507,23 +502,17 @@ class MaceRunner {
       gm.resize(N * L.product.dim_in);
       cpu::symmetric_contraction_backward(L.product, rows, g.species, m_[t].data(), gp.data(),
                                           gm.data());
-      if (!L.residual) {
-        gmlin.resize(N * L.linear.dim_out);
-        cpu::element_linear_backward(L.skip, rows, g.species, gm.data(), gmlin.data(), false);
-        gm.swap(gmlin);
-      }
-      if (L.density) {  // m = P(Z) / d, d = 1 + rho, P = skip or 1; gz = P^T dE/dm (gm now):
-        // dE/dZ = gz / d and dE/drho = -dE/dm . P(Z) / d^2 = -gz . Z / d^2
+      if (L.density) {  // m = P(y) / d, d = 1 + rho, P linear: dE/drho = -dE/dm . m / d,
+        // and dE/dP(y) = dE/dm / d
         grad_rho.assign(N, 0.0);
-        const auto dim = static_cast<size_t>(L.linear.dim_out);
+        const auto dim = static_cast<size_t>(L.product.dim_in);
         for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
-          const double inv_d = 1.0 / (1.0 + rho_[t][i]);
           double s = 0.0;
           for (size_t q = 0; q < dim; ++q)
-            s += static_cast<double>(gm[i * dim + q]) * static_cast<double>(z_[t][i * dim + q]);
-          grad_rho[i] = -s * inv_d * inv_d;
+            s += static_cast<double>(gm[i * dim + q]) * static_cast<double>(m_[t][i * dim + q]);
+          grad_rho[i] = -s / (1.0 + rho_[t][i]);
         }
-        scale_rows(gm, rows, L.linear.dim_out, rho_[t]);
+        scale_rows(gm, rows, static_cast<int64_t>(dim), rho_[t]);
       }
       if (L.nonlinear_block) {
         // m = linear_2(gate(z)), z = a / d + linear_res(u), a = linear_1(y), d = alpha + beta rho:
@@ -547,7 +536,10 @@ class MaceRunner {
         }
       }
       gy.resize(N * L.linear.dim_in);
-      cpu::linear_backward(L.linear, rows, gm.data(), gy.data(), false);
+      if (L.skip_reads_conv)
+        cpu::element_linear_backward(L.skip, rows, g.species, gm.data(), gy.data(), false);
+      else
+        cpu::linear_backward(L.linear, rows, gm.data(), gy.data(), false);
       zero_rows_from(gy, rows, L.linear.dim_in);  // ghosts' energies are not ours
       gup.resize(N * L.conv.dim_in);
       const GraphView backward_graph =
@@ -582,8 +574,7 @@ class MaceRunner {
   std::vector<double> pair_table_;  // ZBL pair repulsion (pair_.pair null: none)
   ops::PairRepulsionView pair_;
   std::vector<std::vector<T>> up_, m_, hidden_;
-  std::vector<std::vector<T>> z_;         // density blocks: Z = linear(conv)
-  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides (skip of) Z
+  std::vector<std::vector<double>> rho_;  // density blocks: 1 + rho divides m
   std::vector<double> grad_rho;
   std::vector<std::vector<T>> nl_a_, nl_z_;  // non-linear blocks: linear_1(y), the gate's input
   std::vector<T> gz;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "cpu/typed_plan.h"
@@ -82,11 +84,65 @@ SymmetricContraction<T> make_symmetric_contraction(const SymmetricContractionPla
   return s;
 }
 
+// then(first(x)) as one element-dependent linear layer, in float64. Both maps act within
+// each irrep type, so per species every pair of paths a -> b (first) and b -> c (then)
+// gives W[a -> c] += W_first[a -> b] W_then[b -> c] (e3nn's path weights are folded into
+// the plan's weights).
+inline ElementLinearPlan compose_linears(const LinearPlan& first, const ElementLinearPlan& then) {
+  auto same_irreps = [](const Irreps& a, const Irreps& b) {
+    if (a.dim != b.dim || a.blocks.size() != b.blocks.size()) return false;
+    for (size_t i = 0; i < a.blocks.size(); ++i)
+      if (a.blocks[i].mul != b.blocks[i].mul || a.blocks[i].l != b.blocks[i].l ||
+          a.blocks[i].offset != b.blocks[i].offset)
+        return false;
+    return true;
+  };
+  if (!first.biases.empty() || !same_irreps(first.out, then.in))
+    throw Error("internal: linear layers that do not compose");
+  ElementLinearPlan out;
+  out.in = first.in;
+  out.out = then.out;
+  for (const LinearPlan& second : then.per_species) {
+    if (!second.biases.empty() || !same_irreps(second.in, then.in))
+      throw Error("internal: linear layers that do not compose");
+    LinearPlan c;
+    c.in = first.in;
+    c.out = second.out;
+    std::map<std::pair<int, int>, size_t> index;  // (in block, out block) -> path
+    for (const LinearPath& p : first.paths)
+      for (const LinearPath& q : second.paths) {
+        if (q.in_block != p.out_block) continue;
+        const int mul_a = first.in.blocks[p.in_block].mul;
+        const int mul_b = first.out.blocks[p.out_block].mul;
+        const int mul_c = second.out.blocks[q.out_block].mul;
+        const auto [at, fresh] =
+            index.emplace(std::make_pair(p.in_block, q.out_block), c.paths.size());
+        if (fresh)
+          c.paths.push_back({p.in_block, q.out_block,
+                             std::vector<double>(static_cast<size_t>(mul_a) * mul_c, 0.0)});
+        std::vector<double>& w = c.paths[at->second].weight;
+        for (int u = 0; u < mul_a; ++u)
+          for (int v = 0; v < mul_b; ++v) {
+            const double a = p.weight[static_cast<size_t>(u) * mul_b + v];
+            for (int k = 0; k < mul_c; ++k)
+              w[static_cast<size_t>(u) * mul_c + k] +=
+                  a * q.weight[static_cast<size_t>(v) * mul_c + k];
+          }
+      }
+    out.per_species.push_back(std::move(c));
+  }
+  return out;
+}
+
 // One MACE interaction + product + readout as typed ops (see MaceRunner in
 // engine.cpp), the convolution's neighbours wired to its ir_mul layout.
 template <class T>
 struct MaceBlock {
   bool residual = false, add_sc = false, nonlinear = false;
+  // Without residual (mace's first interaction), m = skip(linear(y)): `skip` is then that
+  // composition, one element-dependent linear reading the convolution's output y in its
+  // ir_mul layout (compose_linears), and `linear` is not run (its dimensions are y's and m's).
+  bool skip_reads_conv = false;
   ElementLinear<T> skip;
   Linear<T> linear_up, linear, product_linear, readout_1, readout_2;
   Conv<T> conv;
@@ -116,7 +172,8 @@ MaceBlock<T> make_mace_block(const MaceLayer& l, const ModelPlan* table_of = nul
   MaceBlock<T> q;
   q.residual = l.residual;
   q.add_sc = l.residual && l.product_sc;
-  q.skip = make_element_linear<T>(l.skip);
+  q.skip_reads_conv = !l.residual && !l.nonlinear_block;
+  q.skip = make_element_linear<T>(q.skip_reads_conv ? compose_linears(l.linear, l.skip) : l.skip);
   q.linear_up = make_linear<T>(l.linear_up);
   q.linear = make_linear<T>(l.linear);
   q.conv = make_conv<T>(l.conv, table_of);
@@ -130,6 +187,11 @@ MaceBlock<T> make_mace_block(const MaceLayer& l, const ModelPlan* table_of = nul
   q.density = l.density;
   if (q.density) q.edge_density = make_edge_density<T>(l.density_weights, table_of);
   wire_conv_layout(q.linear_up, q.conv, q.linear);
+  if (q.skip_reads_conv)
+    for (Linear<T>& lin : q.skip.per_species) {
+      split_linear_side(lin, q.conv.out_blocks, true);
+      lin.in_ir_mul = true;
+    }
   if (l.nonlinear_block) {
     q.nonlinear_block = true;
     q.linear_res = make_linear<T>(l.linear_res);

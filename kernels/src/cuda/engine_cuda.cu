@@ -136,13 +136,6 @@ void zero_rows(T* a, int64_t first_row, int64_t num_rows, int width, cudaStream_
           "memset");
 }
 
-// Copies `count` values between device arrays.
-template <class T>
-void copy_values(const T* from, T* to, int64_t count, cudaStream_t stream) {
-  if (count > 0)
-    check(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToDevice, stream), "copy");
-}
-
 // E3FUSE_PROFILE=1: device time of each stage (events around it, summed over calls),
 // printed to stderr when the engine is destroyed. Off by default (no events recorded).
 class StageProfiler {
@@ -540,6 +533,7 @@ class MaceModel : public Model {
  public:
   struct Layer {
     bool residual = false, add_sc = false, nonlinear = false;
+    bool skip_reads_conv = false;  // m = skip(y), skip composed with linear (cpu::MaceBlock)
     ElementLinear<T> skip;
     Linear<T> linear_up, linear, product_linear, readout_1, readout_2;
     Conv<T> conv;
@@ -562,6 +556,12 @@ class MaceModel : public Model {
     }
   };
 
+  // m's row: the linear's (or skip's) output; with skip_reads_conv also dE/dy in the backward
+  static size_t m_width(const Layer& l) {
+    return static_cast<size_t>(l.skip_reads_conv ? std::max(l.skip.dim_out, l.linear.dim_in)
+                                                 : l.linear.dim_out);
+  }
+
   MaceModel(const ModelPlan& plan, const cpu::TypedPlan<T>& typed, bool radial_tables)
       : geom_(make_geometry<T>(typed)) {
     embedding_dim_ = typed.embedding_dim;
@@ -572,6 +572,7 @@ class MaceModel : public Model {
       const cpu::MaceBlock<T> h = cpu::make_mace_block<T>(l, radial_tables ? &plan : nullptr);
       Layer q;
       q.residual = h.residual;
+      q.skip_reads_conv = h.skip_reads_conv;
       q.add_sc = h.add_sc;
       q.nonlinear = h.nonlinear;
       q.skip = make_element_linear<T>(h.skip);
@@ -687,7 +688,7 @@ class MaceModel : public Model {
                          s.error_node.data(), st, part);
           });
       s.profiler.mark("linear forward", st);
-      m_[t].resize(N * l.linear.dim_out);
+      m_[t].resize(N * m_width(l));
       if (l.nonlinear_block) {  // z = linear_1(y) / (alpha + beta rho) + linear_res(u)
         s.profiler.mark("edge density", st);
         rho_[t].resize(N);
@@ -705,16 +706,14 @@ class MaceModel : public Model {
         m_[t].resize(N * l.linear_2.dim_out);
         linear_forward(l.linear_2, rows, a_.data(), m_[t].data(), st);
       } else {
-        // Z = linear(y); m = Z, or skip(Z) without residual; as mace, density blocks divide m
-        // by 1 + rho (skip is linear: skip(Z / d) = skip(Z) / d): m_ keeps P(Z) unscaled and
-        // the contraction scales its rows as it loads them (RowDensity), forward and backward
-        linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
-        if (!l.residual) {
-          // m = skip(linear(y)): y's buffer, dead after the linear, takes skip's output
-          y_.resize(std::max(y_.size(), N * l.skip.dim_out));
-          element_linear_forward(l.skip, rows, g.species, m_[t].data(), y_.data(), st);
-          copy_values(y_.data(), m_[t].data(), rows * l.skip.dim_out, st);
-        }
+        // m = P(y) = linear(y), or skip(linear(y)) without residual (one element-dependent
+        // linear of y, skip_reads_conv); as mace, density blocks divide m by 1 + rho: m_ keeps
+        // P(y) unscaled and the contraction scales its rows as it loads them (RowDensity),
+        // forward and backward
+        if (l.skip_reads_conv)
+          element_linear_forward(l.skip, rows, g.species, y_.data(), m_[t].data(), st);
+        else
+          linear_forward(l.linear, rows, y_.data(), m_[t].data(), st);
       }
       p_.resize(N * l.product.dim_out);
       s.profiler.mark("symmetric contraction", st);
@@ -782,15 +781,15 @@ class MaceModel : public Model {
         rho_partials_.resize(N * static_cast<size_t>(sc_density_partials(l.product)));
         density = {rho_[t].data(), grad_rho_[t].data(), n, rho_partials_.data()};
       }
-      // without residual, dE/d skip(Z) goes to y's (dead) buffer and dE/dZ = skip^T of it to m's
-      if (!l.residual) y_.resize(std::max(y_.size(), N * l.skip.dim_out));
-      T* g_product_in = l.residual ? gm.data() : y_.data();
+      // with skip_reads_conv, dE/dP(y) goes to y's (dead) buffer and dE/dy = skip^T of it to
+      // m's (sized for it, m_width)
+      if (l.skip_reads_conv) y_.resize(std::max(y_.size(), N * l.skip.dim_out));
+      T* g_product_in = l.skip_reads_conv ? y_.data() : gm.data();
       symmetric_contraction_backward(l.product, rows, g.species, m_[t].data(), gp.data(),
                                      g_product_in, st, density);
-      if (!l.residual)
-        element_linear_backward(l.skip, rows, g.species, y_.data(), gm.data(), false, st);
       s.profiler.mark("linear backward", st);
-      // dE/dy reuses y's buffer (dead after the forward's linear; the largest node tensor)
+      // dE/dy: m's buffer (skip_reads_conv), else y's (dead after the forward's linear; the
+      // largest node tensor)
       const T* g_linear_out = gm.data();
       if (l.nonlinear_block) {  // dE/dz = gate^T linear_2^T dE/dm; dE/da = dE/dz / d; dE/drho
         gh_.resize(N * l.linear_2.dim_in);
@@ -804,9 +803,14 @@ class MaceModel : public Model {
                                  grad_rho_[t].data(), st);
         g_linear_out = ga_.data();
       }
-      y_.resize(N * l.linear.dim_in);
-      T* gy = y_.data();
-      linear_backward(l.linear, rows, g_linear_out, gy, false, st);
+      T* gy = gm.data();
+      if (l.skip_reads_conv) {
+        element_linear_backward(l.skip, rows, g.species, y_.data(), gy, false, st);
+      } else {
+        y_.resize(N * l.linear.dim_in);
+        gy = y_.data();
+        linear_backward(l.linear, rows, g_linear_out, gy, false, st);
+      }
       zero_rows(gy, rows, n, static_cast<int>(l.linear.dim_in), st);  // not our energies
       gup_.resize(N * l.conv.view.dim_in);
       const GraphView backward_graph =
@@ -860,7 +864,7 @@ class MaceModel : public Model {
            gup = 0, gprev = 0, doubles = 0, partials = 0;
     for (const Layer& l : layers_) {
       up += l.linear_up.dim_out;
-      m += l.linear.dim_out;
+      m += m_width(l);
       x = std::max<size_t>(x, l.product_linear.dim_out);
       if (l.residual) sc = std::max<size_t>(sc, l.skip.dim_out);
       y = std::max<size_t>({y, size_t(l.conv.view.dim_out), size_t(l.skip.dim_out),
