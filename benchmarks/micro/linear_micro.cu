@@ -150,7 +150,7 @@ int run(const Options& opt) {
       const std::string p = std::to_string(t) + ".";
       add_element_linear(p + "skip", b.skip);
       add_linear(p + "linear_up", b.linear_up);
-      add_linear(p + "linear", b.linear);
+      if (!b.skip_reads_conv) add_linear(p + "linear", b.linear);  // else composed into skip
       if (b.nonlinear_block) {
         add_linear(p + "linear_res", b.linear_res);
         add_linear(p + "linear_2", b.linear_2);
