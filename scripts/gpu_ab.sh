@@ -55,7 +55,8 @@ fi
 BASE_TREE=/tmp/e3fuse-base
 rm -rf "$BASE_TREE"
 git worktree prune
-git worktree add --detach "$BASE_TREE" "$BASE" >>"$LOG" 2>&1 || die "no worktree for $BASE"
+git worktree add --detach "$BASE_TREE" "$BASE" >>"$LOG" 2>&1 ||
+  die "no worktree for $BASE: the device's git holds the commits up to the session's first one, not later ones (BASE=HEAD is the working tree's base)"
 base_commit=$(git -C "$BASE_TREE" rev-parse HEAD)
 new_commit="$(git rev-parse HEAD)$(git diff --quiet HEAD -- kernels benchmarks/micro || echo +dirty)"
 say "base $base_commit, new $new_commit"
