@@ -93,7 +93,7 @@ inline ElementLinearPlan compose_linears(const LinearPlan& first, const ElementL
     if (a.dim != b.dim || a.blocks.size() != b.blocks.size()) return false;
     for (size_t i = 0; i < a.blocks.size(); ++i)
       if (a.blocks[i].mul != b.blocks[i].mul || a.blocks[i].l != b.blocks[i].l ||
-          a.blocks[i].offset != b.blocks[i].offset)
+          a.blocks[i].parity != b.blocks[i].parity || a.blocks[i].offset != b.blocks[i].offset)
         return false;
     return true;
   };
