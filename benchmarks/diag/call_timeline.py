@@ -3,9 +3,9 @@
 The issue's 864-atom targets (SevenNet-0 and MACE <= 2.0 ms, SevenNet-l3i5 <= 5.0 ms) sit
 below what the convolution kernels alone leave for the rest of the call, and it names a CUDA
 graph of the step as a way to cut what launches cost. Before building one, this script
-measures what a graph could save: one model call (bench_gpu.py's, Calculator.calculate on
-unchanged positions) under torch.profiler's CUDA activity trace (CUPTI sees every kernel of
-the process, the engine's included), and per call:
+measures what a graph could save: bench_gpu.py's model call of e3fuse (its _setup_e3fuse and
+_model_call: Calculator.calculate on unchanged positions) under torch.profiler's CUDA
+activity trace (CUPTI sees every kernel of the process, the engine's included), and per call:
 - wall ms (calculate, host <-> device copies included) and its median over the timed calls;
 - kernels and copies: count, device ms summed, and the busy union of all GPU activity;
 - GPU idle inside the call: before the first activity, between activities (the gaps a graph
@@ -15,7 +15,7 @@ the process, the engine's included), and per call:
     python benchmarks/diag/call_timeline.py --model 7net-0=benchmarks/models/7net-0.e3f \
         --sizes 864 4000 --json out.json
 
-Needs a GPU, torch and ase (the reference carry).
+Needs a GPU, torch and ase (the reference carry); --device cpu checks the script itself.
 """
 
 from __future__ import annotations
@@ -31,17 +31,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import bench_gpu  # noqa: E402
 import cases  # noqa: E402
 
-PROPERTIES = ["energy", "forces", "stress"]
 CALL = "e3fuse_call"
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def gpu_intervals(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(calls, gpu events) of a chrome trace: the record_function ranges named CALL and the
-    kernels / copies / memsets, each {ts, end, cat, name} in microseconds."""
-    calls, gpu = [], []
+    """(calls, events) of a chrome trace: the record_function ranges named CALL, and the
+    kernels, copies, memsets and CUDA runtime calls, each {ts, end, cat, name} in
+    microseconds."""
+    calls, events = [], []
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") != "X":
             continue
@@ -54,10 +55,10 @@ def gpu_intervals(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dic
         if item["name"] == CALL and item["cat"] == "user_annotation":
             calls.append(item)
         elif item["cat"] in GPU_CATEGORIES or item["cat"] == "cuda_runtime":
-            gpu.append(item)
+            events.append(item)
     calls.sort(key=lambda e: e["ts"])
-    gpu.sort(key=lambda e: e["ts"])
-    return calls, gpu
+    events.sort(key=lambda e: e["ts"])
+    return calls, events
 
 
 def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -97,20 +98,21 @@ def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[s
     }
 
 
-def run_model(name: str, path: Path, sizes: list[int], repeats: int, profiled: int) -> list[dict]:
-    from ase.calculators.calculator import all_changes
+def run_model(
+    name: str, path: Path, sizes: list[int], repeats: int, profiled: int, device: str
+) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    import e3fuse
-
+    spec = {"engine": "e3fuse", "model_file": str(path), "device": device, "dtype": "float32"}
+    calc = bench_gpu._setup_e3fuse(spec)["calc"]
     rows = []
-    calc = e3fuse.Calculator(str(path), device="cuda", dtype="float32")
     for n in sizes:
         atoms = cases.build_atoms(cases.case_for_size(n))
         atoms.calc = calc
+        prepare, model_call = bench_gpu._model_call(spec, calc, atoms)
 
-        def call(atoms: Any = atoms) -> None:
-            calc.calculate(atoms, PROPERTIES, all_changes)
+        def call(prepare: Any = prepare, model_call: Any = model_call) -> None:
+            model_call(prepare())
 
         for _ in range(5):
             call()
@@ -181,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--profiled", type=int, default=10)
     p.add_argument("--json", type=Path)
+    p.add_argument("--device", default="cuda", help="cpu: a check of this script (no GPU trace)")
     args = p.parse_args(argv)
     rows = []
     for spec in args.model:
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(path).is_file():
             print(f"{name}: no model file {path}", flush=True)
             continue
-        rows += run_model(name, Path(path), args.sizes, args.repeats, args.profiled)
+        rows += run_model(name, Path(path), args.sizes, args.repeats, args.profiled, args.device)
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=1))
     return 0
