@@ -41,12 +41,13 @@ std::vector<MEntry> contraction_order(const std::vector<MEntry>& entries) {
 }
 
 // Splits the tensor product into warp tasks (path, 32 x lane_channels channels) and deals
-// them to the kWarps warps, largest cost (d1 x d3 x lane_channels multiply-adds per edge
-// and lane) first, each to the least loaded warp; fills v.task_begin and
+// them to `warps` warps, largest cost (d1 x d3 x lane_channels multiply-adds per edge
+// and lane) first, each to the least loaded warp; fills task_begin[0 .. warps] and
 // v.max_lane_channels and returns the tasks grouped by warp.
 template <class T>
 std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T>::InBlock>& blocks,
                                                const std::vector<typename Conv<T>::Path>& paths,
+                                               int warps, int* task_begin,
                                                typename Conv<T>::View& v) {
   using Task = typename Conv<T>::Task;
   struct Costed {
@@ -63,19 +64,19 @@ std::vector<typename Conv<T>::Task> deal_tasks(const std::vector<typename Conv<T
     }
   std::stable_sort(all.begin(), all.end(),
                    [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
-  std::vector<std::vector<Task>> per_warp(kWarps);
-  std::vector<int> load(kWarps, 0);
+  std::vector<std::vector<Task>> per_warp(warps);
+  std::vector<int> load(warps, 0);
   for (const Costed& t : all) {
     const int w = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     per_warp[w].push_back(t.task);
     load[w] += t.cost;
   }
   std::vector<Task> out;
-  for (int w = 0; w < kWarps; ++w) {
-    v.task_begin[w] = static_cast<int>(out.size());
+  for (int w = 0; w < warps; ++w) {
+    task_begin[w] = static_cast<int>(out.size());
     out.insert(out.end(), per_warp[w].begin(), per_warp[w].end());
   }
-  v.task_begin[kWarps] = static_cast<int>(out.size());
+  task_begin[warps] = static_cast<int>(out.size());
   return out;
 }
 
@@ -322,9 +323,10 @@ Conv<T> make_conv(const cpu::Conv<T>& conv, std::shared_ptr<DeviceArray<T>> edge
   for (const InBlock& b : blocks) v.max_d1 = std::max(v.max_d1, b.d1);
   for (const Path& p : paths) v.max_d3 = std::max(v.max_d3, p.d3);
   v.gx_slots = gx_slots;
-  const std::vector<Task> tasks = deal_tasks<T>(blocks, paths, v);
-  c.tasks.upload(tasks);
+  c.tasks.upload(deal_tasks<T>(blocks, paths, kWarps, v.task_begin, v));
   v.tasks = c.tasks.data();
+  c.wide_tasks.upload(deal_tasks<T>(blocks, paths, kWideConvWarps, v.wide_task_begin, v));
+  v.wide_tasks = c.wide_tasks.data();
   v.m_per_edge = m_per_edge;
   v.m_columns = static_cast<int>(entries.size());
   v.m_columns_fwd = static_cast<int>(entries_fwd.size());
@@ -449,6 +451,36 @@ void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host) {
   check(cudaDeviceSynchronize(), "radial pair tables upload");
 }
 
+namespace {
+
+// The float32 forward with a radial table and M rows, 16 warps per block (kWideConvWarps),
+// 16-edge chunks and the registers per thread of the 8-warp kernel.
+constexpr auto wide_forward_kernel =
+    conv_forward_kernel<float, 16, true, 4, false, false, kWideConvWarps>;
+
+// Whether the wide forward runs the layer: where a 16-edge chunk's shared memory (the M rows
+// and the output sums) costs the 8-warp kernel blocks per SM and the wide kernel keeps its
+// own, two blocks of 16 warps share each chunk's M rows and one output sum where four of 8
+// warps took 4-edge chunks. SevenNet-l3i5's layers 1-3 (95 KB at 16 edges), H200, forward
+// ms per layer at 32,000 atoms, 8 -> 16 warps: 11.99 -> 9.53 (864 atoms 0.370 -> 0.300;
+// benchmarks/results/warps16_probe/). Where the 8-warp kernel keeps its 16-edge chunks at
+// full occupancy, 16 warps lost: SevenNet-0's layers 1-3 3.65 -> 4.28, MACE-MP-0 medium's
+// layer 1 7.87 -> 11.21.
+template <class T>
+bool wide_forward_pays(const Geometry<T>& geom, const typename Conv<T>::View& view, size_t& bytes) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (!view.table || sparse_forward(view)) return false;
+    bytes = smem_layout<T>(view, geom.view.sh_dim, geom.view.num_basis, 16, false).total;
+    return bytes <= shared_limit() &&
+           !shared_keeps_occupancy(conv_forward_kernel<T, 16, true, 4, false>, bytes) &&
+           shared_keeps_occupancy(wide_forward_kernel, bytes, 32 * kWideConvWarps);
+  }
+}
+
+}  // namespace
+
 template <class T>
 void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g, const T* x,
                   T* y, int64_t* error_node, cudaStream_t stream, const ConvRows& rows) {
@@ -469,6 +501,17 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
     return;
   }
   if (blocks == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    size_t bytes = 0;
+    if (wide_forward_pays(geom, conv.view, bytes)) {
+      raise_dynamic_shared_limit(reinterpret_cast<const void*>(wide_forward_kernel), bytes,
+                                 "cudaFuncSetAttribute");
+      wide_forward_kernel<<<blocks, 32 * kWideConvWarps, bytes, stream>>>(
+          geom.view, conv.view, g, x, y, error_node, row_list);
+      check_launch("conv_forward_kernel");
+      return;
+    }
+  }
   launch_largest_chunk(
       geom, conv.view, false, "convolution", "conv_forward_kernel",
       [&](auto ec) {

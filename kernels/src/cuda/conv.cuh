@@ -44,6 +44,8 @@ namespace e3fuse::cuda {
 
 constexpr int kMaxMlpLayers = 8;
 constexpr int kConvWarps = 8;  // warps per block of the convolution kernels
+// warps per block of the wide forward kernel (conv.cu, wide_forward_pays)
+constexpr int kWideConvWarps = 16;
 constexpr int kMaxBasis = 32;
 
 // Radial basis and spherical harmonics, as flat device tables.
@@ -142,6 +144,8 @@ struct Conv {
     const Path* paths = nullptr;  // grouped by input block
     const Task* tasks = nullptr;  // warp w runs tasks[task_begin[w] .. task_begin[w + 1])
     int task_begin[kConvWarps + 1] = {};
+    const Task* wide_tasks = nullptr;  // the same dealt to kWideConvWarps warps
+    int wide_task_begin[kWideConvWarps + 1] = {};
     int gx_slots = 0;                   // sum over paths of d1 x mul
     int m_per_edge = 0;                 // the backward's {M, K} row (shared by transposed partners)
     int m_columns = 0;                  // its stored columns (m_entries; the others are zero)
@@ -183,7 +187,7 @@ struct Conv {
   View view;
   DeviceArray<InBlock> blocks;
   DeviceArray<Path> paths;
-  DeviceArray<Task> tasks;
+  DeviceArray<Task> tasks, wide_tasks;
   DeviceArray<MEntry> m_entries, m_entries_balanced;
   DeviceArray<DenseEntry> m_dense_entries;
   DeviceArray<T> cg;

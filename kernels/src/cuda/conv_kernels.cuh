@@ -673,12 +673,18 @@ E3F_HD constexpr bool pairs_channels(int d1, int d3) { return d1 + d3 <= 8; }
 // with active = false on the task's first channels, contributing nothing. Two channels per
 // lane exist in float32 only. MAX_D1 = 1 (3, 5): every input block has l = 0 (l <= 1, 2)
 // (Conv::View::max_d1), and only those paths are compiled (fewer registers); MAX_D3 = 1:
-// every output is a scalar (Conv::View::max_d3).
-template <class T, bool WHOLE_WARP = false, int MAX_D1 = 7, int MAX_D3 = 7, class F>
+// every output is a scalar (Conv::View::max_d3). WARPS: the block's warps (kWarps, or
+// kWideConvWarps: the tasks dealt to that many).
+template <class T, bool WHOLE_WARP = false, int MAX_D1 = 7, int MAX_D3 = 7, int WARPS = kWarps,
+          class F>
 __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View& c, F&& f) {
+  static_assert(WARPS == kWarps || WARPS == kWideConvWarps);
+  constexpr bool wide = WARPS == kWideConvWarps;
+  const int* task_begin = wide ? c.wide_task_begin : c.task_begin;
+  const typename Conv<T>::Task* tasks = wide ? c.wide_tasks : c.tasks;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int q = c.task_begin[warp]; q < c.task_begin[warp + 1]; ++q) {
-    const typename Conv<T>::Task task = c.tasks[q];
+  for (int q = task_begin[warp]; q < task_begin[warp + 1]; ++q) {
+    const typename Conv<T>::Task task = tasks[q];
     const typename Conv<T>::InBlock B = c.blocks[task.block];
     const typename Conv<T>::Path P = c.paths[task.path];
     int u = task.u0 + task.lane_channels * lane;
@@ -1205,8 +1211,11 @@ __device__ void deliver_edge_forces(const RemoteForces& remote, const int* recei
 // forward 3 (4 with a radial table), backward 2 (3 with a table spills and measured
 // slower).
 // PER_EDGE (with TABLE): c.table is the per-edge array of the exact RadialMLP (conv.cuh).
-template <class T, int EC, bool TABLE, int MINB, bool SPARSE, bool PER_EDGE = false>
-__global__ void __launch_bounds__(kThreads, MINB)
+// WARPS (with TABLE): kWarps, or kWideConvWarps with the same registers per thread (MINB
+// counts blocks of kWarps warps; conv.cu, wide_forward_pays).
+template <class T, int EC, bool TABLE, int MINB, bool SPARSE, bool PER_EDGE = false,
+          int WARPS = kWarps>
+__global__ void __launch_bounds__(32 * WARPS, MINB* kWarps / WARPS)
     conv_forward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                         const T* __restrict__ x, T* __restrict__ y, int64_t* error_node,
                         const int32_t* __restrict__ rows) {
@@ -1226,6 +1235,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   T* s_t = reinterpret_cast<T*>(smem + L.local_t);
   __shared__ int64_t s_pos;
   __shared__ int s_count;
+  static_assert(TABLE || WARPS == kWarps, "the radial MLP's products are dealt to kWarps warps");
+  static_assert(MINB * kWarps % WARPS == 0);
 
   const int64_t i = rows ? rows[blockIdx.x] : blockIdx.x;  // ConvRows
   for (int q = threadIdx.x; q < c.dim_out; q += blockDim.x) yacc[q] = T(0);
@@ -1245,7 +1256,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if constexpr (!TABLE) chunk_mlp_forward<T, EC>(c, h0, h0, h1, wts, nullptr, nullptr);
     if constexpr (!SPARSE) chunk_contract_sh<T, false>(c, n, geo.sh_dim, Y, M);
     __syncthreads();
-    for_each_warp_task<T>(
+    for_each_warp_task<T, false, 7, 7, WARPS>(
         c, [&](auto d1, auto d3, auto lc, const auto& B, const auto& P, int ch, bool) {
           tp_forward_task<T, decltype(d1)::value, decltype(d3)::value, decltype(lc)::value, TABLE,
                           SPARSE>(c, B, P, ch, n, s_sender, x, wts, s_interval, s_t, M, geo.sh_dim,
@@ -1635,10 +1646,10 @@ int max_edge_chunk(const typename Conv<T>::View& view, bool backward) {
 }
 
 // Whether `bytes` of dynamic shared memory (beside the kernel's static shared memory) leave one
-// SM as many blocks of `kernel` as its registers and launch bounds allow; remembered per device,
-// kernel and size (the launch path asks every call).
+// SM as many blocks of `threads` threads of `kernel` as its registers and launch bounds allow;
+// remembered per device, kernel and size (the launch path asks every call).
 template <class Kernel>
-bool shared_keeps_occupancy(Kernel kernel, size_t bytes) {
+bool shared_keeps_occupancy(Kernel kernel, size_t bytes, int threads = kThreads) {
   static std::mutex mutex;
   static std::map<std::tuple<int, const void*, size_t>, bool> known;
   int device = 0;
@@ -1653,7 +1664,7 @@ bool shared_keeps_occupancy(Kernel kernel, size_t bytes) {
         "cudaDeviceGetAttribute");
   cudaFuncAttributes attributes{};
   check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, kernel, kThreads, 0),
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, kernel, threads, 0),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   const size_t per_block = bytes + attributes.sharedSizeBytes + static_cast<size_t>(reserved);
   const bool keeps =
