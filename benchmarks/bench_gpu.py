@@ -1001,8 +1001,10 @@ def labelled_markdown(doc: dict[str, Any]) -> str:
     engines = [e for e in ENGINES[doc["family"]] if any(r["engine"] == e for r in rows)]
     sizes = sorted({r["atoms"] for r in rows})
     by = {(r["engine"], r["atoms"]): r for r in rows}
+    titles = {"model-call": "model call", "md-step": "ASE MD step"}
+    kinds = [k for k in titles if any(k in r for r in rows)] or list(titles)  # --kinds
     out = [
-        f"# {doc['label']} on {gpu}: model call and ASE MD step",
+        f"# {doc['label']} on {gpu}: " + " and ".join(titles[k] for k in kinds),
         "",
         f"commit {meta['commit'][:10]}{' (dirty)' if meta['dirty'] else ''}, {meta['date']}, "
         f"`{meta['command']}`. Median ms per call, float32, energy + forces + stress, rattled "
@@ -1014,9 +1016,9 @@ def labelled_markdown(doc: dict[str, Any]) -> str:
         "(neighbor list, data conversion and copies included). `-cueq`: cuEquivariance enabled.",
         "",
     ]
-    for kind, title in (("model-call", "model call"), ("md-step", "ASE MD step")):
+    for kind in kinds:
         out += [
-            f"## {title}",
+            f"## {titles[kind]}",
             "",
             "| atoms | edges | " + " | ".join(engines) + " | e3fuse speedup |",
             "|---:|---:|" + "---:|" * len(engines) + "---|",
@@ -1024,7 +1026,8 @@ def labelled_markdown(doc: dict[str, Any]) -> str:
         for n in sizes:
             cells, speed = [], []
             e3 = by.get(("e3fuse", n))
-            e3_ms = e3[kind]["median_ms"] if e3 and e3.get("status") == "ok" else None
+            e3_ok = e3 is not None and e3.get("status") == "ok" and kind in e3
+            e3_ms = e3[kind]["median_ms"] if e3_ok else None
             for e in engines:
                 r = by.get((e, n))
                 if r is None:

@@ -115,3 +115,23 @@ def test_lammps_scaling_pairs_rows_of_one_run() -> None:
     assert abs(summary[0]["efficiency"] - 100.0 / 110.0) < 1e-12
     assert rows[2]["efficiency"] == {"weak": summary[0]["efficiency"]}
     assert summary[0]["date"] == "2026-02-01T00:00"
+
+
+def test_labelled_markdown_tables_only_the_kinds_measured() -> None:
+    """bench_gpu.py --kinds model-call: one table, speedups against e3fuse's own column."""
+    bench_gpu = _load("bench_gpu", BENCH / "bench_gpu.py")
+    meta = {"device": "cuda", "commit": "0123456789ab", "dirty": False, "date": "d", "command": "c"}
+    rows = [
+        {"engine": "e3fuse", "atoms": 864, "edges": 10, "status": "ok",
+         "model-call": {"median_ms": 5.0}},
+        {"engine": "sevenn-cueq", "atoms": 864, "edges": 10, "status": "ok",
+         "model-call": {"median_ms": 60.0}},
+    ]  # fmt: skip
+    doc = {"meta": meta, "rows": rows, "family": "sevennet", "label": "7net-l3i5"}
+    text = bench_gpu.labelled_markdown(doc)
+    assert "## model call" in text and "## ASE MD step" not in text
+    assert "| 864 | 10 | 5.00 | 60.00 | sevenn-cueq 12.0x |" in text
+    for row in rows:
+        row["md-step"] = {"median_ms": 2 * row["model-call"]["median_ms"]}
+    text = bench_gpu.labelled_markdown(doc)
+    assert "## ASE MD step" in text and "| 864 | 10 | 10.00 | 120.00 | sevenn-cueq 12.0x |" in text
