@@ -40,6 +40,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/mma_tf32.cuh"
+#include "cuda/warp_sum.cuh"
 #include "e3fuse/error.h"
 #include "micro_common.h"
 
@@ -66,20 +67,6 @@ struct Inputs {
   float* force = nullptr;         // [edges][mul / 32][3], one column per channel group
 };
 
-// Sum over the warp of three values: lanes 0-7 return v0's, 8-15 v1's, 16-23 v2's (the engine's
-// warp_sum3 reduce-scatter).
-__device__ __forceinline__ float warp_sum3(float v0, float v1, float v2) {
-  const int lane = threadIdx.x % 32;
-  const bool upper = lane & 16, odd8 = lane & 8;
-  const float a = (upper ? v2 : v0) + __shfl_xor_sync(kFullMask, upper ? v0 : v2, 16);
-  const float b = (upper ? 0.0f : v1) + __shfl_xor_sync(kFullMask, upper ? v1 : 0.0f, 16);
-  float r = (odd8 ? b : a) + __shfl_xor_sync(kFullMask, odd8 ? a : b, 8);
-  r += __shfl_xor_sync(kFullMask, r, 4);
-  r += __shfl_xor_sync(kFullMask, r, 2);
-  r += __shfl_xor_sync(kFullMask, r, 1);
-  return r;
-}
-
 // Copies edge e's {M, K} row into this warp's slice of shared memory.
 template <int D1, int D3>
 __device__ __forceinline__ void stage_row(const Inputs& in, int64_t e, float* slice) {
@@ -92,7 +79,7 @@ __device__ __forceinline__ void stage_row(const Inputs& in, int64_t e, float* sl
 
 __device__ __forceinline__ void store_force(const Inputs& in, int64_t e, int group, float f0,
                                             float f1, float f2) {
-  const float sum = warp_sum3(f0, f1, f2);
+  const float sum = e3fuse::cuda::warp_sum3(f0, f1, f2);
   const int lane = threadIdx.x % 32;
   if (lane % 8 == 0 && lane < 24) in.force[(e * (in.mul / 32) + group) * 3 + lane / 8] = sum;
 }
@@ -364,25 +351,19 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
+  const std::pair<const char*, int*> integers[] = {
+      {"--d1", &o.d1},          {"--d3", &o.d3},
+      {"--nodes", &o.nodes},    {"--edges-per-node", &o.edges_per_node},
+      {"--mul", &o.mul},        {"--warmup", &o.warmup},
+      {"--repeats", &o.repeats}};
   e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
-    if (key == "--d1")
-      o.d1 = std::stoi(value);
-    else if (key == "--d3")
-      o.d3 = std::stoi(value);
-    else if (key == "--nodes")
-      o.nodes = std::stoi(value);
-    else if (key == "--edges-per-node")
-      o.edges_per_node = std::stoi(value);
-    else if (key == "--mul")
-      o.mul = std::stoi(value);
-    else if (key == "--warmup")
-      o.warmup = std::stoi(value);
-    else if (key == "--repeats")
-      o.repeats = std::stoi(value);
-    else if (key == "--json-out")
-      o.json_out = value;
-    else
-      return false;
+    for (const auto& [name, field] : integers)
+      if (key == name) {
+        *field = std::stoi(value);
+        return true;
+      }
+    if (key != "--json-out") return false;
+    o.json_out = value;
     return true;
   });
   auto odd_dim = [](int d) { return d == 1 || d == 3 || d == 5 || d == 7; };

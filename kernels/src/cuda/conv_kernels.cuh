@@ -18,6 +18,7 @@
 
 #include "cuda/conv.cuh"
 #include "cuda/mma_tf32.cuh"
+#include "cuda/warp_sum.cuh"
 #include "ops/activation.h"
 #include "ops/radial.h"
 #include "ops/radial_table.h"
@@ -703,24 +704,6 @@ __device__ __forceinline__ void for_each_warp_task(const typename Conv<T>::View&
       f(d1, d3, std::integral_constant<int, 1>{}, B, P, u, active);
     });
   }
-}
-
-// The sums over the warp of three values, in a fixed order: lane 0 gets v0's, lane 8
-// v1's, lane 16 v2's. Halving exchanges (two values, then one) take 6 shuffles instead of
-// 15 for three separate reductions.
-template <class T>
-__device__ __forceinline__ T warp_sum3(T v0, T v1, T v2) {
-  const int lane = threadIdx.x % 32;
-  const bool upper = lane & 16, odd8 = lane & 8;
-  // lanes 0-15 keep v0, v1 and lanes 16-31 v2, 0
-  const T a = (upper ? v2 : v0) + __shfl_xor_sync(kFullMask, upper ? v0 : v2, 16);
-  const T b = (upper ? T(0) : v1) + __shfl_xor_sync(kFullMask, upper ? v1 : T(0), 16);
-  // lanes 0-7 keep a, 8-15 b (likewise 16-23, 24-31)
-  T r = (odd8 ? b : a) + __shfl_xor_sync(kFullMask, odd8 ? a : b, 8);
-  r += __shfl_xor_sync(kFullMask, r, 4);
-  r += __shfl_xor_sync(kFullMask, r, 2);
-  r += __shfl_xor_sync(kFullMask, r, 1);
-  return r;
 }
 
 // The radial-table coefficients of the weights of channels u .. u + C - 1 of path P on
