@@ -162,18 +162,21 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(Inputs in) {
   const int group = static_cast<int>(task % groups);
   const int u0 = 32 * group;
   float* slice = reinterpret_cast<float*>(shared) + warp * D1 * D3 * 4;
-  // this lane's rows r = 16 mt + 8 h + g and components a = 2 nt + t / 2
-  float sx[2][NT][2], gxa[2][NT][2];
+  // f(mt, nt, h, offset of x_k[a][r]) for this lane's rows r = 16 mt + 8 h + g and
+  // components a = 2 nt + t / 2 < d1
+  auto for_each_element = [&](auto&& f) {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int a = 2 * nt + t / 2, r = 16 * mt + 8 * h + g;
-        sx[mt][nt][h] = a < D1 ? in.x[k * D1 * in.mul + a * in.mul + u0 + r] : 0.0f;
-        gxa[mt][nt][h] = 0.0f;
-      }
+        for (int h = 0; h < 2; ++h) {
+          const int a = 2 * nt + t / 2, r = 16 * mt + 8 * h + g;
+          if (a < D1) f(mt, nt, h, k * D1 * in.mul + a * in.mul + u0 + r);
+        }
+  };
+  float sx[2][NT][2] = {}, gxa[2][NT][2] = {};
+  for_each_element([&](int mt, int nt, int h, int64_t at) { sx[mt][nt][h] = in.x[at]; });
 #pragma unroll 1
   for (int64_t e = k * in.edges_per_node; e < (k + 1) * in.edges_per_node; ++e) {
     stage_row<D1, D3>(in, e, slice);
@@ -232,16 +235,8 @@ __global__ void __launch_bounds__(kThreads, 2) tc_backward_kernel(Inputs in) {
     const float f2 = even ? dr * ue[2] : fb;
     store_force(in, e, group, f0, f1, f2);
   }
-  if (!even) return;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int a = 2 * nt + t / 2, r = 16 * mt + 8 * h + g;
-        if (a < D1) in.grad_x[k * D1 * in.mul + a * in.mul + u0 + r] = gxa[mt][nt][h];
-      }
+  if (even)
+    for_each_element([&](int mt, int nt, int h, int64_t at) { in.grad_x[at] = gxa[mt][nt][h]; });
 }
 
 // The force's channel sum on the tensor cores, the rest on the FMA pipes. Per edge,
