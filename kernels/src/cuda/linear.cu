@@ -291,9 +291,13 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
           v[j] = k_ok && n < num_nodes ? __ldg(p + n * dim_src) : 0.0f;
         }
       };
+      // the k-steps of slice c: kSliceK / 8, fewer in a source's last slice
+      auto slice_ksteps = [&](const SliceCursor& c) {
+        return min(kSliceK / 8, (sources[c.si].K - c.k0 + 7) / 8);
+      };
       auto stage_b = [&](const SliceCursor& c) {
         const LinearSource& so = sources[c.si];
-        const int count = min(kSliceK / 8, (so.K - c.k0 + 7) / 8) * kMmaNTiles * 32;
+        const int count = slice_ksteps(c) * kMmaNTiles * 32;
         const float4* from = frag_set + so.frag + static_cast<int64_t>(c.k0 / 8) * kMmaNTiles * 32;
         for (int i = tid; i < count; i += kMmaThreads) copy_async_16(&b_tile[b_buf][i], from + i);
       };
@@ -337,8 +341,7 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles
           stage_b(next);
         }
 
-        const LinearSource& so = sources[cur.si];
-        const int ksteps = min(kSliceK / 8, (so.K - cur.k0 + 7) / 8);
+        const int ksteps = slice_ksteps(cur);
 #pragma unroll
         for (int ks = 0; ks < kSliceK / 8; ++ks) {
           if (ks >= ksteps) break;
