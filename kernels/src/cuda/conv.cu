@@ -454,9 +454,10 @@ void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host) {
 namespace {
 
 // The float32 forward with a radial table and M rows, 16 warps per block (kWideConvWarps),
-// 16-edge chunks and the registers per thread of the 8-warp kernel.
+// kWideChunk-edge chunks and the registers per thread of the 8-warp kernel.
+constexpr int kWideChunk = 16;
 constexpr auto wide_forward_kernel =
-    conv_forward_kernel<float, 16, true, 4, false, false, kWideConvWarps>;
+    conv_forward_kernel<float, kWideChunk, true, 4, false, false, kWideConvWarps>;
 
 // Whether the wide forward runs the layer: where a 16-edge chunk's shared memory (the M rows
 // and the output sums) costs the 8-warp kernel blocks per SM and the wide kernel keeps its
@@ -466,17 +467,12 @@ constexpr auto wide_forward_kernel =
 // benchmarks/results/warps16_probe/). Where the 8-warp kernel keeps its 16-edge chunks at
 // full occupancy, 16 warps lost: SevenNet-0's layers 1-3 3.65 -> 4.28, MACE-MP-0 medium's
 // layer 1 7.87 -> 11.21.
-template <class T>
-bool wide_forward_pays(const Geometry<T>& geom, const typename Conv<T>::View& view, size_t& bytes) {
-  if constexpr (!std::is_same_v<T, float>) {
-    return false;
-  } else {
-    if (!view.table || sparse_forward(view)) return false;
-    bytes = smem_layout<T>(view, geom.view.sh_dim, geom.view.num_basis, 16, false).total;
-    return bytes <= shared_limit() &&
-           !shared_keeps_occupancy(conv_forward_kernel<T, 16, true, 4, false>, bytes) &&
-           shared_keeps_occupancy(wide_forward_kernel, bytes, 32 * kWideConvWarps);
-  }
+bool wide_forward_pays(const Geometry<float>& geom, const Conv<float>::View& view, size_t& bytes) {
+  if (!view.table || sparse_forward(view)) return false;
+  bytes = smem_layout<float>(view, geom.view.sh_dim, geom.view.num_basis, kWideChunk, false).total;
+  return bytes <= shared_limit() &&
+         !shared_keeps_occupancy(conv_forward_kernel<float, kWideChunk, true, 4, false>, bytes) &&
+         shared_keeps_occupancy(wide_forward_kernel, bytes, 32 * kWideConvWarps);
 }
 
 }  // namespace
