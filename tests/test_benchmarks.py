@@ -127,11 +127,13 @@ def test_labelled_markdown_tables_only_the_kinds_measured() -> None:
         {"engine": "sevenn-cueq", "atoms": 864, "edges": 10, "status": "ok",
          "model-call": {"median_ms": 60.0}},
     ]  # fmt: skip
-    doc = {"meta": meta, "rows": rows, "family": "sevennet", "label": "7net-l3i5"}
+    doc = {"meta": meta, "rows": rows, "family": "sevennet", "label": "7net-l3i5",
+           "kinds": ["model-call"]}  # fmt: skip
     text = bench_gpu.labelled_markdown(doc)
     assert "## model call" in text and "## ASE MD step" not in text
     assert "| 864 | 10 | 5.00 | 60.00 | sevenn-cueq 12.0x |" in text
     for row in rows:
         row["md-step"] = {"median_ms": 2 * row["model-call"]["median_ms"]}
+    doc["kinds"] = ["model-call", "md-step"]
     text = bench_gpu.labelled_markdown(doc)
     assert "## ASE MD step" in text and "| 864 | 10 | 10.00 | 120.00 | sevenn-cueq 12.0x |" in text
