@@ -67,10 +67,8 @@ def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[s
     device = [e for e in inside if e["cat"] in GPU_CATEGORIES]
     runtime = [e for e in inside if e["cat"] == "cuda_runtime"]
     busy, gaps, last_end = 0.0, [], None
-    start = None
+    start = device[0]["ts"] if device else None  # events come sorted by start
     for e in device:
-        if start is None:
-            start = e["ts"]
         if last_end is None or e["ts"] >= last_end:
             if last_end is not None:
                 gaps.append(e["ts"] - last_end)
