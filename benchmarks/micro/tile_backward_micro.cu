@@ -79,17 +79,17 @@ struct Problem {
 
 struct Inputs {
   Problem pb;
-  const float* x = nullptr;        // [nodes][d1][mul]
-  const float* grad = nullptr;     // [nodes][columns][mul], dE/dy
-  const int* receiver = nullptr;   // [edges]
-  const float4* rows = nullptr;    // [kRowPool][d1 columns] {M, K_x, K_y, K_z}
+  const float* x = nullptr;           // [nodes][d1][mul]
+  const float* grad = nullptr;        // [nodes][columns][mul], dE/dy
+  const int* receiver = nullptr;      // [edges]
+  const float4* rows = nullptr;       // [kRowPool][d1 columns] {M, K_x, K_y, K_z}
   const float4* tile_rows = nullptr;  // [kRowPool][tile_row_width]: the same in fragment order
-  const float4* table = nullptr;   // [kIntervals][paths mul] cubic coefficients (tile: signed)
-  const int* interval = nullptr;   // [edges]
-  const float* local_t = nullptr;  // [edges]
-  const float* unit = nullptr;     // [edges][4]
-  float* grad_x = nullptr;         // [nodes][d1][mul]
-  float* force = nullptr;          // [edges][3]
+  const float4* table = nullptr;      // [kIntervals][paths mul] cubic coefficients (tile: signed)
+  const int* interval = nullptr;      // [edges]
+  const float* local_t = nullptr;     // [edges]
+  const float* unit = nullptr;        // [edges][4]
+  float* grad_x = nullptr;            // [nodes][d1][mul]
+  float* force = nullptr;             // [edges][3]
 };
 
 __device__ __forceinline__ float table_value(float4 c, float t) {
@@ -151,7 +151,8 @@ __device__ void fma_task(const Inputs& in, int64_t k, int p, int group, int64_t 
         __ldg(in.table + static_cast<int64_t>(in.interval[e]) * pb.paths * pb.mul + p * pb.mul + u);
     const float t = in.local_t[e];
     const float w = table_value(coef, t), dw_dr = table_grad(coef, t, pb.inv_step);
-    const float* gj = in.grad + (static_cast<int64_t>(in.receiver[e]) * pb.columns + pb.offset[p]) * pb.mul + u;
+    const float* gj =
+        in.grad + (static_cast<int64_t>(in.receiver[e]) * pb.columns + pb.offset[p]) * pb.mul + u;
     float g[D3];
 #pragma unroll
     for (int q = 0; q < D3; ++q) g[q] = __ldg(gj + q * pb.mul);
@@ -217,7 +218,7 @@ __device__ void tile_task(const Inputs& in, int64_t k, int nt, int group, int64_
   const int64_t grad_stride = static_cast<int64_t>(pb.columns) * pb.mul;
   float gxacc[2][4] = {};
   // dE/dy of edge e's receiver, this lane's elements: {c0, c1} x {mt 0, 1}
-  auto load_grad = [&](int64_t e, float2 (&gr)[2][2]) {
+  auto load_grad = [&](int64_t e, float2(&gr)[2][2]) {
     const float* gbase = in.grad + in.receiver[e] * grad_stride;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
@@ -436,8 +437,8 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   const std::pair<const char*, int*> integers[] = {
-      {"--d1", &o.d1},           {"--nodes", &o.nodes},     {"--edges-per-node", &o.edges_per_node},
-      {"--chunk", &o.chunk},     {"--warmup", &o.warmup},   {"--repeats", &o.repeats}};
+      {"--d1", &o.d1},       {"--nodes", &o.nodes},   {"--edges-per-node", &o.edges_per_node},
+      {"--chunk", &o.chunk}, {"--warmup", &o.warmup}, {"--repeats", &o.repeats}};
   e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
     for (const auto& [name, field] : integers)
       if (key == name) {
@@ -529,7 +530,9 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
   for (int r = 0; r < kRowPool; ++r) {
     const float* row = rows.data() + static_cast<size_t>(r) * D1 * S * 4;
     float* to = tile_rows.data() + static_cast<size_t>(r) * tile_width * 4;
-    auto entry = [&](int a, int c) { return row + (base.column_entry[c] + a * base.d3[base.column_path[c]]) * 4; };
+    auto entry = [&](int a, int c) {
+      return row + (base.column_entry[c] + a * base.d3[base.column_path[c]]) * 4;
+    };
     for (int c = 0; c < S; ++c)
       for (int t = 0; t < 4; ++t)
         for (int h = 0; h < 2; ++h) {
@@ -566,7 +569,8 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
       const float* rw = rows.data() + (e % kRowPool) * D1 * S * 4;
       for (int p = 0; p < P; ++p)
         for (int u = 0; u < mul; ++u) {
-          const float* c = table.data() + ((static_cast<int64_t>(interval[e]) * P + p) * mul + u) * 4;
+          const float* c =
+              table.data() + ((static_cast<int64_t>(interval[e]) * P + p) * mul + u) * 4;
           const double w = c[0] + t * (c[1] + t * (c[2] + t * c[3]));
           const double dw_dr = (c[1] + t * (2.0 * c[2] + 3.0 * t * c[3])) * base.inv_step;
           double dw = 0.0, f[3] = {0.0, 0.0, 0.0};
@@ -574,7 +578,8 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
             const double sx = base.sign[p] * x[(k * D1 + a) * mul + u];
             double mk[4] = {0.0, 0.0, 0.0, 0.0};
             for (int q = 0; q < base.d3[p]; ++q) {
-              const double gq = grad[(static_cast<int64_t>(receiver[e]) * S + base.offset[p] + q) * mul + u];
+              const double gq =
+                  grad[(static_cast<int64_t>(receiver[e]) * S + base.offset[p] + q) * mul + u];
               const float* v = rw + (D1 * base.offset[p] + a * base.d3[p] + q) * 4;
               for (int i = 0; i < 4; ++i) mk[i] += v[i] * gq;
             }
@@ -587,9 +592,8 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
     }
 
   std::ostringstream out;
-  out << "{\"d1\": " << D1 << ", \"mul\": " << mul << ", \"paths\": " << P
-      << ", \"columns\": " << S << ", \"nodes\": " << o.nodes << ", \"edges\": " << edges
-      << ", \"chunk\": " << o.chunk;
+  out << "{\"d1\": " << D1 << ", \"mul\": " << mul << ", \"paths\": " << P << ", \"columns\": " << S
+      << ", \"nodes\": " << o.nodes << ", \"edges\": " << edges << ", \"chunk\": " << o.chunk;
   // versions: fma, tile, and tile with registers for 3 blocks per SM
   for (const int version : {0, 1, 2}) {
     const bool tile = version > 0;
@@ -654,11 +658,12 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
     const char* name = version == 0 ? "fma" : version == 1 ? "tile" : "tile_3blocks";
-    std::fprintf(stderr,
-                 "d1 %d mul %d chunk %d %-12s %8.3f ms (%6.2f ns/edge, smem %zu B)  grad_x err %.2e "
-                 "(of %.2e)  force err %.2e (of %.2e)\n",
-                 D1, mul, o.chunk, name, median, median * 1e6 / static_cast<double>(edges),
-                 lay.bytes, gx_err, gx_max, f_err, f_max);
+    std::fprintf(
+        stderr,
+        "d1 %d mul %d chunk %d %-12s %8.3f ms (%6.2f ns/edge, smem %zu B)  grad_x err %.2e "
+        "(of %.2e)  force err %.2e (of %.2e)\n",
+        D1, mul, o.chunk, name, median, median * 1e6 / static_cast<double>(edges), lay.bytes,
+        gx_err, gx_max, f_err, f_max);
     out << ", \"" << name << "\": {\"median_ms\": " << median
         << ", \"ms\": " << e3fuse_micro::json_list(ms) << ", \"smem_bytes\": " << lay.bytes
         << ", \"grad_x_err\": " << gx_err << ", \"grad_x_max\": " << gx_max
