@@ -325,7 +325,7 @@ __device__ __forceinline__ void with_d3(int d3, F&& f) {
 
 // One block per node k; TILE selects the version. The chunk's rows (and, TILE, its weights) are
 // staged, then each warp runs its tasks over the chunk, then the edge forces are summed.
-// MINB: blocks per SM the registers are budgeted for (2: 128 registers, 3: 80).
+// MINB: blocks per SM the registers are budgeted for (2: 128 registers, 3: 80, 4: 64).
 template <int D1, int CHUNK, bool TILE, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) backward_kernel(Inputs in) {
   extern __shared__ float4 shared[];
@@ -594,9 +594,10 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
   std::ostringstream out;
   out << "{\"d1\": " << D1 << ", \"mul\": " << mul << ", \"paths\": " << P << ", \"columns\": " << S
       << ", \"nodes\": " << o.nodes << ", \"edges\": " << edges << ", \"chunk\": " << o.chunk;
-  // versions: fma, tile, and tile with registers for 3 blocks per SM
-  for (const int version : {0, 1, 2}) {
-    const bool tile = version > 0;
+  // versions: fma, tile, tile with registers for 3 blocks per SM, fma with registers for 3 and
+  // for 4 blocks per SM (the occupancy question of the engine's backward)
+  for (const int version : {0, 1, 2, 3, 4}) {
+    const bool tile = version == 1 || version == 2;
     Problem pb = base;
     std::vector<int> cost;
     if (tile) {
@@ -631,6 +632,8 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
         if (version == 0) go(backward_kernel<D1, EC, false, 2>);
         if (version == 1) go(backward_kernel<D1, EC, true, 2>);
         if (version == 2) go(backward_kernel<D1, EC, true, 3>);
+        if (version == 3) go(backward_kernel<D1, EC, false, 3>);
+        if (version == 4) go(backward_kernel<D1, EC, false, 4>);
       };
       if (o.chunk == 4)
         with_chunk(std::integral_constant<int, 4>{});
@@ -657,7 +660,8 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
-    const char* name = version == 0 ? "fma" : version == 1 ? "tile" : "tile_3blocks";
+    const char* const names[] = {"fma", "tile", "tile_3blocks", "fma_3blocks", "fma_4blocks"};
+    const char* name = names[version];
     std::fprintf(
         stderr,
         "d1 %d mul %d chunk %d %-12s %8.3f ms (%6.2f ns/edge, smem %zu B)  grad_x err %.2e "
