@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "backward_probe.cuh"
 #include "cuda/common.cuh"
 #include "cuda/mma_tf32.cuh"
 #include "cuda/warp_sum.cuh"
@@ -48,6 +49,7 @@ namespace {
 
 using e3fuse::cuda::check;
 using e3fuse::cuda::DeviceArray;
+using e3fuse_micro::split_tf32;
 
 constexpr int kWarps = 8;  // one task per warp, as many warps per block as the engine's kernels
 constexpr int kThreads = 32 * kWarps;
@@ -111,38 +113,14 @@ __global__ void __launch_bounds__(kThreads, 2) fma_backward_kernel(Inputs in) {
     for (int q = 0; q < D3; ++q) g[q] = gj[q * in.mul];
     const float w = in.w[e * in.mul + u], dd = in.dw_dr[e * in.mul + u];
     float dw = 0.0f, f0 = 0.0f, f1 = 0.0f, f2 = 0.0f;
-#pragma unroll
-    for (int a = 0; a < D1; ++a) {
-      float mg = 0.0f, k0 = 0.0f, k1 = 0.0f, k2 = 0.0f;
-#pragma unroll
-      for (int q = 0; q < D3; ++q) {
-        const float4 v = reinterpret_cast<const float4*>(slice)[a * D3 + q];
-        mg += v.x * g[q];
-        k0 += v.y * g[q];
-        k1 += v.z * g[q];
-        k2 += v.w * g[q];
-      }
-      f0 += sx[a] * k0;
-      f1 += sx[a] * k1;
-      f2 += sx[a] * k2;
-      dw += sx[a] * mg;
-      gxa[a] += w * mg;
-    }
+    e3fuse_micro::fma_contract_edge<D1, D3>(reinterpret_cast<const float4*>(slice), g, sx, w, gxa,
+                                            dw, f0, f1, f2);
     const float dr = dw * dd;
     const float* ue = in.unit + 4 * e;
     store_force(in, e, group, w * f0 + dr * ue[0], w * f1 + dr * ue[1], w * f2 + dr * ue[2]);
   }
 #pragma unroll
   for (int a = 0; a < D1; ++a) in.grad_x[k * D1 * in.mul + a * in.mul + u] = gxa[a];
-}
-
-// v = hi + lo for 3xTF32: hi keeps v's sign, exponent and top 10 mantissa bits (truncated, one
-// logic op instead of cvt.rna's rounding), lo = v - hi is exact; the tensor cores read only
-// the top 19 bits of a TF32 operand, so lo goes in as it is (its own truncation, below
-// 2^-10 of lo, is 2^-20 of v).
-__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
-  hi = __float_as_uint(v) & 0xffffe000u;
-  lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
 // The same sums from D = G B on the tensor cores. Lane = 4 g + t holds, per m-tile mt and
@@ -346,21 +324,15 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  const std::pair<const char*, int*> integers[] = {
-      {"--d1", &o.d1},          {"--d3", &o.d3},
-      {"--nodes", &o.nodes},    {"--edges-per-node", &o.edges_per_node},
-      {"--mul", &o.mul},        {"--warmup", &o.warmup},
-      {"--repeats", &o.repeats}};
-  e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
-    for (const auto& [name, field] : integers)
-      if (key == name) {
-        *field = std::stoi(value);
-        return true;
-      }
-    if (key != "--json-out") return false;
-    o.json_out = value;
-    return true;
-  });
+  e3fuse_micro::parse_probe_options(argc, argv,
+                                    {{"--d1", &o.d1},
+                                     {"--d3", &o.d3},
+                                     {"--nodes", &o.nodes},
+                                     {"--edges-per-node", &o.edges_per_node},
+                                     {"--mul", &o.mul},
+                                     {"--warmup", &o.warmup},
+                                     {"--repeats", &o.repeats}},
+                                    o.json_out);
   auto odd_dim = [](int d) { return d == 1 || d == 3 || d == 5 || d == 7; };
   if ((o.d1 != 0 || o.d3 != 0) && !(odd_dim(o.d1) && odd_dim(o.d3)))
     throw e3fuse::Error("--d1 and --d3 must both be 1, 3, 5 or 7");
@@ -394,16 +366,6 @@ void with_dims(int d1, int d3, F&& f) {
       return inner(std::integral_constant<int, 5>{});
     default:
       return inner(std::integral_constant<int, 7>{});
-  }
-}
-
-// The largest |a - b| over the first n values, and the largest |b| (b: the reference).
-void compare(const std::vector<double>& ref, const std::vector<float>& got, size_t n,
-             double& max_err, double& max_ref) {
-  max_err = max_ref = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    max_err = std::max(max_err, std::abs(static_cast<double>(got[i]) - ref[i]));
-    max_ref = std::max(max_ref, std::abs(ref[i]));
   }
 }
 
@@ -486,32 +448,19 @@ std::string run_shape(const Options& o, int d1, int d3, e3fuse_micro::DeviceStre
           fma_backward_kernel<A, B><<<blocks, kThreads, smem, device.stream>>>(in);
       });
     };
-    e3fuse_micro::LaunchTimer timer(o.warmup + o.repeats);
-    for (int i = 0; i < o.warmup + o.repeats; ++i) {
-      timer.start(i, device.stream);
-      launch();
-      timer.stop(i, device.stream);
-    }
-    check(cudaGetLastError(), "launch");
-    check(cudaStreamSynchronize(device.stream), "kernels");
-    std::vector<double> ms = timer.ms(o.warmup);
-    std::vector<float> gx(ref_gx.size()), force(ref_force.size());
-    dgx.download(gx.data(), gx.size());
-    dforce.download(force.data(), force.size());
-    check(cudaDeviceSynchronize(), "download");
-    double gx_err, gx_max, f_err, f_max;
-    compare(ref_gx, gx, gx.size(), gx_err, gx_max);
-    compare(ref_force, force, force.size(), f_err, f_max);
-    std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted[sorted.size() / 2];
+    const std::vector<double> ms =
+        e3fuse_micro::time_launches(o.warmup, o.repeats, device.stream, launch);
+    const e3fuse_micro::ProbeErrors err =
+        e3fuse_micro::check_outputs(ref_gx, dgx, ref_force, dforce);
+    const double median = e3fuse_micro::median(ms);
     std::fprintf(stderr,
                  "d1 %d d3 %d %-3s %8.3f ms  grad_x err %.2e (of %.2e)  force err %.2e (of %.2e)\n",
-                 d1, d3, variant.c_str(), median, gx_err, gx_max, f_err, f_max);
+                 d1, d3, variant.c_str(), median, err.grad_x_err, err.grad_x_max, err.force_err,
+                 err.force_max);
     out << ", \"" << variant << "\": {\"median_ms\": " << median
-        << ", \"ms\": " << e3fuse_micro::json_list(ms) << ", \"grad_x_err\": " << gx_err
-        << ", \"grad_x_max\": " << gx_max << ", \"force_err\": " << f_err
-        << ", \"force_max\": " << f_max << "}";
+        << ", \"ms\": " << e3fuse_micro::json_list(ms) << ", \"grad_x_err\": " << err.grad_x_err
+        << ", \"grad_x_max\": " << err.grad_x_max << ", \"force_err\": " << err.force_err
+        << ", \"force_max\": " << err.force_max << "}";
   }
   out << "}";
   return out.str();
@@ -536,10 +485,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& err) {
-    std::fprintf(stderr, "e3fuse_tc_backward_micro: %s\n", err.what());
-    return 1;
-  }
+  return e3fuse_micro::probe_main("e3fuse_tc_backward_micro", argc, argv, parse, run);
 }

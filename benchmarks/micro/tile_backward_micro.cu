@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "backward_probe.cuh"
 #include "cuda/common.cuh"
 #include "cuda/mma_tf32.cuh"
 #include "cuda/warp_sum.cuh"
@@ -57,6 +58,7 @@ namespace {
 
 using e3fuse::cuda::check;
 using e3fuse::cuda::DeviceArray;
+using e3fuse_micro::split_tf32;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
@@ -97,12 +99,6 @@ __device__ __forceinline__ float table_value(float4 c, float t) {
 }
 __device__ __forceinline__ float table_grad(float4 c, float t, float inv_step) {
   return (c.y + t * (2.0f * c.z + 3.0f * t * c.w)) * inv_step;
-}
-
-// v = hi + lo for 3xTF32 (as tc_backward_micro's split_tf32): hi truncated to TF32, lo exact.
-__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
-  hi = __float_as_uint(v) & 0xffffe000u;
-  lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
 // Shared memory of one block: the chunk's rows, the force partials, the tasks' dE/dx slots and
@@ -156,25 +152,9 @@ __device__ void fma_task(const Inputs& in, int64_t k, int p, int group, int64_t 
     float g[D3];
 #pragma unroll
     for (int q = 0; q < D3; ++q) g[q] = __ldg(gj + q * pb.mul);
-    const float4* mk = rows + ei * row_stride + entry0;
     float dw = 0.0f, f0 = 0.0f, f1 = 0.0f, f2 = 0.0f;
-#pragma unroll
-    for (int a = 0; a < D1; ++a) {
-      float mg = 0.0f, k0 = 0.0f, k1 = 0.0f, k2 = 0.0f;
-#pragma unroll
-      for (int q = 0; q < D3; ++q) {
-        const float4 v = mk[a * D3 + q];
-        mg += v.x * g[q];
-        k0 += v.y * g[q];
-        k1 += v.z * g[q];
-        k2 += v.w * g[q];
-      }
-      f0 += sxk[a] * k0;
-      f1 += sxk[a] * k1;
-      f2 += sxk[a] * k2;
-      dw += sxk[a] * mg;
-      gxa[a] += w * mg;
-    }
+    e3fuse_micro::fma_contract_edge<D1, D3>(rows + ei * row_stride + entry0, g, sxk, w, gxa, dw, f0,
+                                            f1, f2);
     const float dr = dw * dw_dr;
     const float* ue = in.unit + 4 * e;
     store_edge_force(fe, ei, w * f0 + dr * ue[0], w * f1 + dr * ue[1], w * f2 + dr * ue[2]);
@@ -436,19 +416,14 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  const std::pair<const char*, int*> integers[] = {
-      {"--d1", &o.d1},       {"--nodes", &o.nodes},   {"--edges-per-node", &o.edges_per_node},
-      {"--chunk", &o.chunk}, {"--warmup", &o.warmup}, {"--repeats", &o.repeats}};
-  e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
-    for (const auto& [name, field] : integers)
-      if (key == name) {
-        *field = std::stoi(value);
-        return true;
-      }
-    if (key != "--json-out") return false;
-    o.json_out = value;
-    return true;
-  });
+  e3fuse_micro::parse_probe_options(argc, argv,
+                                    {{"--d1", &o.d1},
+                                     {"--nodes", &o.nodes},
+                                     {"--edges-per-node", &o.edges_per_node},
+                                     {"--chunk", &o.chunk},
+                                     {"--warmup", &o.warmup},
+                                     {"--repeats", &o.repeats}},
+                                    o.json_out);
   if (o.d1 != 0 && o.d1 != 3 && o.d1 != 5 && o.d1 != 7) throw e3fuse::Error("--d1: 3, 5 or 7");
   if (o.chunk != 4 && o.chunk != 8) throw e3fuse::Error("--chunk: 4 or 8");
   if (o.nodes < 1 || o.edges_per_node < 1 || o.repeats < 1 || o.warmup < 0)
@@ -487,15 +462,6 @@ Problem make_problem(const Options& o, int d1) {
   pb.padded = (pb.columns + 7) / 8 * 8;
   if (pb.padded > kMaxColumns) throw e3fuse::Error("too many columns");
   return pb;
-}
-
-void compare(const std::vector<double>& ref, const std::vector<float>& got, size_t n,
-             double& max_err, double& max_ref) {
-  max_err = max_ref = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    max_err = std::max(max_err, std::abs(static_cast<double>(got[i]) - ref[i]));
-    max_ref = std::max(max_ref, std::abs(ref[i]));
-  }
 }
 
 template <int D1>
@@ -641,25 +607,11 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
         with_chunk(std::integral_constant<int, 8>{});
     };
     check(cudaMemsetAsync(dgx.data(), 0, dgx.size() * sizeof(float), device.stream), "memset");
-    e3fuse_micro::LaunchTimer timer(o.warmup + o.repeats);
-    for (int i = 0; i < o.warmup + o.repeats; ++i) {
-      timer.start(i, device.stream);
-      launch();
-      timer.stop(i, device.stream);
-    }
-    check(cudaGetLastError(), "launch");
-    check(cudaStreamSynchronize(device.stream), "kernels");
-    const std::vector<double> ms = timer.ms(o.warmup);
-    std::vector<float> gx(ref_gx.size()), force(ref_force.size());
-    dgx.download(gx.data(), gx.size());
-    dforce.download(force.data(), force.size());
-    check(cudaDeviceSynchronize(), "download");
-    double gx_err, gx_max, f_err, f_max;
-    compare(ref_gx, gx, gx.size(), gx_err, gx_max);
-    compare(ref_force, force, force.size(), f_err, f_max);
-    std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted[sorted.size() / 2];
+    const std::vector<double> ms =
+        e3fuse_micro::time_launches(o.warmup, o.repeats, device.stream, launch);
+    const e3fuse_micro::ProbeErrors err =
+        e3fuse_micro::check_outputs(ref_gx, dgx, ref_force, dforce);
+    const double median = e3fuse_micro::median(ms);
     const char* const names[] = {"fma", "tile", "tile_3blocks", "fma_3blocks", "fma_4blocks"};
     const char* name = names[version];
     std::fprintf(
@@ -667,11 +619,11 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
         "d1 %d mul %d chunk %d %-12s %8.3f ms (%6.2f ns/edge, smem %zu B)  grad_x err %.2e "
         "(of %.2e)  force err %.2e (of %.2e)\n",
         D1, mul, o.chunk, name, median, median * 1e6 / static_cast<double>(edges), lay.bytes,
-        gx_err, gx_max, f_err, f_max);
+        err.grad_x_err, err.grad_x_max, err.force_err, err.force_max);
     out << ", \"" << name << "\": {\"median_ms\": " << median
         << ", \"ms\": " << e3fuse_micro::json_list(ms) << ", \"smem_bytes\": " << lay.bytes
-        << ", \"grad_x_err\": " << gx_err << ", \"grad_x_max\": " << gx_max
-        << ", \"force_err\": " << f_err << ", \"force_max\": " << f_max << "}";
+        << ", \"grad_x_err\": " << err.grad_x_err << ", \"grad_x_max\": " << err.grad_x_max
+        << ", \"force_err\": " << err.force_err << ", \"force_max\": " << err.force_max << "}";
   }
   out << "}";
   return out.str();
@@ -699,10 +651,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& err) {
-    std::fprintf(stderr, "e3fuse_tile_backward_micro: %s\n", err.what());
-    return 1;
-  }
+  return e3fuse_micro::probe_main("e3fuse_tile_backward_micro", argc, argv, parse, run);
 }
