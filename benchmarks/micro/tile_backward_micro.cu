@@ -53,6 +53,7 @@
 #include "cuda/warp_sum.cuh"
 #include "e3fuse/error.h"
 #include "micro_common.h"
+#include "ops/radial_table.h"
 
 namespace {
 
@@ -93,13 +94,6 @@ struct Inputs {
   float* grad_x = nullptr;            // [nodes][d1][mul]
   float* force = nullptr;             // [edges][3]
 };
-
-__device__ __forceinline__ float table_value(float4 c, float t) {
-  return c.x + t * (c.y + t * (c.z + t * c.w));
-}
-__device__ __forceinline__ float table_grad(float4 c, float t, float inv_step) {
-  return (c.y + t * (2.0f * c.z + 3.0f * t * c.w)) * inv_step;
-}
 
 // Shared memory of one block: the chunk's rows, the force partials, the tasks' dE/dx slots and
 // (tile) the chunk's weights. The fma version's rows are in the engine's layout; the tile
@@ -143,10 +137,11 @@ __device__ void fma_task(const Inputs& in, int64_t k, int p, int group, int64_t 
 #pragma unroll 1
   for (int ei = 0; ei < n; ++ei) {
     const int64_t e = e0 + ei;
-    const float4 coef =
+    const float4 c4 =
         __ldg(in.table + static_cast<int64_t>(in.interval[e]) * pb.paths * pb.mul + p * pb.mul + u);
-    const float t = in.local_t[e];
-    const float w = table_value(coef, t), dw_dr = table_grad(coef, t, pb.inv_step);
+    const float coef[4] = {c4.x, c4.y, c4.z, c4.w}, t = in.local_t[e];
+    const float w = e3fuse::ops::radial_table_value(coef, t);
+    const float dw_dr = e3fuse::ops::radial_table_grad(coef, t, pb.inv_step);
     const float* gj =
         in.grad + (static_cast<int64_t>(in.receiver[e]) * pb.columns + pb.offset[p]) * pb.mul + u;
     float g[D3];
@@ -348,8 +343,10 @@ __global__ void __launch_bounds__(kThreads, MINB) backward_kernel(Inputs in) {
         const float t = in.local_t[e0 + ei];
         float2* to = wd + ei * wd_stride;
         for (int r = threadIdx.x; r < per_edge; r += kThreads) {
-          const float4 coef = __ldg(coefs + r);
-          to[r] = make_float2(table_value(coef, t), table_grad(coef, t, pb.inv_step));
+          const float4 c4 = __ldg(coefs + r);
+          const float coef[4] = {c4.x, c4.y, c4.z, c4.w};
+          to[r] = make_float2(e3fuse::ops::radial_table_value(coef, t),
+                              e3fuse::ops::radial_table_grad(coef, t, pb.inv_step));
         }
       }
     }
@@ -537,8 +534,9 @@ std::string run_block(const Options& o, e3fuse_micro::DeviceStream& device) {
         for (int u = 0; u < mul; ++u) {
           const float* c =
               table.data() + ((static_cast<int64_t>(interval[e]) * P + p) * mul + u) * 4;
-          const double w = c[0] + t * (c[1] + t * (c[2] + t * c[3]));
-          const double dw_dr = (c[1] + t * (2.0 * c[2] + 3.0 * t * c[3])) * base.inv_step;
+          const double cd[4] = {c[0], c[1], c[2], c[3]};
+          const double w = e3fuse::ops::radial_table_value(cd, t);
+          const double dw_dr = e3fuse::ops::radial_table_grad(cd, t, double(base.inv_step));
           double dw = 0.0, f[3] = {0.0, 0.0, 0.0};
           for (int a = 0; a < D1; ++a) {
             const double sx = base.sign[p] * x[(k * D1 + a) * mul + u];
