@@ -1191,8 +1191,8 @@ __device__ void deliver_edge_forces(const RemoteForces& remote, const int* recei
 
 // TABLE: the radial MLP comes from c.table (no MLP workspace).
 // MINB: blocks per SM the registers are budgeted for (<= 64K / (256 MINB) per thread):
-// forward 3 (4 with a radial table), backward 2 (3 with a table spills and measured
-// slower).
+// forward 3 (4 with a radial table), backward 2 (with a table 3 for inputs up to l = 2 and
+// 4 for scalar-only paths: three_backward_blocks, kScalarPathBlocks).
 // PER_EDGE (with TABLE): c.table is the per-edge array of the exact RadialMLP (conv.cuh).
 // WARPS (with TABLE): kWarps, or kWideConvWarps with the same registers per thread (MINB
 // counts blocks of kWarps warps; conv.cu, wide_forward_pays).
@@ -1589,13 +1589,18 @@ inline size_t shared_limit() {
 }
 
 // Whether the float32 backward runs 3 blocks per SM (80 registers per thread, the kernel
-// compiled for input blocks of l <= 1 only): with a radial table and such inputs (MACE with
-// hidden irreps up to l = 1). With l = 2 or 3 inputs those paths would spill more than the
-// occupancy gains (SevenNet-0 at 32,000 atoms 89.0 against 85.1 ms with 2 blocks, H100;
-// gpu_summary.md).
+// compiled for input blocks up to the layer's largest l): with a radial table and inputs of
+// l <= 2 (MACE with hidden irreps up to l = 1, SevenNet-0's layers 1-3).
+// - l = 2 inputs: SevenNet-0's layers 1-3 at 32,000 atoms 10.35 -> 9.20 ms each, 864 atoms
+//   0.331 -> 0.311; at 4 blocks per SM 12.58 and 0.352 (H200,
+//   benchmarks/results/l3_backward_occupancy/call1). An older kernel lost at 3 blocks (89.0
+//   against 85.1 ms for the model, H100, gpu_summary.md).
+// - l = 3 inputs (SevenNet-l3i5's layers 1-3) stay at 2 blocks: at 3 the kernel spills in its
+//   per-edge loop and took 54.7 against 38.6 ms per layer at 32,000 atoms (4 blocks 54.4;
+//   the same record).
 template <class T>
 bool three_backward_blocks(const typename Conv<T>::View& v) {
-  return v.table != nullptr && v.max_d1 <= 3;
+  return v.table != nullptr && v.max_d1 <= 5;
 }
 
 // The float32 backward of a layer whose inputs (the first layer of SevenNet and MACE) or
@@ -1793,9 +1798,8 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
                          ? conv_backward_kernel<T, EC, true, kScalarPathBlocks, 7, 1, false, true>
                          : conv_backward_kernel<T, EC, true, kScalarPathBlocks, 7, 1>;
           else if (three_backward_blocks<T>(conv.view))
-            kernel = conv_backward_kernel<T, EC, true, 3, 3>;
-          else if (conv.view.table && conv.view.max_d1 == 5)
-            kernel = conv_backward_kernel<T, EC, true, 2, 5>;
+            kernel = conv.view.max_d1 <= 3 ? conv_backward_kernel<T, EC, true, 3, 3>
+                                           : conv_backward_kernel<T, EC, true, 3, 5>;
         }
         return kernel;
       },
