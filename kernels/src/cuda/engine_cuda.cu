@@ -577,7 +577,12 @@ class MaceModel : public Model {
       q.nonlinear = h.nonlinear;
       q.skip = make_element_linear<T>(h.skip);
       q.linear_up = make_linear<T>(h.linear_up);
-      q.linear = make_linear<T>(h.linear);
+      if (h.skip_reads_conv) {  // composed into skip: only its dimensions are read
+        q.linear.dim_in = h.linear.dim_in;
+        q.linear.dim_out = h.linear.dim_out;
+      } else {
+        q.linear = make_linear<T>(h.linear);
+      }
       q.conv = make_conv<T>(h.conv, edge_weights);
       q.product = make_symmetric_contraction<T>(h.product);
       q.product_linear = make_linear<T>(h.product_linear);
