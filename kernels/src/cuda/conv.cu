@@ -453,26 +453,17 @@ void upload_pair_tables(Conv<T>& c, const cpu::Conv<T>& host) {
 
 namespace {
 
-// The float32 forward with a radial table and M rows, 16 warps per block (kWideConvWarps),
-// kWideChunk-edge chunks and the registers per thread of the 8-warp kernel.
-constexpr int kWideChunk = 16;
-constexpr auto wide_forward_kernel =
-    conv_forward_kernel<float, kWideChunk, true, 4, false, false, kWideConvWarps>;
-
-// Whether the wide forward runs the layer: where a 16-edge chunk's shared memory (the M rows
-// and the output sums) costs the 8-warp kernel blocks per SM and the wide kernel keeps its
-// own, two blocks of 16 warps share each chunk's M rows and one output sum where four of 8
-// warps took 4-edge chunks. SevenNet-l3i5's layers 1-3 (95 KB at 16 edges), H200, forward
-// ms per layer at 32,000 atoms, 8 -> 16 warps: 11.99 -> 9.53 (864 atoms 0.370 -> 0.300;
-// benchmarks/results/warps16_probe/). Where the 8-warp kernel keeps its 16-edge chunks at
-// full occupancy, 16 warps lost: SevenNet-0's layers 1-3 3.65 -> 4.28, MACE-MP-0 medium's
-// layer 1 7.87 -> 11.21.
-bool wide_forward_pays(const Geometry<float>& geom, const Conv<float>::View& view, size_t& bytes) {
-  if (!view.table || sparse_forward(view)) return false;
-  bytes = smem_layout<float>(view, geom.view.sh_dim, geom.view.num_basis, kWideChunk, false).total;
-  return bytes <= shared_limit() &&
-         !shared_keeps_occupancy(conv_forward_kernel<float, kWideChunk, true, 4, false>, bytes) &&
-         shared_keeps_occupancy(wide_forward_kernel, bytes, 32 * kWideConvWarps);
+// The forward kernel for launch_largest_chunk's `wide` (its measurements are there): float32
+// with a radial table and M rows, 16 warps per block (kWideConvWarps), the registers per
+// thread of the 8-warp kernel; none otherwise.
+template <class T>
+auto wide_forward_kernel(const typename Conv<T>::View& view) {
+  decltype(&conv_forward_kernel<T, kWideChunk, true, 4, false>) kernel = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    if (view.table && !sparse_forward(view))
+      kernel = conv_forward_kernel<T, kWideChunk, true, 4, false, false, kWideConvWarps>;
+  }
+  return kernel;
 }
 
 }  // namespace
@@ -491,23 +482,12 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
     launch_largest_chunk(
         geom, v, false, "convolution", "conv_forward_kernel",
         [&](auto ec) { return conv_forward_kernel<T, decltype(ec)::value, true, 4, false, true>; },
-        [&](auto kernel, size_t smem) {
-          kernel<<<blocks, kThreads, smem, stream>>>(geom.view, v, g, x, y, error_node, row_list);
+        [&](auto kernel, size_t smem, int threads) {
+          kernel<<<blocks, threads, smem, stream>>>(geom.view, v, g, x, y, error_node, row_list);
         });
     return;
   }
   if (blocks == 0) return;
-  if constexpr (std::is_same_v<T, float>) {
-    size_t bytes = 0;
-    if (wide_forward_pays(geom, conv.view, bytes)) {
-      raise_dynamic_shared_limit(reinterpret_cast<const void*>(wide_forward_kernel), bytes,
-                                 "cudaFuncSetAttribute");
-      wide_forward_kernel<<<blocks, 32 * kWideConvWarps, bytes, stream>>>(
-          geom.view, conv.view, g, x, y, error_node, row_list);
-      check_launch("conv_forward_kernel");
-      return;
-    }
-  }
   launch_largest_chunk(
       geom, conv.view, false, "convolution", "conv_forward_kernel",
       [&](auto ec) {
@@ -516,10 +496,11 @@ void conv_forward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView&
                : sparse_forward(conv.view) ? conv_forward_kernel<T, EC, true, 4, true>
                                            : conv_forward_kernel<T, EC, true, 4, false>;
       },
-      [&](auto kernel, size_t smem) {
-        kernel<<<blocks, kThreads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node,
-                                                   row_list);
-      });
+      [&](auto kernel, size_t smem, int threads) {
+        kernel<<<blocks, threads, smem, stream>>>(geom.view, conv.view, g, x, y, error_node,
+                                                  row_list);
+      },
+      wide_forward_kernel<T>(conv.view));
 }
 
 namespace {

@@ -44,7 +44,7 @@ namespace e3fuse::cuda {
 
 constexpr int kMaxMlpLayers = 8;
 constexpr int kConvWarps = 8;  // warps per block of the convolution kernels
-// warps per block of the wide forward kernel (conv.cu, wide_forward_pays)
+// warps per block of the wide forward kernel (launch_largest_chunk's `wide`)
 constexpr int kWideConvWarps = 16;
 constexpr int kMaxBasis = 32;
 

@@ -1195,7 +1195,7 @@ __device__ void deliver_edge_forces(const RemoteForces& remote, const int* recei
 // 4 for scalar-only paths: three_backward_blocks, kScalarPathBlocks).
 // PER_EDGE (with TABLE): c.table is the per-edge array of the exact RadialMLP (conv.cuh).
 // WARPS (with TABLE): kWarps, or kWideConvWarps with the same registers per thread (MINB
-// counts blocks of kWarps warps; conv.cu, wide_forward_pays).
+// counts blocks of kWarps warps; launch_largest_chunk's `wide`).
 template <class T, int EC, bool TABLE, int MINB, bool SPARSE, bool PER_EDGE = false,
           int WARPS = kWarps>
 __global__ void __launch_bounds__(32 * WARPS, MINB* kWarps / WARPS)
@@ -1661,21 +1661,23 @@ bool shared_keeps_occupancy(Kernel kernel, size_t bytes, int threads = kThreads)
   return keeps;
 }
 
-// Launches with edge chunk EC if its workspace fits in shared memory and, when `full_occupancy`,
-// if shared memory leaves the SM as many blocks as the kernel's registers allow. A chunk that
-// costs a block per SM loses more than its fewer synchronizations gain: SevenNet-l3i5's
-// backward at 32,000 atoms, all layers, 235.2 ms with 16-edge chunks (220.7 KB, 1 block per SM
-// in layers 1-3) against 175.2 ms with this rule (H100, benchmarks/results/chunk_occupancy/).
+// Launches pick's kernel for edge chunk EC, `warps` warps per block, if its workspace fits in
+// shared memory and, when `full_occupancy`, if shared memory leaves the SM as many blocks as the
+// kernel's registers allow. A chunk that costs a block per SM loses more than its fewer
+// synchronizations gain: SevenNet-l3i5's backward at 32,000 atoms, all layers, 235.2 ms with
+// 16-edge chunks (220.7 KB, 1 block per SM in layers 1-3) against 175.2 ms with this rule (H100,
+// benchmarks/results/chunk_occupancy/).
 template <class T, int EC, class Pick, class Launch>
 bool launch_with(const Geometry<T>& geom, const typename Conv<T>::View& view, bool backward,
-                 bool full_occupancy, size_t& bytes, Pick&& pick, Launch&& launch) {
+                 bool full_occupancy, size_t& bytes, Pick&& pick, Launch&& launch,
+                 int warps = kWarps) {
   if (EC > max_edge_chunk<T>(view, backward)) return false;
   bytes = smem_layout<T>(view, geom.view.sh_dim, geom.view.num_basis, EC, backward).total;
   if (bytes > shared_limit()) return false;
   const auto kernel = pick(std::integral_constant<int, EC>{});
-  if (full_occupancy && !shared_keeps_occupancy(kernel, bytes)) return false;
+  if (full_occupancy && !shared_keeps_occupancy(kernel, bytes, 32 * warps)) return false;
   raise_dynamic_shared_limit(reinterpret_cast<const void*>(kernel), bytes, "cudaFuncSetAttribute");
-  launch(kernel, bytes);
+  launch(kernel, bytes, 32 * warps);
   return true;
 }
 
@@ -1686,15 +1688,31 @@ void check_row_alignment(const typename Conv<T>::View& view, const T* rows) {
     throw Error("internal: convolution input rows not aligned for paired-channel loads");
 }
 
+// Edges per chunk of the wide kernel (launch_largest_chunk's `wide`).
+constexpr int kWideChunk = 16;
+
 // The largest chunk of 16, 8, 4 or 2 edges that keeps the kernel's full occupancy, else the
-// largest that fits: `pick(ec)` is the kernel for chunk ec, `launch(kernel, bytes)` starts it.
+// largest that fits: `pick(ec)` is the kernel of kWarps warps for chunk ec, and
+// `launch(kernel, bytes, threads)` starts it. `wide`, if given, is a kernel of kWideChunk-edge
+// chunks and kWideConvWarps warps (the forward's, conv.cu), tried where the 16-edge chunk costs
+// pick's kernel blocks per SM and leaves the wide kernel its own: two blocks of 16 warps share
+// each chunk's M rows and one output sum where four of 8 warps took 4-edge chunks.
+// SevenNet-l3i5's layers 1-3 (95 KB at 16 edges), H200, forward ms per layer at 32,000 atoms,
+// 8 -> 16 warps: 11.99 -> 9.53 (864 atoms 0.370 -> 0.300; benchmarks/results/warps16_probe/).
+// Where 16-edge chunks keep full occupancy, 16 warps lost: SevenNet-0's layers 1-3
+// 3.65 -> 4.28, MACE-MP-0 medium's layer 1 7.87 -> 11.21.
 template <class T, class Pick, class Launch>
-void launch_largest_chunk(const Geometry<T>& geom, const typename Conv<T>::View& view,
-                          bool backward, const char* what, const char* kernel, Pick&& pick,
-                          Launch&& launch) {
+void launch_largest_chunk(
+    const Geometry<T>& geom, const typename Conv<T>::View& view, bool backward, const char* what,
+    const char* kernel, Pick&& pick, Launch&& launch,
+    std::invoke_result_t<Pick&, std::integral_constant<int, kWideChunk>> wide = nullptr) {
   size_t bytes = 0;
+  const auto pick_wide = [&](auto) { return wide; };
   auto largest = [&](bool full) {
     return launch_with<T, 16>(geom, view, backward, full, bytes, pick, launch) ||
+           (full && wide &&
+            launch_with<T, kWideChunk>(geom, view, backward, full, bytes, pick_wide, launch,
+                                       kWideConvWarps)) ||
            launch_with<T, 8>(geom, view, backward, full, bytes, pick, launch) ||
            launch_with<T, 4>(geom, view, backward, full, bytes, pick, launch) ||
            launch_with<T, 2>(geom, view, backward, full, bytes, pick, launch);
@@ -1773,10 +1791,10 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
     launch_largest_chunk(
         geom, v, true, "convolution backward", "conv_backward_kernel",
         [&](auto ec) { return conv_backward_kernel<T, decltype(ec)::value, true, 2, 7, 7, true>; },
-        [&](auto kernel, size_t smem) {
-          kernel<<<blocks, kThreads, smem, stream>>>(geom.view, v, g, receiver_rows, x, grad_y,
-                                                     grad_x, forces, atom_virials, remote,
-                                                     error_node, row_list);
+        [&](auto kernel, size_t smem, int threads) {
+          kernel<<<blocks, threads, smem, stream>>>(geom.view, v, g, receiver_rows, x, grad_y,
+                                                    grad_x, forces, atom_virials, remote,
+                                                    error_node, row_list);
         });
     return;
   }
@@ -1803,10 +1821,10 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
         }
         return kernel;
       },
-      [&](auto kernel, size_t smem) {
-        kernel<<<blocks, kThreads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x,
-                                                   grad_y, grad_x, forces, atom_virials, remote,
-                                                   error_node, row_list);
+      [&](auto kernel, size_t smem, int threads) {
+        kernel<<<blocks, threads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x, grad_y,
+                                                  grad_x, forces, atom_virials, remote, error_node,
+                                                  row_list);
       });
 }
 
