@@ -1,4 +1,4 @@
-# Prepared (nineteenth session), not yet run: SevenNet-l3i5's l = 3 backward with one-channel
+# Prepared (nineteenth session), not yet run: SevenNet-l3i5's l = 3 backward with its
 # tasks compiled once per output dimension (tp_backward_task_by_d3, by_d3.patch) against the
 # device's committed tree, at 2 blocks per SM (new) and 3 (minb3). ncu of layer 1's backward
 # first (the no-instruction stall is the question), then timing. One device call, carry
