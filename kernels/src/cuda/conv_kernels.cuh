@@ -1595,9 +1595,10 @@ inline size_t shared_limit() {
 //   0.331 -> 0.311; at 4 blocks per SM 12.58 and 0.352 (H200,
 //   benchmarks/results/l3_backward_occupancy/call1). An older kernel lost at 3 blocks (89.0
 //   against 85.1 ms for the model, H100, gpu_summary.md).
-// - l = 3 inputs (SevenNet-l3i5's layers 1-3) stay at 2 blocks: at 3 the kernel spills in its
-//   per-edge loop and took 54.7 against 38.6 ms per layer at 32,000 atoms (4 blocks 54.4;
-//   the same record).
+// - l = 3 inputs (SevenNet-l3i5's layers 1-3) stay at 2 blocks: at 3 they took 54.7 against
+//   38.6 ms per layer at 32,000 atoms (4 blocks 54.4; the same record). That kernel is bound by
+//   instruction fetch, and more resident warps miss more (ncu: the no-instruction stall went
+//   1.87 -> 8.56 cycles per issue; benchmarks/results/l3_backward_ncu/).
 template <class T>
 bool three_backward_blocks(const typename Conv<T>::View& v) {
   return v.table != nullptr && v.max_d1 <= 5;
