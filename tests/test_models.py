@@ -165,16 +165,19 @@ def may2024(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     return path, reference.sevenn_calculator("7net-0_22May2024", "float64")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("structure_name", ["cunio_alloy", "triclinic", "slab", "ch4"])
 def test_sevennet0_may2024_unnormalized_sh(
-    may2024: tuple[Path, object], structure_name: str
+    may2024: tuple[Path, object], structure_name: str, dtype: str, device: str
 ) -> None:
     """This SevenNet-0 uses unnormalized spherical harmonics, Y(v) = P(v) of the raw edge
-    vector (_normalize_sph: False): float64 against sevenn."""
+    vector (_normalize_sph: False): against sevenn in float64. On CUDA its backward takes the
+    radial component of K from Euler's relation v . dY/dv = l Y (tp_backward_edge)."""
     from e3fuse import reference
 
     path, ref_calc = may2024
     atoms = STRUCTURES[structure_name]()
     ref = reference.evaluate(ref_calc, atoms)
-    ours = evaluate(calculator(path, "float64"), atoms)
-    _compare(ours, ref, len(atoms), "float64", f"7net-0_22May2024 {structure_name}")
+    ours = evaluate(calculator(path, dtype, device), atoms)
+    _compare(ours, ref, len(atoms), dtype, f"7net-0_22May2024 {structure_name} {dtype} {device}")

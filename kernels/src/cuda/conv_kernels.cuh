@@ -59,9 +59,10 @@ E3F_HD bool sparse_forward(const View& c) {
 // Whether the float32 backward runs its tensor product from the compile-time Wigner 3j
 // entries (tp_backward_edge_sparse) instead of the per-edge {M, K} rows: no rows are built,
 // and the angular force goes through dE/dY (3 d2 multiply-adds per lane and path where the
-// K contraction takes 3 d1 d3 per channel). Only in layers whose inputs or outputs are all
-// scalars (the first and last of SevenNet, the first of MACE). H200, backward ms at 32,000
-// atoms, {M, K} -> sparse (benchmarks/results/sparse_backward/): SevenNet-l3i5 layer 0 3.31
+// K contraction then took 3 d1 d3 per channel, now 2 d1 d3 in the edge's frame). Only in layers
+// whose inputs or outputs are all scalars (the first and last of SevenNet, the first of MACE).
+// H200, backward ms at 32,000 atoms, {M, K} -> sparse (benchmarks/results/sparse_backward/):
+// SevenNet-l3i5 layer 0 3.31
 // -> 3.12, layer 4 2.69 -> 2.60; SevenNet-0 2.50 -> 2.40, 2.19 -> 2.05; MACE-MP-0 medium
 // layer 0 5.82 -> 5.47 (864 atoms 6-16 % less). In the other layers it lost: SevenNet-l3i5's
 // layers 1-3 38.2 -> 110.8 ms each (864 atoms 1.11 -> 2.03), SevenNet-0's 10.8 -> 18.8,
@@ -191,10 +192,11 @@ __device__ void take_chunk(const GraphView& g, int64_t i, double cutoff2, int64_
 }
 
 // Component m of the spherical harmonics of the unit vector (or the raw vector when
-// !normalize) and, if J is given, J[a] = dY_m/dv_a (projected onto the sphere, see ops/sh.h).
+// !normalize) and, if J is given, J[a] = dY_m/dv_a (projected onto the sphere, see ops/sh.h);
+// inv_r = 1 / |v|.
 template <class T>
 __device__ void edge_sh_component(const typename Geometry<T>::View& geo, int m, const T v[3],
-                                  const T u[3], T r, T* Y, T* J) {
+                                  const T u[3], T inv_r, T* Y, T* J) {
   const T* p = geo.normalize ? u : v;
   T pw[3][8];
   for (int a = 0; a < 3; ++a) {
@@ -217,7 +219,6 @@ __device__ void edge_sh_component(const typename Geometry<T>::View& geo, int m, 
   if (!J) return;
   if (geo.normalize) {
     const T qu = gx * u[0] + gy * u[1] + gz * u[2];
-    const T inv_r = T(1) / r;
     J[0] = (gx - qu * u[0]) * inv_r;
     J[1] = (gy - qu * u[1]) * inv_r;
     J[2] = (gz - qu * u[2]) * inv_r;
@@ -228,12 +229,32 @@ __device__ void edge_sh_component(const typename Geometry<T>::View& geo, int m, 
   }
 }
 
+// The backward's edge frame (t1, t2, u): two unit vectors orthogonal to the edge's unit vector
+// u and to each other, a function of u alone, so that every thread that needs it gets the same
+// bits (Duff et al., "Building an orthonormal basis, revisited", JCGT 6(1), 2017; stable for
+// every u). The backward works with the spherical harmonics' gradients and the edge forces in
+// this frame: there the angular part of an edge's force has only the t1 and t2 components when
+// Y depends on u alone, and a u component fixed by Y itself otherwise (tp_backward_edge).
+template <class T>
+__device__ __forceinline__ void edge_frame(const T u[3], T t1[3], T t2[3]) {
+  const T sign = u[2] < T(0) ? T(-1) : T(1);
+  const T a = T(-1) / (sign + u[2]);
+  const T b = u[0] * u[1] * a;
+  t1[0] = T(1) + sign * u[0] * u[0] * a;
+  t1[1] = sign * b;
+  t1[2] = -sign * u[0];
+  t2[0] = b;
+  t2[1] = sign + u[1] * u[1] * a;
+  t2[2] = -u[1];
+}
+
 // Geometry of the chunk's edges, in two steps with a block-wide sync between them: thread
 // t < n takes edge t (vector, length, neighbor, table interval or MLP embedding), then
 // thread q < n sh_dim takes component q % sh_dim of edge q / sh_dim's spherical harmonics
 // (each component's sum in the same order as one thread for all: the same bits): Y[e][m],
-// or with sh_gradient (backward) Y[e][m][4] = {Y, dY/dv_x, dY/dv_y, dY/dv_z}.
-// vec[3 e + a]: the edge vector; unit[4 e + a]: its unit vector, unit[4 e + 3] its length.
+// or with sh_gradient (backward) Y[e][m][4] = {Y, dY/dv . t1, dY/dv . t2, dY/dv . u} in the
+// edge's frame (edge_frame); with normalize, Y depends on u alone and dY/dv . u is 0.
+// vec[3 e + a]: the edge vector; unit[4 e + a]: its unit vector, unit[4 e + 3] 1 / length.
 // Rows past n of the MLP input are zeroed so the chunk GEMM reads defined values.
 // With a radial table (c.table), emb is null and each edge's table interval and local
 // coordinate go to s_interval and s_t instead; receiver_is_i: node i receives the chunk's
@@ -257,7 +278,7 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
       vec[3 * t + a] = static_cast<T>(v[a]);
       unit[4 * t + a] = static_cast<T>(v[a] / r);
     }
-    unit[4 * t + 3] = static_cast<T>(r);
+    unit[4 * t + 3] = static_cast<T>(1.0 / r);
     if (!emb) {
       if constexpr (PER_EDGE) {
         s_interval[t] = static_cast<int>(e);  // conv_forward / conv_backward check E < 2^31
@@ -301,8 +322,17 @@ __device__ void chunk_geometry(const typename Geometry<T>::View& geo,
   __syncthreads();
   for (int q = t; q < n * geo.sh_dim; q += blockDim.x) {
     const int e = q / geo.sh_dim, m = q - e * geo.sh_dim;
-    edge_sh_component<T>(geo, m, vec + 3 * e, unit + 4 * e, unit[4 * e + 3],
-                         sh_gradient ? Y + 4 * q : Y + q, sh_gradient ? Y + 4 * q + 1 : nullptr);
+    if (!sh_gradient) {
+      edge_sh_component<T>(geo, m, vec + 3 * e, unit + 4 * e, unit[4 * e + 3], Y + q, nullptr);
+      continue;
+    }
+    T J[3], t1[3], t2[3];
+    const T* u = unit + 4 * e;
+    edge_sh_component<T>(geo, m, vec + 3 * e, u, unit[4 * e + 3], Y + 4 * q, J);
+    edge_frame<T>(u, t1, t2);
+    Y[4 * q + 1] = J[0] * t1[0] + J[1] * t1[1] + J[2] * t1[2];
+    Y[4 * q + 2] = J[0] * t2[0] + J[1] * t2[1] + J[2] * t2[2];
+    Y[4 * q + 3] = geo.normalize ? T(0) : J[0] * u[0] + J[1] * u[1] + J[2] * u[2];
   }
 }
 
@@ -428,9 +458,9 @@ __device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
 
 // Entry me of the chunk's edges e, e + step, ... below n: M[e][out] = sum_t w[t] Y[e][y[t]]
 // over the column's nonzero coefficients (Conv::MEntry), or with GRADIENT the backward's
-// MK[e][out] = {M, K_x, K_y, K_z}, K_a the same sum of dY[e][b]/dv_a (the entry's derivative
-// along the edge vector), from Y[e][b][4] = {Y, dY/dv} (chunk_geometry), read by one 16-byte
-// (float) load per (a, q) in tp_backward_edge. Summed over every b, these terms were among
+// MK[e][out] = {M, K_1, K_2, K_3}, K_a the same sum of dY[e][b]/dv along axis a of the edge's
+// frame (t1, t2, u), from Y[e][b][4] (chunk_geometry), read by one 16-byte (float) load per
+// (a, q) in tp_backward_edge, which reads K_1 and K_2. Summed over every b, these terms were among
 // zeros (the same values). H200, all layers at 32,000 atoms, every b -> nonzero terms
 // (benchmarks/results/sparse_columns/): SevenNet-l3i5's forward 41.52 -> 39.13 ms (611 of
 // its 3,436 coefficients are nonzero), SevenNet-0's backward 36.89 -> 35.34, MACE-MP-0
@@ -867,25 +897,32 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
 // One edge e of a backward task (tp_backward_task): g_j's row gj, and with TABLE the
 // weights' cubic coefficients, already in registers. TRANSPOSED (Path::m_transposed): the
 // path's {M, K} entry (a, q) is its partner's (q, a), scaled by m_scale (in s x_k).
+//
+// The force is summed in the edge's frame (t1, t2, u) (edge_frame; sum_edge_forces turns it
+// back): K's t1 and t2 components are MK's entries 1 and 2. Its u component is not read: with
+// normalize, Y depends on u alone and K . u = 0; without, Y_l2 is a homogeneous polynomial of
+// degree l2 of v, v . dY/dv = l2 Y (Euler), so K . u = (l2 / r) M and that part of the force
+// is (l2 / r) w s x_k M g_j = (l2 / r) w dw (sh_degree = l2 there, 0 with normalize). Two
+// multiply-adds per entry and channel for the angular force instead of three.
 template <class T, int D1, int D3, int C, bool TABLE, bool TRANSPOSED>
 __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c,
                                                  const typename Conv<T>::Path& P, int u,
                                                  bool active, int e, const T (&gj)[D3][C],
                                                  const T (&coef)[C][4], T* wts, const T* local_t,
                                                  const T* unit, const T* MK, const T (&sxk)[D1][C],
-                                                 T (&gxa)[D1][C], T* fe) {
+                                                 T (&gxa)[D1][C], T sh_degree, T* fe) {
   constexpr bool kFold = C > 1;
   T w[C], dw_dr[C];
   edge_weights<T, C, TABLE>(c, P, u, e, coef, wts, local_t, w, TABLE ? dw_dr : nullptr);
   const T* mk = MK + 4 * (e * c.m_per_edge + P.m_offset);
   constexpr int kRowStride = TRANSPOSED ? 1 : D3, kColumnStride = TRANSPOSED ? D1 : 1;
   // dw = s x_k M g_j; t = the same product without M, contracted with K for the force
-  T dw[C] = {}, f0 = T(0), f1 = T(0), f2 = T(0);
+  T dw[C] = {}, f0 = T(0), f1 = T(0);
   if constexpr (C == 1) {
-    // one channel: K g first (4 FMAs per entry with M g), then s x_k[a] (K g)[a] per row
+    // one channel: K g first (3 FMAs per entry with M g), then s x_k[a] (K g)[a] per row
 #pragma unroll
     for (int a = 0; a < D1; ++a) {
-      T mg = T(0), k0 = T(0), k1 = T(0), k2 = T(0);
+      T mg = T(0), k0 = T(0), k1 = T(0);
 #pragma unroll
       for (int q = 0; q < D3; ++q) {
         T v[4];
@@ -893,11 +930,9 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
         mg += v[0] * gj[q][0];
         k0 += v[1] * gj[q][0];
         k1 += v[2] * gj[q][0];
-        k2 += v[3] * gj[q][0];
       }
       f0 += sxk[a][0] * k0;
       f1 += sxk[a][0] * k1;
-      f2 += sxk[a][0] * k2;
       dw[0] += sxk[a][0] * mg;
       gxa[a][0] += w[0] * mg;
     }
@@ -920,7 +955,6 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
         }
         f0 += v[1] * t;
         f1 += v[2] * t;
-        f2 += v[3] * t;
       }
 #pragma unroll
       for (int ch = 0; ch < C; ++ch) {
@@ -932,18 +966,18 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
   const T fscale = kFold ? c.inv_denominator : w[0] * c.inv_denominator;
   f0 *= fscale;
   f1 *= fscale;
-  f2 *= fscale;
-  if constexpr (TABLE) {
-    T dr = T(0);
+  // the u component: the radial part (dE/dw) (dw/dr) with TABLE, and K . u's
+  const T h = sh_degree * unit[4 * e + 3];
+  T f2 = T(0);
 #pragma unroll
-    for (int ch = 0; ch < C; ++ch) dr += dw[ch] * c.inv_denominator * dw_dr[ch];
-    f0 += dr * unit[4 * e];
-    f1 += dr * unit[4 * e + 1];
-    f2 += dr * unit[4 * e + 2];
-  } else if (active) {
-    T* slot = wts + e * c.weight_numel + P.weight_offset + u;
+  for (int ch = 0; ch < C; ++ch)
+    f2 += dw[ch] * c.inv_denominator * ((TABLE ? dw_dr[ch] : T(0)) + w[ch] * h);
+  if constexpr (!TABLE) {
+    if (active) {
+      T* slot = wts + e * c.weight_numel + P.weight_offset + u;
 #pragma unroll
-    for (int ch = 0; ch < C; ++ch) slot[ch] = dw[ch] * c.inv_denominator;
+      for (int ch = 0; ch < C; ++ch) slot[ch] = dw[ch] * c.inv_denominator;
+    }
   }
   const T sum = warp_sum3(f0, f1, f2);
   const int lane = threadIdx.x % 32;
@@ -955,12 +989,13 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
 // with the radial table's w and dw/dr. Per channel mg[a] = alpha sum_{b,q} w3j[a][b][q] Y[b]
 // g_j[q] (tp_backward_edge's M g_j), and over the lane's channels the path's dE/dY,
 // t[b] = sum_{a,q} w3j[a][b][q] (w s x_k[a]) g_j[q], whose angular force is
-// alpha sum_b t[b] dY[b]/dv (Y[e][b][4] = {Y, dY/dv}, chunk_geometry).
+// alpha sum_b t[b] dY[b]/dv (Y[e][b][4] = {Y, dY/dv in the edge's frame}, chunk_geometry):
+// the force in the edge's frame, as tp_backward_edge's.
 template <class T, int D1, int D2, int D3, int C>
 __device__ __forceinline__ void tp_backward_edge_sparse(
     const typename Conv<T>::View& c, const typename Conv<T>::Path& P, int u, int e,
-    const T (&gj)[D3][C], const T (&coef)[C][4], const T* local_t, const T* unit, const T* Y,
-    int sh_dim, const T (&sxk)[D1][C], T (&gxa)[D1][C], T* fe) {
+    const T (&gj)[D3][C], const T (&coef)[C][4], const T* local_t, const T* Y, int sh_dim,
+    const T (&sxk)[D1][C], T (&gxa)[D1][C], T* fe) {
   using W3j = ops::Wigner3j<(D1 - 1) / 2, (D2 - 1) / 2, (D3 - 1) / 2>;
   T w[C], dw_dr[C];
   edge_weights<T, C, true>(c, P, u, e, coef, nullptr, local_t, w, dw_dr);
@@ -1009,9 +1044,9 @@ __device__ __forceinline__ void tp_backward_edge_sparse(
   T dr = T(0);
 #pragma unroll
   for (int ch = 0; ch < C; ++ch) dr += dw[ch] * c.inv_denominator * dw_dr[ch];
-  f0 = f0 * fscale + dr * unit[4 * e];
-  f1 = f1 * fscale + dr * unit[4 * e + 1];
-  f2 = f2 * fscale + dr * unit[4 * e + 2];
+  f0 *= fscale;
+  f1 *= fscale;
+  f2 = f2 * fscale + dr;
   const T sum = warp_sum3(f0, f1, f2);
   const int lane = threadIdx.x % 32;
   if (lane % 8 == 0 && lane < 24) fe[(3 * e + lane / 8) * kWarps] += sum;
@@ -1034,14 +1069,16 @@ __device__ __forceinline__ void gather_backward_edge(
 // (conv.cuh): the weight's adjoint dE/dw goes to the weight slot, dE/dx_k's partial to the
 // path's gx slot, and the angular part of f = dE/dv (v = r_j - r_k), contracted through
 // K = dM/dv, summed over the warp (warp_sum3) into the warp's column of fe:
-// fe[(3 e + a) * kWarps] (shared memory). An inactive lane (past the block's channels)
-// contributes zeros and writes nothing.
+// fe[(3 e + a) * kWarps] (shared memory), component a of the edge's frame (t1, t2, u). An
+// inactive lane (past the block's channels) contributes zeros and writes nothing.
+// homogeneous_sh: the spherical harmonics are of the raw vector (!normalize): K . u is not 0
+// (tp_backward_edge).
 //
 // The message is y_j += w s TP(x_k, Y(v)): Y_l(-v) = (-1)^l Y_l(v) puts the parity sign s of
 // the path on x_k, so M and K are the chunk's own (v from k to j).
 //
 // TABLE: w and dw/dr come from the radial table, and the radial part of f,
-// (dE/dw) (dw/dr) u_e, goes to the same column (no MLP adjoint afterwards).
+// (dE/dw) (dw/dr) u_e, goes to the same columns (no MLP adjoint afterwards).
 //
 // C channels per lane share each {M, K} read and the force partials: with C > 1 each
 // channel's weight is folded into s x_k once per task, so that the K contraction runs once
@@ -1056,10 +1093,11 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  int n, const int* receiver, const T* __restrict__ x,
                                  const T* __restrict__ grad_y, T* wts, const int* interval,
                                  const T* local_t, const T* unit, const T* MK, const T* Y,
-                                 int sh_dim, T* gx_slot, T* fe) {
+                                 int sh_dim, bool homogeneous_sh, T* gx_slot, T* fe) {
   // the parity sign, and the partner's scale of transposed rows (Path::m_scale, 1 otherwise;
   // the sparse tasks read no rows)
   const T s = (P.parity ? T(-1) : T(1)) * (SPARSE ? T(1) : P.m_scale);
+  const T sh_degree = homogeneous_sh ? T((P.d2 - 1) / 2) : T(0);  // l2 (tp_backward_edge)
   T sxk[D1][C], gxa[D1][C];
   const T* xk_row = x + k * c.dim_in + B.in_offset + u;
 #pragma unroll
@@ -1101,14 +1139,14 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     static_assert(TABLE, "the sparse backward reads its weights from the radial table");
     with_wigner3j_d2<D1, D3>(P.d2, [&](auto d2) {
       walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
-        tp_backward_edge_sparse<T, D1, decltype(d2)::value, D3, C>(c, P, u, e, gj, coef, local_t,
-                                                                   unit, Y, sh_dim, sxk, gxa, fe);
+        tp_backward_edge_sparse<T, D1, decltype(d2)::value, D3, C>(c, P, u, e, gj, coef, local_t, Y,
+                                                                   sh_dim, sxk, gxa, fe);
       });
     });
   } else {
     walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
       tp_backward_edge<T, D1, D3, C, TABLE, TRANSPOSED>(c, P, u, active, e, gj, coef, wts, local_t,
-                                                        unit, MK, sxk, gxa, fe);
+                                                        unit, MK, sxk, gxa, sh_degree, fe);
     });
   }
   if (!active) return;
@@ -1118,15 +1156,26 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     for (int ch = 0; ch < C; ++ch) gx_slot[a * B.mul + ch] += s * gxa[a][ch];
 }
 
-// The force on each edge of the chunk: the warps' partials (rows [EC][3] of kWarps
-// columns) summed in double in a fixed order, by thread r for row r.
+// The force on each of the chunk's n edges: the warps' partials (rows [n][3] of kWarps
+// columns, components in the edge's frame) summed in double in a fixed order and turned
+// into x, y, z (f = f_1 t1 + f_2 t2 + f_3 u, edge_frame of unit[4 e ..]), by thread e for
+// edge e.
 template <class T>
-__device__ void sum_edge_forces(const T* part, int rows, double* edge_force) {
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-    const T* row = part + static_cast<size_t>(r) * kWarps;
-    double sum = 0.0;
-    for (int w = 0; w < kWarps; ++w) sum += static_cast<double>(row[w]);
-    edge_force[r] = sum;
+__device__ void sum_edge_forces(const T* part, int n, const T* unit, double* edge_force) {
+  for (int e = threadIdx.x; e < n; e += blockDim.x) {
+    double f[3];
+    for (int a = 0; a < 3; ++a) {
+      const T* row = part + static_cast<size_t>(3 * e + a) * kWarps;
+      double sum = 0.0;
+      for (int w = 0; w < kWarps; ++w) sum += static_cast<double>(row[w]);
+      f[a] = sum;
+    }
+    T t1[3], t2[3];
+    const T* u = unit + 4 * e;
+    edge_frame<T>(u, t1, t2);
+    for (int a = 0; a < 3; ++a)
+      edge_force[3 * e + a] = f[0] * static_cast<double>(t1[a]) +
+                              f[1] * static_cast<double>(t2[a]) + f[2] * static_cast<double>(u[a]);
   }
 }
 
@@ -1395,7 +1444,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
           tp_backward_task<T, D1, D3, C, TABLE, backward_prefetch<MAX_D1, MAX_D3>(D1, D3, C),
                            decltype(transposed)::value, SPARSE>(
               c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK, Y,
-              geo.sh_dim, gx + P.gx_offset + ch, part + threadIdx.x / 32);
+              geo.sh_dim, !geo.normalize, gx + P.gx_offset + ch, part + threadIdx.x / 32);
         };
         // only paths with d1 < d3 read their partner's rows, in layers with l = 3 inputs
         // (make_conv); the other kernels compile no transposed reads
@@ -1409,7 +1458,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       });
     }
     __syncthreads();
-    sum_edge_forces<T>(part, 3 * n, edge_force);
+    sum_edge_forces<T>(part, n, u, edge_force);
     __syncthreads();
     if constexpr (!TABLE) {  // with a table, the radial part went in with the tensor product
       // Radial part: dE/dr per edge through the MLP, f += dr * u.
