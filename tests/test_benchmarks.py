@@ -47,7 +47,7 @@ def test_layer_work_counts_each_path() -> None:
     assert w["tp_fwd_macs"] == (1 + 4 * 2) + (9 + 4 * 6) + (9 + 2 * 4)
     least = (4 + 3 + 4 * 5) + (36 + 9 + 4 * 11) + (36 + 9 + 2 * 13)
     assert w["tp_bwd_macs"] == least
-    assert w["tp_bwd_e3fuse_macs"] == (4 + 4 * 7) + (36 + 4 * 17) + (36 + 2 * 21)
+    assert w["tp_bwd_e3fuse_macs"] == (4 + 4 * 6) + (36 + 4 * 14) + (36 + 2 * 18)
     assert w["mlp_fwd_macs"] == 8 * 16 + 16 * 10
     assert w["fwd_bytes"] == 16 * 10 + 4 * 10 + 32
     assert w["bwd_bytes"] == 16 * 10 + 4 * 18 + 32 + 48

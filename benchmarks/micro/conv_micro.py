@@ -82,9 +82,10 @@ def layer_work(conv: dict[str, Any]) -> dict[str, Any]:
     tp_bwd = sum(
         4 * d1 * d2 * d3 + 3 * d1 * d3 + m * (2 * d1 * d3 + 2 * d1 + d3) for m, d1, d2, d3 in paths
     )
-    # as e3fuse's backward runs it (tp_backward_edge): per channel 5 d1 d3 + 2 d1 (the K
-    # contraction per lane, summed over the warp afterwards)
-    tp_bwd_e3fuse = sum(4 * d1 * d2 * d3 + m * (5 * d1 * d3 + 2 * d1) for m, d1, d2, d3 in paths)
+    # as e3fuse's backward runs it (tp_backward_edge): per channel 4 d1 d3 + 2 d1 (the K
+    # contraction per lane, summed over the warp afterwards; K's two components in the edge's
+    # frame since 88c2930, three before: 5 d1 d3 + 2 d1)
+    tp_bwd_e3fuse = sum(4 * d1 * d2 * d3 + m * (4 * d1 * d3 + 2 * d1) for m, d1, d2, d3 in paths)
     dims = conv["mlp"]["dims"]
     mlp = sum(dims[i] * dims[i + 1] for i in range(len(dims) - 1))
     table_row = 4 * FLOAT * weights  # 4 cubic coefficients per weight (float32)
