@@ -59,10 +59,10 @@ E3F_HD bool sparse_forward(const View& c) {
 // Whether the float32 backward runs its tensor product from the compile-time Wigner 3j
 // entries (tp_backward_edge_sparse) instead of the per-edge {M, K} rows: no rows are built,
 // and the angular force goes through dE/dY (3 d2 multiply-adds per lane and path where the
-// K contraction then took 3 d1 d3 per channel, now 2 d1 d3 in the edge's frame). Only in layers
-// whose inputs or outputs are all scalars (the first and last of SevenNet, the first of MACE).
-// H200, backward ms at 32,000 atoms, {M, K} -> sparse (benchmarks/results/sparse_backward/):
-// SevenNet-l3i5 layer 0 3.31
+// K contraction then took 3 d1 d3 per channel, now 2 d1 d3 in the edge's frame). Only in
+// layers whose inputs or outputs are all scalars (the first and last of SevenNet, the first
+// of MACE). H200, backward ms at 32,000 atoms, {M, K} -> sparse
+// (benchmarks/results/sparse_backward/, before the edge's frame): SevenNet-l3i5 layer 0 3.31
 // -> 3.12, layer 4 2.69 -> 2.60; SevenNet-0 2.50 -> 2.40, 2.19 -> 2.05; MACE-MP-0 medium
 // layer 0 5.82 -> 5.47 (864 atoms 6-16 % less). In the other layers it lost: SevenNet-l3i5's
 // layers 1-3 38.2 -> 110.8 ms each (864 atoms 1.11 -> 2.03), SevenNet-0's 10.8 -> 18.8,
@@ -460,8 +460,8 @@ __device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
 // over the column's nonzero coefficients (Conv::MEntry), or with GRADIENT the backward's
 // MK[e][out] = {M, K_1, K_2, K_3}, K_a the same sum of dY[e][b]/dv along axis a of the edge's
 // frame (t1, t2, u), from Y[e][b][4] (chunk_geometry), read by one 16-byte (float) load per
-// (a, q) in tp_backward_edge, which reads K_1 and K_2. Summed over every b, these terms were among
-// zeros (the same values). H200, all layers at 32,000 atoms, every b -> nonzero terms
+// (a, q) in tp_backward_edge, which uses K_1 and K_2. Summed over every b, these terms were
+// among zeros (the same values). H200, all layers at 32,000 atoms, every b -> nonzero terms
 // (benchmarks/results/sparse_columns/): SevenNet-l3i5's forward 41.52 -> 39.13 ms (611 of
 // its 3,436 coefficients are nonzero), SevenNet-0's backward 36.89 -> 35.34, MACE-MP-0
 // medium's backward 24.83 -> 24.03 (864 atoms 2-7 % less); not in the l = 3 backward
