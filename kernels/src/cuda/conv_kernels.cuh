@@ -110,7 +110,7 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
     s.pre = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.act = take_if(mlp, t * ec * c.max_hidden * (hidden_layers > 0 ? hidden_layers : 1));
     s.K =
-        take_if(!sparse_backward<T>(c), t * ec * c.m_per_edge * 4);  // {M, K_x, K_y, K_z} per entry
+        take_if(!sparse_backward<T>(c), t * ec * c.m_per_edge * 4);  // {M, K_1, K_2, K_3} per entry
     s.acc = take(t * c.gx_slots);
     // each warp's per-edge force partials during the tensor product [EC][3][kWarps],
     // then (MLP only) the MLP adjoint's partial sums in the same space
