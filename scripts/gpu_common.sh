@@ -11,9 +11,10 @@ die() {
 }
 
 # The carried packages (../shared/gpu/README.md): unpacks .carry/reference.tar.xz (with
-# .carry/may2024.tar over it when carried) and .carry/lammps.tar.xz (kept when already unpacked from the same archive: unpack_carry), installs
-# .carry/symmetrix/*.whl into /tmp/symmetrix-site, and exports PYTHONPATH (with $STAGE and
-# benchmarks/ first), LD_LIBRARY_PATH and PATH.
+# .carry/may2024.tar over it when carried) and .carry/lammps.tar.xz (kept when already
+# unpacked from the same archive: unpack_carry), installs .carry/symmetrix/*.whl into
+# /tmp/symmetrix-site, and exports PYTHONPATH (with $STAGE and benchmarks/ first),
+# LD_LIBRARY_PATH and PATH.
 # unpack_carry ARCHIVE DIR: DIR (with site/) from ARCHIVE unless DIR already holds this
 # archive's unpack: the archive's size and mtime are kept in DIR/.archive, so that another
 # archive carried under the same name (the tests' smaller reference after the full one, or

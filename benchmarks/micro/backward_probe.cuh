@@ -24,9 +24,9 @@ namespace e3fuse_micro {
 // One edge of one path for one channel, as the engine's tp_backward_edge (C = 1) ran it
 // before 88c2930 (which contracts K's two components in the edge's frame, not three; the
 // probes' records were measured with this one): mk holds the path's {M, K_x, K_y, K_z}
-// entries [D1][D3], g the receiver's dE/dy, sx the
-// sender's (sign-folded) x. Per a: h = (M g)[a], gxa[a] += w h, dw += sx[a] h and
-// f_c += sx[a] (K_c g)[a] (the caller scales f by w and adds the radial part dw dw/dr).
+// entries [D1][D3], g the receiver's dE/dy, sx the sender's (sign-folded) x. Per a:
+// h = (M g)[a], gxa[a] += w h, dw += sx[a] h and f_c += sx[a] (K_c g)[a] (the caller scales f
+// by w and adds the radial part dw dw/dr).
 template <int D1, int D3>
 __device__ __forceinline__ void fma_contract_edge(const float4* mk, const float (&g)[D3],
                                                   const float (&sx)[D1], float w, float (&gxa)[D1],
