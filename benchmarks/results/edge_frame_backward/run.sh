@@ -11,7 +11,6 @@ set -uo pipefail
 BASE=HEAD OUT=$OUT/ab ROUNDS=${ROUNDS:-2} REPEATS=3 MICRO_SIZES="32000 864" \
   timeout ${AB_S:-400} bash scripts/gpu_ab.sh
 echo "A/B done at $SECONDS s"
-REPO=$PWD; LOG=/dev/null; STAGE=/tmp/e3fuse-stage; PY=python3
 source scripts/gpu_common.sh
 gpu_adhoc_env  # the reference packages on PYTHONPATH, the build that gpu_ab staged first
 timeout ${TEST_S:-140} python3 -m pytest -q -m "not slow" -p no:cacheprovider -p no:warnings -rfE \
