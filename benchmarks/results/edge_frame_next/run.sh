@@ -1,4 +1,4 @@
-# Prepared (twentieth session), not yet run: two follow-ups of the edge-frame backward
+# Run in the twenty-first session (call1/, neither patch kept; README.md): two follow-ups of the edge-frame backward
 # (../edge_frame_backward/, 88c2930), one device call, carry .carry/reference-tests.tar.xz,
 # about 7 minutes:
 #   OUT=... bash benchmarks/results/edge_frame_next/run.sh
