@@ -79,10 +79,12 @@ Options parse(int argc, char** argv) {
 }
 
 // The order in which the kernels' thread blocks take the rows (CONV_MICRO_ROW_ORDER, a
-// measurement of the microbenchmark only): "natural" (the atoms' own order, no row list, as
-// the engine runs), "morton" (rows sorted by the Morton code of their position, 10 bits per
-// axis over the bounding box: rows near in space run at the same time, so that the rows they
-// gather share the L2 cache), or "random" (a fixed shuffle: atoms in no spatial order).
+// measurement of the microbenchmark only): "natural" (the atoms' own order, no row list; the
+// engine lists its rows in its neighbor list's bin order, spatial_rows in engine_cuda.cu; the
+// cells of cases.py come unit cell by unit cell, so both orders are spatial), "morton" (rows sorted
+// by the Morton code of their position, 10 bits per axis over the bounding box: rows near in space
+// run at the same time, so that the rows they gather share the L2 cache), or "random" (a fixed
+// shuffle: atoms in no spatial order).
 std::vector<int32_t> row_order(const e3fuse_micro::Structure& s, const std::string& order) {
   std::vector<int32_t> rows(static_cast<size_t>(s.n));
   for (int64_t i = 0; i < s.n; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
