@@ -163,7 +163,14 @@ for env in "${new_envs[@]}"; do [[ -n $env ]] && configs+=("new+$env"); done
 # name has others (such as the "=" and "+" of a configuration "new+VAR=value")
 stem() { echo "$1" | sed 's/[^A-Za-z0-9_.-]/_/g'; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for config in "${configs[@]}"; do
+  # even rounds run the configurations in reverse order (base, new / new, base): a drift of the
+  # GPU's clocks over the call then falls on both sides
+  order=("${configs[@]}")
+  if ((round % 2 == 0)); then
+    order=()
+    for ((c = ${#configs[@]} - 1; c >= 0; c--)); do order+=("${configs[c]}"); done
+  fi
+  for config in "${order[@]}"; do
     variant=${config%%+*}
     setting=""
     [[ $config == *+* ]] && setting=${config#*+}

@@ -1,6 +1,6 @@
-# Prepared (twenty-first session), not yet run: two blocks per row for the rows of the last,
-# partial wave of blocks only (tail_split.patch, README.md), one device call, carries
-# .carry/reference-tests.tar.xz and .carry/may2024.tar, about 8 minutes:
+# Twenty-second session, device call 1, as it ran (prepared in the twenty-first): two blocks per
+# row for the rows of the last, partial wave of blocks only (tail_split.patch, README.md), one
+# device call, carries .carry/reference-tests.tar.xz and .carry/may2024.tar, about 8 minutes:
 #   OUT=... bash benchmarks/results/tail_split/run.sh
 # scripts/gpu_ab_tests.sh: the conv microbenchmark of all layers, three models, 864, 2,048 and
 # 32,000 atoms, base (the tree) against new (the tree + tail_split.patch), two rounds; then

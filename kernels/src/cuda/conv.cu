@@ -1,6 +1,6 @@
 // cuda/conv.cu: the convolution's set-up (make_geometry, make_conv) and its forward pass
-// (conv_kernels.cuh holds the kernels; the backward is instantiated in conv_backward_f32.cu
-// and conv_backward_f64.cu).
+// (conv_kernels.cuh holds the kernels; the backward is instantiated in conv_backward_f32.cu,
+// conv_backward_split_f32.cu and conv_backward_f64.cu).
 #include "cuda/conv_kernels.cuh"
 
 namespace e3fuse::cuda {

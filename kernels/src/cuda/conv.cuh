@@ -82,6 +82,25 @@ struct Geometry {
 E3F_HD constexpr int forward_m_row(int d3) { return d3 == 1 ? 1 : (d3 + 3) / 4 * 4; }
 E3F_HD constexpr int forward_m_size(int d1, int d3) { return (d1 * forward_m_row(d3) + 3) / 4 * 4; }
 
+// In the float32 convolution backward of a small graph, two thread blocks per row for the rows
+// of the last, partial wave of blocks (split_rows in conv_kernels.cuh says which): one block
+// per row would leave most SMs idle while those rows finish. Each of the two walks half of the
+// row's neighbor list, and the one that finishes second adds its sums to those the first
+// stored. a + b has the same bits as b + a, so the results stay bitwise reproducible whichever
+// finishes first; whether a row is split depends on its index and the graph's size only, not
+// on the rows of one call (ConvRows).
+struct RowSplit {
+  int64_t from = INT64_MAX;  // graph rows at or past it take two blocks
+  bool listed = false;       // ConvRows: two blocks per listed row, the second idle if whole
+  int* state = nullptr;  // per split row {blocks finished, first's sums stored}, 0 between launches
+  double* sums = nullptr;  // per split row the first block's node force and virial [12]
+};
+// The device memory behind RowSplit, one per convolution layer (grown when a graph needs more).
+struct RowSplitScratch {
+  DeviceArray<int> state;
+  DeviceArray<double> sums;
+};
+
 template <class T>
 struct Conv {
   // One input irrep block and its paths (paths[path_begin .. path_end)).
@@ -202,6 +221,7 @@ struct Conv {
   ops::RadialMlpView radial_mlp;
   int radial_mlp_hidden = 0;  // the widest of its inputs and hidden layers
   std::shared_ptr<DeviceArray<T>> edge_weights;
+  std::shared_ptr<RowSplitScratch> row_split = std::make_shared<RowSplitScratch>();
 };
 
 // Forces and per-atom virials on the receivers of the convolution's messages, as

@@ -2,8 +2,9 @@
 // the scheme; the math is cpu/conv.cpp's, the per-edge pieces are ops/*.h), and
 // conv_backward's definition. Included by conv.cu (set-up, forward) and by
 // conv_backward_f32.cu / conv_backward_f64.cu, which instantiate the backward each in a
-// translation unit of its own: the backward kernels are most of the build, and separate
-// units build in parallel.
+// translation unit of its own, and conv_backward_split_f32.cu (the float kernels that split
+// rows, RowSplit): the backward kernels are most of the build, and separate units build in
+// parallel.
 #pragma once
 
 #include <algorithm>
@@ -189,6 +190,71 @@ __device__ void take_chunk(const GraphView& g, int64_t i, double cutoff2, int64_
     }
   }
   __syncthreads();
+}
+
+// This block's graph row and the part of its neighbor list it walks, [begin, end): all of
+// it, or for a row at or past split.from (RowSplit) the first (half 0) or second half (half
+// 1). False: nothing to do (the idle second block of a whole listed row).
+__device__ inline bool block_row(const GraphView& g, const int32_t* rows, const RowSplit& split,
+                                 int64_t* row, int* half, int64_t* begin, int64_t* end) {
+  const int64_t b = blockIdx.x;
+  *half = -1;
+  if (rows && split.listed) {
+    *row = rows[b / 2];
+    if (*row >= split.from)
+      *half = static_cast<int>(b % 2);
+    else if (b % 2 == 1)
+      return false;
+  } else if (rows) {
+    *row = rows[b];
+  } else if (b < split.from) {
+    *row = b;
+  } else {
+    *row = split.from + (b - split.from) / 2;
+    *half = static_cast<int>((b - split.from) % 2);
+  }
+  *begin = g.row_offsets[*row];
+  *end = g.row_offsets[*row + 1];
+  if (*half >= 0) {
+    const int64_t middle = *begin + (*end - *begin) / 2;
+    (*half == 0 ? *end : *begin) = middle;
+  }
+  return true;
+}
+
+// With two blocks per row, called by every thread of both once their sums are final:
+// false in the first to get here (it stores its sums, then publish_row_part), true in the
+// second, which returns once the first's stores are visible (it adds its own to them, then
+// release_row_part). The second waits only on a block that has finished its walk, so the
+// wait ends.
+__device__ inline bool finishes_second(int* state) {
+  __shared__ int s_order;
+  __syncthreads();
+  if (threadIdx.x == 0) s_order = atomicAdd(state, 1);
+  __syncthreads();
+  if (s_order == 0) return false;
+  if (threadIdx.x == 0) {
+    while (atomicAdd(state + 1, 0) == 0) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  return true;
+}
+
+// The first block's end: its stores made visible, then flagged (finishes_second).
+__device__ inline void publish_row_part(int* state) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicExch(state + 1, 1);
+}
+
+// The second block's end: the row's state back to zero for the next launch.
+__device__ inline void release_row_part(int* state) {
+  if (threadIdx.x == 0) {
+    state[0] = 0;
+    state[1] = 0;
+  }
 }
 
 // Component m of the spherical harmonics of the unit vector (or the raw vector when
@@ -1375,14 +1441,16 @@ constexpr bool backward_prefetch(int d1, int d3, int c) {
 // MAX_D3 = 1: scalar outputs only.
 // PER_EDGE: as conv_forward_kernel's.
 // SPARSE: the tensor product from the Wigner 3j entries (sparse_backward), no {M, K} rows.
+// SPLIT: rows may take two blocks (RowSplit); compiled apart, so that the launches of graphs
+// that split none run the code without it (conv_backward).
 template <class T, int EC, bool TABLE, int MINB, int MAX_D1, int MAX_D3 = 7, bool PER_EDGE = false,
-          bool SPARSE = false>
+          bool SPARSE = false, bool SPLIT = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     conv_backward_kernel(typename Geometry<T>::View geo, typename Conv<T>::View c, GraphView g,
                          int64_t receiver_rows, const T* __restrict__ x,
                          const T* __restrict__ grad_y, T* __restrict__ grad_x, double* forces,
                          double* atom_virials, RemoteForces remote, int64_t* error_node,
-                         const int32_t* __restrict__ rows) {
+                         const int32_t* __restrict__ rows, RowSplit split) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Smem L = smem_layout<T>(c, geo.sh_dim, geo.num_basis, EC, true);
   int64_t* s_edge = reinterpret_cast<int64_t*>(smem + L.edge);
@@ -1406,11 +1474,21 @@ __global__ void __launch_bounds__(kThreads, MINB)
   __shared__ int64_t s_pos;
   __shared__ int s_count;
 
-  const int64_t k = rows ? rows[blockIdx.x] : blockIdx.x;  // ConvRows
+  int64_t k = 0, begin = 0, end = 0;  // ConvRows, RowSplit
+  int half = -1;
+  if constexpr (SPLIT) {
+    if (!block_row(g, rows, split, &k, &half, &begin, &end)) return;
+  } else {
+    k = rows ? rows[blockIdx.x] : blockIdx.x;
+  }
   for (int q = threadIdx.x; q < c.gx_slots; q += blockDim.x) gx[q] = T(0);
   if constexpr (!SPARSE && !dense_columns<MAX_D1>()) zero_contracted_rows<T, true>(c, EC, MK);
-  if (threadIdx.x == 0) s_pos = g.row_offsets[k];
-  const int64_t end = g.row_offsets[k + 1];
+  if constexpr (SPLIT) {
+    if (threadIdx.x == 0) s_pos = begin;
+  } else {
+    if (threadIdx.x == 0) s_pos = g.row_offsets[k];
+    end = g.row_offsets[k + 1];
+  }
   const double cutoff2 = geo.cutoff * geo.cutoff;
   double* edge_force = red;           // [EC][3]
   double* force_sums = red + 3 * EC;  // node k's force [3] and virial [9]
@@ -1477,8 +1555,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
     deliver_edge_forces<T>(remote, s_sender, vec, n, edge_force);
     __syncthreads();
   }
-  // dE/dx_k: each input block's path slots added in path order
+  // dE/dx_k: each input block's path slots added in path order (with two blocks per row,
+  // the second adds its sums to the first's: RowSplit)
   T* gk = grad_x + k * c.dim_in;
+  int* state = nullptr;
+  double* first_sums = nullptr;
+  bool second = false;
+  if constexpr (SPLIT) {
+    if (half >= 0) {
+      state = split.state + 2 * (k - split.from);
+      first_sums = split.sums + 12 * (k - split.from);
+      second = finishes_second(state);
+    }
+  }
   for (int q = threadIdx.x; q < c.dim_in; q += blockDim.x) {
     int b = 0;
     while (b + 1 < c.num_blocks && q >= c.blocks[b + 1].in_offset) ++b;
@@ -1487,12 +1576,26 @@ __global__ void __launch_bounds__(kThreads, MINB)
     T sum = T(0);
     if (r < B.mul * B.d1)
       for (int p = B.path_begin; p < B.path_end; ++p) sum += gx[c.paths[p].gx_offset + r];
-    gk[q] = sum * c.inv_denominator;
+    const T share = sum * c.inv_denominator;
+    gk[q] = second ? __ldcg(gk + q) + share : share;
+  }
+  if constexpr (SPLIT) {
+    if (state && !second) {
+      if (threadIdx.x < 12) first_sums[threadIdx.x] = force_sums[threadIdx.x];
+      publish_row_part(state);
+      return;
+    }
   }
   if (threadIdx.x == 0) {
-    for (int a = 0; a < 3; ++a) forces[3 * k + a] += force_sums[a];
+    auto total = [&](int q) {
+      return second ? force_sums[q] + __ldcg(first_sums + q) : force_sums[q];
+    };
+    for (int a = 0; a < 3; ++a) forces[3 * k + a] += total(a);
     if (atom_virials)
-      for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += force_sums[3 + q];
+      for (int q = 0; q < 9; ++q) atom_virials[9 * k + q] += total(3 + q);
+  }
+  if constexpr (SPLIT) {
+    if (second) release_row_part(state);
   }
 }
 
@@ -1711,6 +1814,78 @@ bool shared_keeps_occupancy(Kernel kernel, size_t bytes, int threads = kThreads)
   return keeps;
 }
 
+// Blocks of `kernel` (`threads` threads, `bytes` of dynamic shared memory) resident on the
+// whole device at once; remembered per device, kernel and size.
+template <class Kernel>
+int64_t resident_blocks(Kernel kernel, size_t bytes, int threads) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, size_t, int>, int64_t> known;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), bytes, threads);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  int per_sm = 0, sms = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute");
+  const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
+  known.emplace(key, resident);
+  return resident;
+}
+
+// Graphs of fewer rows than this many waves of resident blocks split their last rows
+// (split_rows); in larger ones the last wave is a small part of the launch.
+constexpr int64_t kSplitWaves = 4;
+
+// The rows of a graph of num_nodes rows that take two blocks each in a launch of `kernel`
+// (`threads` threads, `bytes` of dynamic shared memory): in a graph of fewer than kSplitWaves
+// waves of resident blocks, with R rows left after the full waves (all of them when there is
+// less than one wave), the last R when their 2 R halves fit in one wave; otherwise none (0).
+// Halving a row costs more than half of it (partial chunks: benchmarks/results/row_split/),
+// so only the rows that would otherwise run alone at the end are split.
+template <class Kernel>
+int64_t split_rows(Kernel kernel, size_t bytes, int threads, int64_t num_nodes) {
+  const int64_t resident = resident_blocks(kernel, bytes, threads);
+  const int64_t last = num_nodes % resident;
+  if (num_nodes >= kSplitWaves * resident || 2 * last > resident) return 0;
+  return last;
+}
+
+// The RowSplit of a launch over a graph of num_nodes rows whose last `last` rows split
+// (split_rows; `rows`: the call's ConvRows). A call over every row then takes them in the
+// graph's order (`row_list` becomes null), so that the split rows are the last to start: the
+// spatial order of spatial_rows (engine_cuda.cu) serves the L2 cache of large graphs, and
+// these fit in it. A call over some rows (the halo's interior or boundary) gets two blocks per
+// listed row, the second idle if the row is whole: each row's sums are the same whichever call
+// runs it. The split rows' state is zeroed when first allocated or grown (each launch leaves
+// it zero). `blocks` becomes the launch's grid.
+inline RowSplit row_split(RowSplitScratch& scratch, int64_t last, int64_t num_nodes,
+                          const ConvRows& rows, cudaStream_t stream, int64_t& blocks,
+                          const int32_t*& row_list) {
+  RowSplit split;
+  split.from = num_nodes - last;
+  const size_t split_count = static_cast<size_t>(last);
+  if (scratch.state.size() < 2 * split_count) {
+    scratch.state.resize(2 * split_count);
+    scratch.state.zero(stream);
+    // a call on another stream (ConvRows) may use it next
+    check(cudaStreamSynchronize(stream), "row split state");
+  }
+  if (scratch.sums.size() < 12 * split_count) scratch.sums.resize(12 * split_count);
+  split.state = scratch.state.data();
+  split.sums = scratch.sums.data();
+  if (rows.all() || rows.count == num_nodes) {  // every row: in the graph's order
+    row_list = nullptr;
+    blocks = num_nodes + last;
+  } else {
+    split.listed = true;
+    blocks = 2 * rows.count;
+  }
+  return split;
+}
+
 // Launches pick's kernel for edge chunk EC, `warps` warps per block, if its workspace fits in
 // shared memory and, when `full_occupancy`, if shared memory leaves the SM as many blocks as the
 // kernel's registers allow. A chunk that costs a block per SM loses more than its fewer
@@ -1822,7 +1997,80 @@ typename Conv<T>::View per_edge_weights(const Geometry<T>& geom, const Conv<T>& 
   return v;
 }
 
+// The convolution backward over `rows` of g (`view`: conv's, or per_edge_weights' for a
+// non-linear block), one launch of the kernels compiled for SPLIT. Without SPLIT and in
+// float32, nothing is launched where the graph would split rows (split_rows): false, and
+// conv_backward_split launches it with the kernels that can.
+template <class T, bool SPLIT>
+bool conv_backward_launch(const Geometry<T>& geom, const Conv<T>& conv,
+                          const typename Conv<T>::View& view, const GraphView& g,
+                          int64_t receiver_rows, const T* x, const T* grad_y, T* grad_x,
+                          double* forces, double* atom_virials, const RemoteForces& remote,
+                          int64_t* error_node, cudaStream_t stream, const ConvRows& rows) {
+  static_assert(!SPLIT || std::is_same_v<T, float>, "rows split in float32 only");
+  bool launched = true;
+  const auto launch = [&](auto kernel, size_t smem, int threads) {
+    int64_t blocks = rows.all() ? g.num_nodes : rows.count;
+    const int32_t* row_list = rows.all() ? nullptr : rows.rows;
+    RowSplit split;
+    if constexpr (std::is_same_v<T, float>) {
+      const int64_t last = split_rows(kernel, smem, threads, g.num_nodes);
+      if constexpr (SPLIT) {
+        if (last > 0)
+          split = row_split(*conv.row_split, last, g.num_nodes, rows, stream, blocks, row_list);
+      } else if (last > 0) {
+        launched = false;
+        return;
+      }
+    }
+    kernel<<<blocks, threads, smem, stream>>>(geom.view, view, g, receiver_rows, x, grad_y, grad_x,
+                                              forces, atom_virials, remote, error_node, row_list,
+                                              split);
+  };
+  if (conv.radial_mlp.layers > 0) {
+    launch_largest_chunk(
+        geom, view, true, "convolution backward", "conv_backward_kernel",
+        [&](auto ec) {
+          return conv_backward_kernel<T, decltype(ec)::value, true, 2, 7, 7, true, false, SPLIT>;
+        },
+        launch);
+    return launched;
+  }
+  launch_largest_chunk(
+      geom, view, true, "convolution backward", "conv_backward_kernel",
+      [&](auto ec) {
+        constexpr int EC = decltype(ec)::value;
+        auto kernel = view.table ? conv_backward_kernel<T, EC, true, 2, 7, 7, false, false, SPLIT>
+                                 : conv_backward_kernel<T, EC, false, 2, 7, 7, false, false, SPLIT>;
+        if constexpr (std::is_same_v<T, float>) {
+          constexpr int S = kScalarPathBlocks;
+          const bool sparse = sparse_backward<T>(view);
+          if (view.table && view.max_d1 == 1)
+            kernel = sparse ? conv_backward_kernel<T, EC, true, S, 1, 7, false, true, SPLIT>
+                            : conv_backward_kernel<T, EC, true, S, 1, 7, false, false, SPLIT>;
+          else if (view.table && view.max_d3 == 1)
+            kernel = sparse ? conv_backward_kernel<T, EC, true, S, 7, 1, false, true, SPLIT>
+                            : conv_backward_kernel<T, EC, true, S, 7, 1, false, false, SPLIT>;
+          else if (three_backward_blocks<T>(view))
+            kernel = view.max_d1 <= 3
+                         ? conv_backward_kernel<T, EC, true, 3, 3, 7, false, false, SPLIT>
+                         : conv_backward_kernel<T, EC, true, 3, 5, 7, false, false, SPLIT>;
+        }
+        return kernel;
+      },
+      launch);
+  return launched;
+}
+
 }  // namespace
+
+// conv_backward_launch with SPLIT (conv_backward_split_f32.cu, a translation unit of its own
+// so that it builds in parallel with conv_backward_f32.cu).
+void conv_backward_split(const Geometry<float>& geom, const Conv<float>& conv,
+                         const typename Conv<float>::View& view, const GraphView& g,
+                         int64_t receiver_rows, const float* x, const float* grad_y, float* grad_x,
+                         double* forces, double* atom_virials, const RemoteForces& remote,
+                         int64_t* error_node, cudaStream_t stream, const ConvRows& rows);
 
 template <class T>
 void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView& g,
@@ -1832,50 +2080,17 @@ void conv_backward(const Geometry<T>& geom, const Conv<T>& conv, const GraphView
   if (g.num_nodes == 0) return;
   check_row_alignment<T>(conv.view, x);
   check_row_alignment<T>(conv.view, grad_y);
-  const int64_t blocks = rows.all() ? g.num_nodes : rows.count;
-  const int32_t* row_list = rows.all() ? nullptr : rows.rows;
-  if (conv.radial_mlp.layers > 0) {
-    const typename Conv<T>::View v =
-        per_edge_weights(geom, conv, g, receiver_rows, true, stream, rows.edge_weights_ready);
-    if (blocks == 0) return;
-    launch_largest_chunk(
-        geom, v, true, "convolution backward", "conv_backward_kernel",
-        [&](auto ec) { return conv_backward_kernel<T, decltype(ec)::value, true, 2, 7, 7, true>; },
-        [&](auto kernel, size_t smem, int threads) {
-          kernel<<<blocks, threads, smem, stream>>>(geom.view, v, g, receiver_rows, x, grad_y,
-                                                    grad_x, forces, atom_virials, remote,
-                                                    error_node, row_list);
-        });
+  const typename Conv<T>::View view =
+      conv.radial_mlp.layers > 0
+          ? per_edge_weights(geom, conv, g, receiver_rows, true, stream, rows.edge_weights_ready)
+          : conv.view;
+  if (rows.count == 0) return;
+  if (conv_backward_launch<T, false>(geom, conv, view, g, receiver_rows, x, grad_y, grad_x, forces,
+                                     atom_virials, remote, error_node, stream, rows))
     return;
-  }
-  if (blocks == 0) return;
-  launch_largest_chunk(
-      geom, conv.view, true, "convolution backward", "conv_backward_kernel",
-      [&](auto ec) {
-        constexpr int EC = decltype(ec)::value;
-        auto kernel = conv.view.table ? conv_backward_kernel<T, EC, true, 2, 7>
-                                      : conv_backward_kernel<T, EC, false, 2, 7>;
-        if constexpr (std::is_same_v<T, float>) {
-          const bool sparse = sparse_backward<T>(conv.view);
-          if (conv.view.table && conv.view.max_d1 == 1)
-            kernel = sparse
-                         ? conv_backward_kernel<T, EC, true, kScalarPathBlocks, 1, 7, false, true>
-                         : conv_backward_kernel<T, EC, true, kScalarPathBlocks, 1, 7>;
-          else if (conv.view.table && conv.view.max_d3 == 1)
-            kernel = sparse
-                         ? conv_backward_kernel<T, EC, true, kScalarPathBlocks, 7, 1, false, true>
-                         : conv_backward_kernel<T, EC, true, kScalarPathBlocks, 7, 1>;
-          else if (three_backward_blocks<T>(conv.view))
-            kernel = conv.view.max_d1 <= 3 ? conv_backward_kernel<T, EC, true, 3, 3>
-                                           : conv_backward_kernel<T, EC, true, 3, 5>;
-        }
-        return kernel;
-      },
-      [&](auto kernel, size_t smem, int threads) {
-        kernel<<<blocks, threads, smem, stream>>>(geom.view, conv.view, g, receiver_rows, x, grad_y,
-                                                  grad_x, forces, atom_virials, remote, error_node,
-                                                  row_list);
-      });
+  if constexpr (std::is_same_v<T, float>)
+    conv_backward_split(geom, conv, view, g, receiver_rows, x, grad_y, grad_x, forces, atom_virials,
+                        remote, error_node, stream, rows);
 }
 
 }  // namespace e3fuse::cuda
