@@ -8,8 +8,8 @@
 #
 # 1. builds e3fuse_conv_micro of BASE (a git worktree in /tmp) and of the working tree
 #    (with _core, for the model files) side by side;
-# 2. runs benchmarks/micro/conv_micro.py on both executables, ROUNDS times, alternating
-#    (base, new, base, new, ...) so that drift of the machine affects both alike;
+# 2. runs benchmarks/micro/conv_micro.py on both executables, ROUNDS times, the order reversed
+#    in even rounds (base, new, new, base, ...) so that drift of the machine affects both alike;
 # 3. writes $OUT/ab_summary.md (per model and size, all layers: the median over the rounds of
 #    each round's median ms, forward and backward, and new / base) and every round's JSON.
 #
