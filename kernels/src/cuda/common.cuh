@@ -76,6 +76,15 @@ inline int64_t env_int(const char* name, int64_t fallback) {
   return *end == '\0' ? value : fallback;
 }
 
+// The streaming multiprocessors of the current device.
+inline int device_multiprocessors() {
+  int device = 0, count = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+        "multiprocessor count");
+  return count;
+}
+
 // Calls f(std::integral_constant<int, V>{}) for the first V of the list equal to v, or
 // for the last one otherwise (callers check the range first), so that loops over v
 // unroll over a compile-time size.

@@ -1786,53 +1786,54 @@ int max_edge_chunk(const typename Conv<T>::View& view, bool backward) {
   return view.table != nullptr ? 16 : 8;
 }
 
+// What `fact(device)` says of `kernel` launched with `threads` threads and `bytes` of dynamic
+// shared memory on the current device, computed once per device, kernel and size (the launch
+// path asks at every call); each caller's `fact` has a table of its own.
+template <class Kernel, class Fact>
+auto remembered_per_kernel(Kernel kernel, size_t bytes, int threads, Fact&& fact) {
+  using Value = std::invoke_result_t<Fact&, int>;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, size_t, int>, Value> known;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), bytes, threads);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  const Value value = fact(device);
+  known.emplace(key, value);
+  return value;
+}
+
 // Whether `bytes` of dynamic shared memory (beside the kernel's static shared memory) leave one
 // SM as many blocks of `threads` threads of `kernel` as its registers and launch bounds allow;
 // remembered per device, kernel and size (the launch path asks every call).
 template <class Kernel>
 bool shared_keeps_occupancy(Kernel kernel, size_t bytes, int threads = kThreads) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, size_t>, bool> known;
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), bytes);
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  int per_sm = 0, reserved = 0, register_blocks = 0;
-  check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
-        "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device),
-        "cudaDeviceGetAttribute");
-  cudaFuncAttributes attributes{};
-  check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, kernel, threads, 0),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const size_t per_block = bytes + attributes.sharedSizeBytes + static_cast<size_t>(reserved);
-  const bool keeps =
-      static_cast<size_t>(per_sm) / per_block >= static_cast<size_t>(register_blocks);
-  known.emplace(key, keeps);
-  return keeps;
+  return remembered_per_kernel(kernel, bytes, threads, [&](int device) {
+    int per_sm = 0, reserved = 0, register_blocks = 0;
+    check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device),
+          "cudaDeviceGetAttribute");
+    cudaFuncAttributes attributes{};
+    check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&register_blocks, kernel, threads, 0),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    const size_t per_block = bytes + attributes.sharedSizeBytes + static_cast<size_t>(reserved);
+    return static_cast<size_t>(per_sm) / per_block >= static_cast<size_t>(register_blocks);
+  });
 }
 
 // Blocks of `kernel` (`threads` threads, `bytes` of dynamic shared memory) resident on the
 // whole device at once; remembered per device, kernel and size.
 template <class Kernel>
 int64_t resident_blocks(Kernel kernel, size_t bytes, int threads) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, size_t, int>, int64_t> known;
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), bytes, threads);
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  int per_sm = 0, sms = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute");
-  const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
-  known.emplace(key, resident);
-  return resident;
+  return remembered_per_kernel(kernel, bytes, threads, [&](int) {
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    return std::max<int64_t>(1, static_cast<int64_t>(per_sm) * device_multiprocessors());
+  });
 }
 
 // Graphs of fewer rows than this many waves of resident blocks split their last rows

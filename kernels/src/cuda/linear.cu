@@ -476,14 +476,6 @@ bool same_structure(const cpu::Linear<T>& a, const cpu::Linear<T>& b) {
   return true;
 }
 
-int device_multiprocessors() {
-  int device = 0, count = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-        "multiprocessor count");
-  return count;
-}
-
 template <class T, int TN>
 void launch_linear(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks, int split_d,
                    const LinearTask* tasks, const LinearSource* sources, const T* weights,
