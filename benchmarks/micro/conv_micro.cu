@@ -49,29 +49,23 @@ using e3fuse_micro::json_list;
 using e3fuse_micro::LaunchTimer;
 using e3fuse_micro::random_rows;
 
-struct Options : e3fuse_micro::CommonOptions {
-  std::string structure, edges_out, radial = "auto";
-  double skin = 0.5;
+struct Options : e3fuse_micro::StructureOptions {
+  std::string edges_out, radial = "auto";
 };
 
 Options parse(int argc, char** argv) {
   Options o;
   e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
-    if (key == "--structure") {
-      o.structure = value;
-    } else if (key == "--edges-out") {
+    if (key == "--edges-out") {
       o.edges_out = value;
     } else if (key == "--radial") {
       o.radial = value;
-    } else if (key == "--skin") {
-      o.skin = std::stod(value);
     } else {
       return o.take(key, value);
     }
     return true;
   });
   o.validate();
-  if (o.structure.empty()) throw Error("--structure is required");
   // as Radial::automatic: the table in float32, the MLP in float64
   if (o.radial == "auto") o.radial = o.dtype == "float32" ? "table" : "mlp";
   if (o.radial != "table" && o.radial != "mlp") throw Error("--radial must be auto, table or mlp");

@@ -676,20 +676,14 @@ std::string make_frame(const e3fuse::cpu::Conv<float>& conv, const e3fuse::ops::
   return "";
 }
 
-struct Options : e3fuse_micro::CommonOptions {
-  std::string structure;
-  double skin = 0.5;
+struct Options : e3fuse_micro::StructureOptions {
   int ec = 4;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
   e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
-    if (key == "--structure") {
-      o.structure = value;
-    } else if (key == "--skin") {
-      o.skin = std::stod(value);
-    } else if (key == "--ec") {
+    if (key == "--ec") {
       o.ec = std::stoi(value);
     } else {
       return o.take(key, value);
@@ -697,7 +691,6 @@ Options parse(int argc, char** argv) {
     return true;
   });
   o.validate();
-  if (o.structure.empty()) throw Error("--structure is required");
   if (o.dtype != "float32") throw Error("the frame micro runs float32 only");
   if (o.ec != 4 && o.ec != 8) throw Error("--ec must be 4 or 8");
   return o;

@@ -11,6 +11,7 @@
 
 #include "cuda/common.cuh"
 #include "e3fuse/error.h"
+#include "micro_common.h"
 #include "model/plan.h"
 #include "neighbors/neighbor_list.cuh"
 
@@ -43,6 +44,27 @@ inline Structure read_structure(const std::string& path) {
   if (!f) throw e3fuse::Error(path + ": truncated positions");
   return s;
 }
+
+// The options of the tools that read a structure file: CommonOptions' and --structure (required,
+// see validate), --skin (the neighbor list's, default 0.5 A as e3fuse.Calculator).
+struct StructureOptions : CommonOptions {
+  std::string structure;
+  double skin = 0.5;
+  bool take(const std::string& key, const std::string& value) {
+    if (key == "--structure") {
+      structure = value;
+    } else if (key == "--skin") {
+      skin = std::stod(value);
+    } else {
+      return CommonOptions::take(key, value);
+    }
+    return true;
+  }
+  void validate() const {
+    CommonOptions::validate();
+    if (structure.empty()) throw e3fuse::Error("--structure is required");
+  }
+};
 
 // The graph of a structure as BackendImpl::compute_system builds it: the engine's GPU
 // neighbor list (cutoff + skin), every atom of species 0, every atom an energy node.

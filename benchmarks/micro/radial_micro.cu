@@ -58,9 +58,7 @@ using GeoView = e3fuse::cuda::Geometry<float>::View;
 constexpr int kTableChunk = 32;    // edges per chunk of the table kernel (one warp's scan)
 constexpr int kMaxPerThread = 16;  // weights per thread of the table kernel: up to 4,096
 
-struct Options : e3fuse_micro::CommonOptions {
-  std::string structure;
-  double skin = 0.5;
+struct Options : e3fuse_micro::StructureOptions {
   int tile = 64, rows = 1;
   bool plain = false;
 };
@@ -68,11 +66,7 @@ struct Options : e3fuse_micro::CommonOptions {
 Options parse(int argc, char** argv) {
   Options o;
   e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
-    if (key == "--structure") {
-      o.structure = value;
-    } else if (key == "--skin") {
-      o.skin = std::stod(value);
-    } else if (key == "--tile") {
+    if (key == "--tile") {
       o.tile = std::stoi(value);
     } else if (key == "--rows") {
       o.rows = std::stoi(value);
@@ -85,7 +79,6 @@ Options parse(int argc, char** argv) {
     return true;
   });
   o.validate();
-  if (o.structure.empty()) throw Error("--structure is required");
   if (o.dtype != "float32") throw Error("--dtype: the tensor-core MLP is float32 only");
   if (o.tile != 16 && o.tile != 32 && o.tile != 64 && o.tile != 128)
     throw Error("--tile must be 16, 32, 64 or 128");
