@@ -23,8 +23,8 @@
 // (at most 4 x 4 products per entry). The host checks that the model's polar axis and the
 // derivative components are the ones the kernel assumes.
 //
-//   e3fuse_frame_backward_micro --model M.e3f --structure S.bin [--skin 0.5] [--warmup 3]
-//                               [--repeats 20] [--json-out R.json]
+//   e3fuse_frame_backward_micro --model M.e3f --structure S.bin [--skin 0.5] [--ec 4|8]
+//                               [--ahead 0|1] [--warmup 3] [--repeats 20] [--json-out R.json]
 //
 // Every layer whose paths are alpha x w3j (Conv::View::sparse_cg) runs, float32, radial
 // table, normalized spherical harmonics (SevenNet); other layers are skipped by name. Per layer:
@@ -175,11 +175,30 @@ __device__ __forceinline__ void rotate_back_add(const float* W, const float (&in
   }
 }
 
+// The inputs of one (edge, path) pair of a task: the path, g_j's row (d3 values, zeros past
+// d3) and the radial table's coefficients of the lane's weight.
+struct PairInputs {
+  FramePath path;
+  float g[7], coef[4];
+};
+
+__device__ __forceinline__ void load_pair(const cu::Conv<float>::View& c, const FrameView& fv,
+                                          const FrameBlock& B, int u, int e, int q,
+                                          const float* __restrict__ grad_y, const int* sender,
+                                          const int* interval, PairInputs& in) {
+  in.path = fv.paths[q];
+  const float* row = grad_y + static_cast<int64_t>(sender[e]) * c.dim_out + in.path.out_offset + u;
+#pragma unroll
+  for (int m = 0; m < 7; ++m) in.g[m] = m < in.path.d3 ? __ldg(row + m * B.mul) : 0.0f;
+  cu::load_table_entry(cu::table_entry<float>(c, interval[e], in.path.weight_offset + u), in.coef);
+}
+
 // One task of the chunk: for each edge, x_k's channel rotated into the frame, then every path
 // of the task in the frame (g_j's row rotated, M0 and the two K slices from the compile-time
 // w3j entries), the task's dE/dx rotated back, the force components (t1, t2, u) summed over
-// the warp into the warp's column of part.
-template <int D1>
+// the warp into the warp's column of part. AHEAD: the next (edge, path) pair's inputs are
+// loaded before this pair's products (the engine's tp_backward_task loads one edge ahead).
+template <int D1, bool AHEAD>
 __device__ void frame_task(const cu::Conv<float>::View& c, const FrameView& fv,
                            const FrameTask& task, const FrameBlock& B, int n, int64_t k,
                            const float* __restrict__ x, const float* __restrict__ grad_y,
@@ -198,6 +217,8 @@ __device__ void frame_task(const cu::Conv<float>::View& c, const FrameView& fv,
     gacc[a] = 0.0f;
   }
   const float inv_step = static_cast<float>(c.table_inv_step);
+  PairInputs cur;
+  if constexpr (AHEAD) load_pair(c, fv, B, u, 0, task.path_begin, grad_y, sender, interval, cur);
 #pragma unroll 1
   for (int e = 0; e < n; ++e) {
     const float* W1 = wigner + e * kWignerFloats + wigner_offset(L1);
@@ -206,24 +227,27 @@ __device__ void frame_task(const cu::Conv<float>::View& c, const FrameView& fv,
 #pragma unroll
     for (int a = 0; a < D1; ++a) dxr[a] = 0.0f;
     float f1 = 0.0f, f2 = 0.0f, f3 = 0.0f;
-    const int64_t j = sender[e];
-    const int iv = interval[e];
     const float t = local_t[e];
-    const float* grow = grad_y + j * c.dim_out + u;
 #pragma unroll 1
     for (int q = task.path_begin; q < task.path_end; ++q) {
-      const FramePath P = fv.paths[q];
+      PairInputs next;
+      if constexpr (AHEAD) {
+        const bool last_path = q + 1 == task.path_end;
+        const int en = last_path ? e + 1 : e, qn = last_path ? task.path_begin : q + 1;
+        if (en < n) load_pair(c, fv, B, u, en, qn, grad_y, sender, interval, next);
+      } else {
+        load_pair(c, fv, B, u, e, q, grad_y, sender, interval, cur);
+      }
+      const FramePath& P = cur.path;
       cu::with_irrep_dim(P.d3, [&](auto d3) {
         constexpr int D3 = decltype(d3)::value, L3 = (D3 - 1) / 2;
         cu::with_wigner3j_d2<D1, D3>(P.d2, [&](auto d2) {
           constexpr int D2 = decltype(d2)::value, L2 = (D2 - 1) / 2;
           float gq[D3], gr[D3];
 #pragma unroll
-          for (int m = 0; m < D3; ++m) gq[m] = __ldg(grow + P.out_offset + m * B.mul);
-          float coef[4];
-          cu::load_table_entry(cu::table_entry<float>(c, iv, P.weight_offset + u), coef);
-          const float w = e3fuse::ops::radial_table_value(coef, t);
-          const float dw_dr = e3fuse::ops::radial_table_grad(coef, t, inv_step);
+          for (int m = 0; m < D3; ++m) gq[m] = cur.g[m];
+          const float w = e3fuse::ops::radial_table_value(cur.coef, t);
+          const float dw_dr = e3fuse::ops::radial_table_grad(cur.coef, t, inv_step);
           rotate<D3, row_pad(L3)>(wigner + e * kWignerFloats + wigner_offset(L3), gq, gr);
           float t0[D1] = {}, h1 = 0.0f, h2 = 0.0f;
           e3fuse::ops::Wigner3j<L1, L2, L3>::for_each([&](int a, int b, int kk, double value) {
@@ -248,6 +272,7 @@ __device__ void frame_task(const cu::Conv<float>::View& c, const FrameView& fv,
           f3 += dw * dw_dr;
         });
       });
+      if constexpr (AHEAD) cur = next;
     }
     rotate_back_add<D1, row_pad(L1)>(W1, dxr, gacc);
     const float inv_r = unit[4 * e + 3];
@@ -261,7 +286,7 @@ __device__ void frame_task(const cu::Conv<float>::View& c, const FrameView& fv,
   for (int a = 0; a < D1; ++a) slot[a * 32] += gacc[a];
 }
 
-template <int EC>
+template <int EC, bool AHEAD>
 __global__ void __launch_bounds__(kFrameThreads, 2)
     frame_backward_kernel(cu::Geometry<float>::View geo, cu::Conv<float>::View c, FrameView fv,
                           e3fuse::GraphView g, int64_t receiver_rows, const float* __restrict__ x,
@@ -367,8 +392,8 @@ __global__ void __launch_bounds__(kFrameThreads, 2)
       const FrameTask task = fv.tasks[q];
       const FrameBlock B = fv.blocks[task.block];
       cu::with_irrep_dim(B.d1, [&](auto d1) {
-        frame_task<decltype(d1)::value>(c, fv, task, B, n, k, x, grad_y, wigner, sender, interval,
-                                        local_t, unit, part, gx);
+        frame_task<decltype(d1)::value, AHEAD>(c, fv, task, B, n, k, x, grad_y, wigner, sender,
+                                               interval, local_t, unit, part, gx);
       });
     }
     __syncthreads();
@@ -678,6 +703,7 @@ std::string make_frame(const e3fuse::cpu::Conv<float>& conv, const e3fuse::ops::
 
 struct Options : e3fuse_micro::StructureOptions {
   int ec = 4;
+  bool ahead = true;
 };
 
 Options parse(int argc, char** argv) {
@@ -685,6 +711,9 @@ Options parse(int argc, char** argv) {
   e3fuse_micro::parse_pairs(argc, argv, [&](const std::string& key, const std::string& value) {
     if (key == "--ec") {
       o.ec = std::stoi(value);
+    } else if (key == "--ahead") {
+      if (value != "0" && value != "1") throw Error("--ahead must be 0 or 1");
+      o.ahead = value == "1";
     } else {
       return o.take(key, value);
     }
@@ -781,7 +810,10 @@ int run_float(const Options& opt) {
     error_node.zero();
 
     const FrameSmem L = frame_smem(opt.ec, fv.gx_slots);
-    auto kernel = opt.ec == 4 ? frame_backward_kernel<4> : frame_backward_kernel<8>;
+    auto kernel =
+        opt.ec == 4
+            ? (opt.ahead ? frame_backward_kernel<4, true> : frame_backward_kernel<4, false>)
+            : (opt.ahead ? frame_backward_kernel<8, true> : frame_backward_kernel<8, false>);
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.bytes),
           "frame smem");
     auto run_frame = [&]() {
@@ -864,8 +896,8 @@ int run_float(const Options& opt) {
   out.precision(8);
   out << "{\"tool\": \"e3fuse_frame_backward_micro\", \"model\": \"" << opt.model
       << "\", \"device\": \"" << ds.prop.name << "\", \"atoms\": " << n << ", \"ec\": " << opt.ec
-      << ", \"warmup\": " << opt.warmup << ", \"repeats\": " << opt.repeats
-      << ",\n \"layers\": [\n  " << layers.str() << "]}\n";
+      << ", \"ahead\": " << (opt.ahead ? "true" : "false") << ", \"warmup\": " << opt.warmup
+      << ", \"repeats\": " << opt.repeats << ",\n \"layers\": [\n  " << layers.str() << "]}\n";
   e3fuse_micro::emit_json(out.str(), opt.json_out);
   return 0;
 }
