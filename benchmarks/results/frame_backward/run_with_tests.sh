@@ -4,6 +4,8 @@
 # (edge, path) pair ahead (--ahead) beside the engine. Carries .carry/reference-tests.tar.xz,
 # .carry/lammps.tar.xz and .carry/may2024.tar:
 #   OUT=... bash benchmarks/results/frame_backward/run_with_tests.sh
+# Environment: TESTS (test files, default the whole suite), TEST_S (their time limit, 330 s),
+# BUILD_TARGETS (ninja targets, default all), FRAME=0 (the tests only).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 REPO=$PWD
@@ -17,15 +19,23 @@ source scripts/gpu_common.sh
 mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
 gpu_setup_carry
 gpu_machine_info
-gpu_build build/gpu "$OUT/build.log"
+# shellcheck disable=SC2086
+gpu_build build/gpu "$OUT/build.log" ${BUILD_TARGETS:+-- $BUILD_TARGETS}
 say "build done at $SECONDS s"
+# TESTS: the test files (default the whole GPU suite)
+TESTS=${TESTS:-"tests/test_ops.py tests/test_models.py tests/test_mace.py tests/test_calculator.py
+  tests/test_mace_foundation_combos.py tests/test_mace_radial.py tests/test_mace_zbl.py
+  tests/test_mace_nonlinear.py tests/test_graph_reuse.py tests/test_regions.py tests/test_lammps.py
+  tests/test_radial_table.py"}
+# shellcheck disable=SC2086
 timeout "${TEST_S:-330}" python3 -m pytest -q -m "not slow" -p no:cacheprovider -p no:warnings -rfE \
-  --timeout 150 -k "cuda or gpu" tests/test_ops.py tests/test_models.py tests/test_mace.py \
-  tests/test_calculator.py tests/test_mace_foundation_combos.py tests/test_mace_radial.py \
-  tests/test_mace_zbl.py tests/test_mace_nonlinear.py tests/test_graph_reuse.py tests/test_regions.py \
-  tests/test_lammps.py tests/test_radial_table.py >"$OUT/gpu_tests_full.log" 2>&1
+  --timeout 150 -k "cuda or gpu" $TESTS >"$OUT/gpu_tests_full.log" 2>&1
 tail -15 "$OUT/gpu_tests_full.log"
 say "tests done at $SECONDS s"
+if [[ ${FRAME:-1} == 0 ]]; then
+  say "elapsed $SECONDS s (FRAME=0: no frame runs)"
+  exit 0
+fi
 # the microbenchmark after the tests: the option adds targets only, the library is not rebuilt
 cmake -S . -B build/gpu -DE3FUSE_MICROBENCH=ON >>"$OUT/build.log" 2>&1 &&
   ninja -C build/gpu e3fuse_frame_backward_micro >>"$OUT/build.log" 2>&1 || die "micro build failed"
