@@ -32,10 +32,11 @@
 // largest difference of dE/dx, node forces, fixed-point receiver forces and per-atom virials
 // relative to the largest value. Built only with -DE3FUSE_MICROBENCH=ON.
 //
-// Measured (H100, benchmarks/results/frame_backward/): correct to 4e-7 of the engine, and
-// slower in every layer, 1.7-1.8x in SevenNet-l3i5's layers 1-3 at 32,000 atoms, 3.7-4.5x in
-// the scalar layers: the rotation of every path's output row costs about what the dense
-// contraction did, and the per-chunk Wigner stage adds latency. Not in the engine.
+// Measured (H100, benchmarks/results/frame_backward/): correct to 4e-7 of the engine, and as
+// built slower in every layer (1.7-1.8x in SevenNet-l3i5's layers 1-3 at 32,000 atoms), with
+// its tasks far from their instruction-issue bound (load latency: --ahead is the next step)
+// and a per-chunk Wigner stage that is latency-bound too. Not in the engine.
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
