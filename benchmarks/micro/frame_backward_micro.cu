@@ -34,8 +34,8 @@
 //
 // Measured (H100, benchmarks/results/frame_backward/): correct to 4e-7 of the engine, and as
 // built slower in every layer (1.7-1.8x in SevenNet-l3i5's layers 1-3 at 32,000 atoms), with
-// its tasks far from their instruction-issue bound (load latency: --ahead is the next step)
-// and a per-chunk Wigner stage that is latency-bound too. Not in the engine.
+// its tasks far from their estimated instruction-issue bound (--ahead 1 took 9 % off, not
+// more) and a per-chunk Wigner stage that is latency-bound. Not in the engine.
 
 #include <cuda_runtime.h>
 
