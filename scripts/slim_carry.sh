@@ -9,8 +9,8 @@
 #                                  libmpi_abi (liblammps links libmpi.so.12).
 # Run here after prepare_carry.sh (and scripts/carry_may2024.sh for .carry/may2024.tar); each
 # archive present is rewritten in place, so running it twice changes nothing. Then, e.g.:
-#   the test suite: reference-tests + lammps + may2024 (about 53 MB with the tree)
-#   the harness:    reference (about 53 MB) alone
+#   the test suite: reference-tests + lammps + may2024 (about 65 MB = 62 MiB with the tree)
+#   the harness:    reference alone (about 66 MB = 63 MiB with the tree)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
