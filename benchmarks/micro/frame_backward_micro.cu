@@ -40,10 +40,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -427,63 +425,12 @@ __global__ void __launch_bounds__(kFrameThreads, 2)
 // ---------------------------------------------------------------------------
 // Host: the frame's constants and the task deal.
 
-template <int L1, int L2, int L3>
-void fill_w3j(std::vector<double>& w) {
-  w.assign((2 * L1 + 1) * (2 * L2 + 1) * (2 * L3 + 1), 0.0);
-  e3fuse::ops::Wigner3j<L1, L2, L3>::for_each(
-      [&](int a, int b, int k, double v) { w[(a * (2 * L2 + 1) + b) * (2 * L3 + 1) + k] = v; });
-}
-template <int L1, int L2>
-void fill_w3j_l3(int l3, std::vector<double>& w) {
-  switch (l3) {
-    case 0:
-      fill_w3j<L1, L2, 0>(w);
-      break;
-    case 1:
-      fill_w3j<L1, L2, 1>(w);
-      break;
-    case 2:
-      fill_w3j<L1, L2, 2>(w);
-      break;
-    default:
-      fill_w3j<L1, L2, 3>(w);
-      break;
-  }
-}
-template <int L1>
-void fill_w3j_l2(int l2, int l3, std::vector<double>& w) {
-  switch (l2) {
-    case 0:
-      fill_w3j_l3<L1, 0>(l3, w);
-      break;
-    case 1:
-      fill_w3j_l3<L1, 1>(l3, w);
-      break;
-    case 2:
-      fill_w3j_l3<L1, 2>(l3, w);
-      break;
-    default:
-      fill_w3j_l3<L1, 3>(l3, w);
-      break;
-  }
-}
+// w3j(l1, l2, l3) as a dense [d1][d2][d3] array (ops::wigner3j_dense).
 std::vector<double> w3j(int l1, int l2, int l3) {
-  if (l1 > 3 || l2 > 3 || l3 > 3) throw Error("the frame micro handles l <= 3");
-  std::vector<double> w;
-  switch (l1) {
-    case 0:
-      fill_w3j_l2<0>(l2, l3, w);
-      break;
-    case 1:
-      fill_w3j_l2<1>(l2, l3, w);
-      break;
-    case 2:
-      fill_w3j_l2<2>(l2, l3, w);
-      break;
-    default:
-      fill_w3j_l2<3>(l2, l3, w);
-      break;
-  }
+  std::vector<double> w(static_cast<size_t>(2 * l1 + 1) * (2 * l2 + 1) * (2 * l3 + 1));
+  if (!e3fuse::ops::wigner3j_dense(l1, l2, l3, w.data()))
+    throw Error("no Wigner 3j symbol (" + std::to_string(l1) + ", " + std::to_string(l2) + ", " +
+                std::to_string(l3) + ") in the table");
   return w;
 }
 
@@ -620,10 +567,11 @@ std::string make_frame(const e3fuse::cpu::Conv<float>& conv, const e3fuse::ops::
   std::vector<std::vector<int>> block_paths(out.blocks.size());
   for (size_t q = 0; q < out.paths.size(); ++q) block_paths[out.paths[q].block].push_back(q);
   auto overhead = [](int d1) { return 2 * d1 * d1 + 40; };
+  std::vector<int> block_cost(out.blocks.size());  // one task of 32 channels with all its paths
   for (size_t b = 0; b < out.blocks.size(); ++b) {
-    int c = overhead(out.blocks[b].d1);
-    for (int q : block_paths[b]) c += cost[q];
-    total += c * ((out.blocks[b].mul + 31) / 32);
+    block_cost[b] = overhead(out.blocks[b].d1);
+    for (int q : block_paths[b]) block_cost[b] += cost[q];
+    total += block_cost[b] * ((out.blocks[b].mul + 31) / 32);
   }
   const double share = static_cast<double>(total) / kFrameWarps;
   struct Piece {
@@ -635,8 +583,7 @@ std::string make_frame(const e3fuse::cpu::Conv<float>& conv, const e3fuse::ops::
   for (size_t b = 0; b < out.blocks.size(); ++b) {
     const int first = static_cast<int>(ordered.size());
     for (int q : block_paths[b]) ordered.push_back(out.paths[q]);
-    int c = overhead(out.blocks[b].d1);
-    for (int q : block_paths[b]) c += cost[q];
+    const int c = block_cost[b];
     const int parts = std::max(1, static_cast<int>(std::lround(c / share)));
     // contiguous pieces of about c / parts each
     std::vector<std::pair<int, int>> ranges;  // [begin, end) into ordered
