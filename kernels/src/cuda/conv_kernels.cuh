@@ -37,7 +37,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 struct Smem {
   size_t edge, sender, vec, u, Y, emb, demb, h0, h1, pre, act, wts, M, K, acc, part, red, total;
   size_t interval, local_t;  // radial table: each edge's interval and t
-  size_t lane;               // backward with lane_forces: each thread's force partials per edge
 };
 
 E3F_HD size_t align16(size_t x) { return (x + 15) & ~size_t(15); }
@@ -75,17 +74,6 @@ E3F_HD bool sparse_backward(const View& c) {
   return std::is_same_v<T, float> && c.sparse_cg && c.table != nullptr &&
          (c.max_d1 == 1 || c.max_d3 == 1);
 }
-
-// Whether the backward's tasks add their edge-force partials to each thread's own slot in
-// shared memory ([ec][threads][4], three used), summed over the warp once per chunk and edge
-// (warp_lane_forces), instead of over the warp once per task and edge (warp_sum3: six
-// shuffles in a dependent chain, and a shared add by three lanes). Only for chunks of up to 4
-// edges: the slots take 16 bytes per thread and edge (float), 16 KB at 4 edges, which the
-// 16-edge kernels of SevenNet-0 and MACE (3-4 blocks per SM) do not have. ncu of
-// SevenNet-l3i5's layer-1 backward (H100, 32,000 atoms, benchmarks/results/frame_backward/
-// call5_layer1/): warp_sum3 took 4.7 % of its instructions and 10.7 % of its stall samples,
-// mostly waiting on the shuffles.
-E3F_HD constexpr bool lane_forces(int ec) { return ec <= 4; }
 
 template <class T>
 E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_basis, int ec,
@@ -137,7 +125,6 @@ E3F_HD Smem smem_layout(const typename Conv<T>::View& c, int sh_dim, int num_bas
                                   : std::max(static_cast<size_t>(c.max_hidden), kThreads * cpt));
     }
     s.part = take(t * ec * part_cols);
-    s.lane = take(lane_forces(ec) ? t * ec * kThreads * 4 : 0);
     // per edge of the chunk its force summed over the threads, then node k's force and
     // virial sums [3 + 9]
     s.red = take(sizeof(double) * (3 * ec + 12));
@@ -532,17 +519,6 @@ __device__ __forceinline__ void load4_shared(const T* p, T v[4]) {
     v[1] = a.y;
     v[2] = b.x;
     v[3] = b.y;
-  }
-}
-
-// Four consecutive values into shared memory (16-byte aligned): one vector store.
-template <class T>
-__device__ __forceinline__ void store4_shared(T* p, const T v[4]) {
-  if constexpr (std::is_same_v<T, float>) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-    reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
-    reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
   }
 }
 
@@ -984,41 +960,6 @@ __device__ void tp_forward_task(const typename Conv<T>::View& c, const typename 
     for (int ch = 0; ch < C; ++ch) y[k * B.mul + ch] += scale * acc[k][ch];
 }
 
-// The force partials (f0, f1, f2) of one task on edge e, components in the edge's frame. LANE
-// (lane_forces): added to the thread's own slot of edge e, fe = the block's slots
-// [EC][kThreads][4]; else summed over the warp into the warp's column of fe,
-// fe[(3 e + a) * kWarps]. Every lane of the warp calls it.
-template <class T, bool LANE>
-__device__ __forceinline__ void add_force_partials(T* fe, int e, T f0, T f1, T f2) {
-  if constexpr (LANE) {
-    T* slot = fe + 4 * (e * kThreads + threadIdx.x);
-    T v[4];
-    load4_shared(slot, v);
-    v[0] += f0;
-    v[1] += f1;
-    v[2] += f2;
-    store4_shared(slot, v);
-  } else {
-    const T sum = warp_sum3(f0, f1, f2);
-    const int lane = threadIdx.x % 32;
-    if (lane % 8 == 0 && lane < 24) fe[(3 * e + lane / 8) * kWarps] += sum;
-  }
-}
-
-// With lane_forces, after the warp's tasks of the chunk: each edge's slots summed over the warp
-// (warp_sum3) into the warp's column of part, part[(3 e + a) * kWarps + warp], as
-// sum_edge_forces reads it. Every lane of the warp calls it.
-template <class T>
-__device__ void warp_lane_forces(const T* slots, int n, T* part) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int e = 0; e < n; ++e) {
-    T v[4];
-    load4_shared(slots + 4 * (e * kThreads + threadIdx.x), v);
-    const T sum = warp_sum3(v[0], v[1], v[2]);
-    if (lane % 8 == 0 && lane < 24) part[(3 * e + lane / 8) * kWarps + warp] = sum;
-  }
-}
-
 // One edge e of a backward task (tp_backward_task): g_j's row gj, and with TABLE the
 // weights' cubic coefficients, already in registers. TRANSPOSED (Path::m_transposed): the
 // path's {M, K} entry (a, q) is its partner's (q, a), scaled by m_scale (in s x_k).
@@ -1029,7 +970,7 @@ __device__ void warp_lane_forces(const T* slots, int n, T* part) {
 // degree l2 of v, v . dY/dv = l2 Y (Euler), so K . u = (l2 / r) M and that part of the force
 // is (l2 / r) w s x_k M g_j = (l2 / r) w dw (sh_degree = l2 there, 0 with normalize). Two
 // multiply-adds per entry and channel for the angular force instead of three.
-template <class T, int D1, int D3, int C, bool TABLE, bool TRANSPOSED, bool LANE>
+template <class T, int D1, int D3, int C, bool TABLE, bool TRANSPOSED>
 __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c,
                                                  const typename Conv<T>::Path& P, int u,
                                                  bool active, int e, const T (&gj)[D3][C],
@@ -1104,7 +1045,9 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
       for (int ch = 0; ch < C; ++ch) slot[ch] = dw[ch] * c.inv_denominator;
     }
   }
-  add_force_partials<T, LANE>(fe, e, f0, f1, f2);
+  const T sum = warp_sum3(f0, f1, f2);
+  const int lane = threadIdx.x % 32;
+  if (lane % 8 == 0 && lane < 24) fe[(3 * e + lane / 8) * kWarps] += sum;
 }
 
 // One edge e of a backward task from the path's compile-time Wigner 3j entries
@@ -1114,7 +1057,7 @@ __device__ __forceinline__ void tp_backward_edge(const typename Conv<T>::View& c
 // t[b] = sum_{a,q} w3j[a][b][q] (w s x_k[a]) g_j[q], whose angular force is
 // alpha sum_b t[b] dY[b]/dv (Y[e][b][4] = {Y, dY/dv in the edge's frame}, chunk_geometry):
 // the force in the edge's frame, as tp_backward_edge's.
-template <class T, int D1, int D2, int D3, int C, bool LANE>
+template <class T, int D1, int D2, int D3, int C>
 __device__ __forceinline__ void tp_backward_edge_sparse(
     const typename Conv<T>::View& c, const typename Conv<T>::Path& P, int u, int e,
     const T (&gj)[D3][C], const T (&coef)[C][4], const T* local_t, const T* Y, int sh_dim,
@@ -1170,7 +1113,9 @@ __device__ __forceinline__ void tp_backward_edge_sparse(
   f0 *= fscale;
   f1 *= fscale;
   f2 = f2 * fscale + dr;
-  add_force_partials<T, LANE>(fe, e, f0, f1, f2);
+  const T sum = warp_sum3(f0, f1, f2);
+  const int lane = threadIdx.x % 32;
+  if (lane % 8 == 0 && lane < 24) fe[(3 * e + lane / 8) * kWarps] += sum;
 }
 
 // Edge e's inputs of a backward task: g_j's row of path P (channels u ..) and with TABLE
@@ -1189,9 +1134,9 @@ __device__ __forceinline__ void gather_backward_edge(
 // The chunk's edges e = (k, j) of one task, for the message k -> j that node k sends
 // (conv.cuh): the weight's adjoint dE/dw goes to the weight slot, dE/dx_k's partial to the
 // path's gx slot, and the angular part of f = dE/dv (v = r_j - r_k), contracted through
-// K = dM/dv, component a of the edge's frame (t1, t2, u), into fe (add_force_partials: with
-// LANE the thread's own slot, else summed over the warp into the warp's column). An
-// inactive lane (past the block's channels) contributes zeros and writes nothing else.
+// K = dM/dv, summed over the warp (warp_sum3) into the warp's column of fe:
+// fe[(3 e + a) * kWarps] (shared memory), component a of the edge's frame (t1, t2, u). An
+// inactive lane (past the block's channels) contributes zeros and writes nothing.
 // homogeneous_sh: the spherical harmonics are of the raw vector (!normalize): K . u is not 0
 // (tp_backward_edge).
 //
@@ -1207,8 +1152,7 @@ __device__ __forceinline__ void gather_backward_edge(
 //
 // SPARSE (sparse_backward, with TABLE): each edge from the path's Wigner 3j entries
 // (tp_backward_edge_sparse), reading Y and dY/dv instead of {M, K}.
-template <class T, int D1, int D3, int C, bool TABLE, bool AHEAD, bool TRANSPOSED, bool SPARSE,
-          bool LANE>
+template <class T, int D1, int D3, int C, bool TABLE, bool AHEAD, bool TRANSPOSED, bool SPARSE>
 __device__ void tp_backward_task(const typename Conv<T>::View& c,
                                  const typename Conv<T>::InBlock& B,
                                  const typename Conv<T>::Path& P, int u, bool active, int64_t k,
@@ -1261,14 +1205,14 @@ __device__ void tp_backward_task(const typename Conv<T>::View& c,
     static_assert(TABLE, "the sparse backward reads its weights from the radial table");
     with_wigner3j_d2<D1, D3>(P.d2, [&](auto d2) {
       walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
-        tp_backward_edge_sparse<T, D1, decltype(d2)::value, D3, C, LANE>(
-            c, P, u, e, gj, coef, local_t, Y, sh_dim, sxk, gxa, fe);
+        tp_backward_edge_sparse<T, D1, decltype(d2)::value, D3, C>(c, P, u, e, gj, coef, local_t, Y,
+                                                                   sh_dim, sxk, gxa, fe);
       });
     });
   } else {
     walk_edges([&](int e, const T(&gj)[D3][C], const T(&coef)[C][4]) {
-      tp_backward_edge<T, D1, D3, C, TABLE, TRANSPOSED, LANE>(
-          c, P, u, active, e, gj, coef, wts, local_t, unit, MK, sxk, gxa, sh_degree, fe);
+      tp_backward_edge<T, D1, D3, C, TABLE, TRANSPOSED>(c, P, u, active, e, gj, coef, wts, local_t,
+                                                        unit, MK, sxk, gxa, sh_degree, fe);
     });
   }
   if (!active) return;
@@ -1527,8 +1471,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
   double* red = reinterpret_cast<double*>(smem + L.red);
   int* s_interval = reinterpret_cast<int*>(smem + L.interval);
   T* s_t = reinterpret_cast<T*>(smem + L.local_t);
-  constexpr bool kLane = lane_forces(EC);
-  T* lane_slots = reinterpret_cast<T*>(smem + L.lane);
   __shared__ int64_t s_pos;
   __shared__ int s_count;
 
@@ -1570,25 +1512,17 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
     __syncthreads();
     {
-      // the force partials [EC][3][kWarps], one column per warp; with kLane first in each
-      // thread's own slots (no other thread reads them before warp_lane_forces)
-      if constexpr (kLane) {
-        const T zero[4] = {};
-        for (int e = 0; e < n; ++e)
-          store4_shared(lane_slots + 4 * (e * kThreads + threadIdx.x), zero);
-      } else {
-        for (int r = threadIdx.x; r < 3 * n * kWarps; r += blockDim.x) part[r] = T(0);
-        __syncthreads();
-      }
+      // the force partials [EC][3][kWarps], one column per warp
+      for (int r = threadIdx.x; r < 3 * n * kWarps; r += blockDim.x) part[r] = T(0);
+      __syncthreads();
       for_each_warp_task<T, true, MAX_D1, MAX_D3>(c, [&](auto d1, auto d3, auto lc, const auto& B,
                                                          const auto& P, int ch, bool active) {
         constexpr int D1 = decltype(d1)::value, D3 = decltype(d3)::value, C = decltype(lc)::value;
         auto run = [&](auto transposed) {
           tp_backward_task<T, D1, D3, C, TABLE, backward_prefetch<MAX_D1, MAX_D3>(D1, D3, C),
-                           decltype(transposed)::value, SPARSE, kLane>(
+                           decltype(transposed)::value, SPARSE>(
               c, B, P, ch, active, k, n, s_sender, x, grad_y, wts, s_interval, s_t, u, MK, Y,
-              geo.sh_dim, !geo.normalize, gx + P.gx_offset + ch,
-              kLane ? lane_slots : part + threadIdx.x / 32);
+              geo.sh_dim, !geo.normalize, gx + P.gx_offset + ch, part + threadIdx.x / 32);
         };
         // only paths with d1 < d3 read their partner's rows, in layers with l = 3 inputs
         // (make_conv); the other kernels compile no transposed reads
@@ -1600,7 +1534,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
         }
         run(std::false_type{});
       });
-      if constexpr (kLane) warp_lane_forces<T>(lane_slots, n, part);
     }
     __syncthreads();
     sum_edge_forces<T>(part, n, u, edge_force);
