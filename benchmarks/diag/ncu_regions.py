@@ -26,12 +26,14 @@ import subprocess
 import sys
 from collections import defaultdict
 
-# conv_kernels.cuh line ranges (as of this file's commit) -> region
+# conv_kernels.cuh line ranges (as of this file's commit) -> region. An inlined helper's
+# instructions carry the helper's lines, whoever calls it.
 REGIONS = [
     (139, 197, "take_chunk, edge_vector"),
     (263, 405, "chunk_geometry"),
     (406, 415, "table_entry"),
-    (507, 700, "{M, K} contraction"),
+    (507, 523, "load4_shared (inlined: tasks' {M, K} reads, contraction's Y reads)"),
+    (524, 700, "{M, K} contraction"),
     (700, 806, "task dispatch"),
     (807, 1228, "tasks"),
     (1229, 1313, "edge forces"),
