@@ -23,13 +23,6 @@ for run in "32000 1" "32000 0" "864 1" "864 0"; do
   timeout 60 $build/e3fuse_frame_backward_micro --model benchmarks/models/7net-l3i5.e3f \
     --structure "benchmarks/models/cu$atoms.bin" --ec 8 --ahead "$ahead" --warmup 1 --repeats 3 \
     --json-out "$json" >/dev/null
-  python3 - "$json" <<'PYEOF'
-import json, statistics, sys
-r = json.load(open(sys.argv[1]))
-print(sys.argv[1].rsplit("/", 1)[-1])
-for l in r["layers"]:
-    e, f = statistics.median(l["engine_ms"]), statistics.median(l["frame_ms"])
-    print(f"  layer {l['layer']}: engine {e:.3f} frame {f:.3f} ({f / e:.3f}) max diff {max(l['relative_difference'].values()):.1e}")
-PYEOF
+  python3 benchmarks/results/frame_backward/summary.py "$json"
   echo "at $SECONDS s"
 done

@@ -51,14 +51,7 @@ for run in "7net-l3i5 32000 1" "7net-l3i5 32000 0" "7net-l3i5 864 1" "7net-0 320
   json=$OUT/frame/frame_${model}_${atoms}_ec8_ahead$ahead.json
   timeout 60 "$exe" --model "benchmarks/models/$model.e3f" --structure "benchmarks/models/cu$atoms.bin" \
     --ec 8 --ahead "$ahead" --warmup 2 --repeats 5 --json-out "$json" >/dev/null 2>>"$LOG"
-  $PY - "$json" <<'PYEOF' 2>&1 | tee -a "$LOG"
-import json, statistics, sys
-r = json.load(open(sys.argv[1]))
-print(sys.argv[1].rsplit("/", 1)[-1])
-for l in r["layers"]:
-    e, f = statistics.median(l["engine_ms"]), statistics.median(l["frame_ms"])
-    print(f"  layer {l['layer']}: engine {e:.3f} frame {f:.3f} ({f / e:.3f}) max diff {max(l['relative_difference'].values()):.1e}")
-PYEOF
+  $PY benchmarks/results/frame_backward/summary.py "$json" 2>&1 | tee -a "$LOG"
 done
 tar -czf "$OUT/frame.tar.gz" -C "$OUT" frame && rm -rf "$OUT/frame"
 say "elapsed $SECONDS s"
