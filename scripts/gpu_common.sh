@@ -136,6 +136,20 @@ gpu_build() {
     die "e3fuse was built without a working CUDA backend (cuda_available() is false)"
 }
 
+# gpu_timeline_models: after gpu_build, the model files that benchmarks/diag/call_timeline.py
+# times, in benchmarks/models: 7net-0.e3f and 7net-l3i5.e3f (sevenn's checkpoints, converted)
+# and mace-mp0-medium-random.e3f (MACE-MP-0 medium with random weights, built by mace-torch).
+gpu_timeline_models() {
+  mkdir -p benchmarks/models
+  local m
+  for m in 7net-0 7net-l3i5; do
+    [[ -f benchmarks/models/$m.e3f ]] ||
+      $PY -m e3fuse.cli convert sevennet $m -o benchmarks/models/$m.e3f >>"$LOG" 2>&1
+  done
+  [[ -f benchmarks/models/mace-mp0-medium-random.e3f ]] ||
+    (cd benchmarks && $PY -c 'from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("models"))') >>"$LOG" 2>&1
+}
+
 # gpu_adhoc_env: for a one-off command on the GPU machine after one of the scripts above built
 # the package in this call or an earlier call on the same machine (e.g. the microbenchmark
 # under other E3FUSE_* settings):

@@ -27,11 +27,8 @@ gpu_setup_carry
 gpu_machine_info
 gpu_build build/gpu "$OUT/build.log" -- _core
 say "build done at $SECONDS s"
-mkdir -p benchmarks/models
-for m in 7net-0 7net-l3i5; do
-  [[ -f benchmarks/models/$m.e3f ]] ||
-    $PY -m e3fuse.cli convert sevennet $m -o benchmarks/models/$m.e3f >>"$LOG" 2>&1
-done
+gpu_timeline_models
+f=benchmarks/models/mace-mp0-medium-random.e3f
 for m in 7net-0 7net-l3i5; do
   for pair in 1 0; do
     E3FUSE_LINEAR_PAIR=$pair timeout 60 $PY benchmarks/results/linear_pair/compare.py save \
@@ -41,9 +38,6 @@ for m in 7net-0 7net-l3i5; do
     tee -a "$LOG"
 done
 rm -f "$OUT"/pair_*.npz
-# MACE-MP-0 medium with random weights: built by mace-torch, converted by the staged package
-f=benchmarks/models/mace-mp0-medium-random.e3f
-[[ -f $f ]] || (cd benchmarks && $PY -c 'from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("models"))') >>"$LOG" 2>&1
 say "models and pair check done at $SECONDS s"
 for run in g0p0 g1p0 g0p1 g1p1; do
   E3FUSE_STEP_GRAPH=${run:1:1} E3FUSE_LINEAR_PAIR=${run:3:1} timeout "${TL_S:-50}" \
