@@ -723,6 +723,13 @@ int64_t Engine::num_neighbor_builds() const {
   return list ? list->num_builds() : 0;
 }
 
+int64_t Engine::num_step_replays() const {
+#ifdef E3FUSE_WITH_CUDA
+  if (impl_->gpu) return impl_->gpu->num_step_replays();
+#endif
+  return 0;
+}
+
 int64_t Engine::num_neighbor_edges() const {
 #ifdef E3FUSE_WITH_CUDA
   if (impl_->gpu) return impl_->gpu->num_neighbor_edges();

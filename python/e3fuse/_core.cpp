@@ -514,6 +514,7 @@ PYBIND11_MODULE(_core, m) {
       .def("set_min_distance", &Engine::set_min_distance)
       .def_property_readonly("num_neighbor_builds", &Engine::num_neighbor_builds)
       .def_property_readonly("num_neighbor_edges", &Engine::num_neighbor_edges)
+      .def_property_readonly("num_step_replays", &Engine::num_step_replays)
       .def_property_readonly("neighbor_skin", &Engine::neighbor_skin)
       .def_property("region_atoms", &Engine::region_atoms, &Engine::set_region_atoms,
                     "most atoms (owned + ghosts) per region of compute_system; 0: automatic")

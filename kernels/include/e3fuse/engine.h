@@ -154,6 +154,9 @@ class Engine {
   // Of the neighbor list of the last compute(SystemView) or compute(NodesView):
   int64_t num_neighbor_builds() const;
   int64_t num_neighbor_edges() const;  // skin included
+  // Calls whose GPU launches were replayed from the CUDA graph of an earlier call with the
+  // same launches (0 on the CPU).
+  int64_t num_step_replays() const;
   double neighbor_skin() const;
 
   // Device memory held by this process's e3fuse arrays (0 on the CPU): now and peak.

@@ -40,6 +40,8 @@ class Backend {
   virtual int64_t max_atoms(double edges_per_atom, bool want_grad, bool want_virial) const = 0;
   virtual int64_t num_neighbor_builds() const = 0;
   virtual int64_t num_neighbor_edges() const = 0;
+  // Calls whose launches ran as a replay of the CUDA graph of an earlier call (StepGraph).
+  virtual int64_t num_step_replays() const = 0;
   virtual std::string device_name() const = 0;
   // Engine::set_system_inputs: the species embedding [num_species][dim] and e0 of other
   // per-system inputs (MACE), uploaded before this call returns.

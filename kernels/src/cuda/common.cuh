@@ -127,13 +127,23 @@ struct DeviceBytes {
     static std::atomic<size_t> value{0};
     return value;
   }
+  // Allocations and frees so far (a CUDA graph of a step holds the addresses it was captured
+  // with: StepGraph replays it only while this count is unchanged).
+  static std::atomic<uint64_t>& changes() {
+    static std::atomic<uint64_t> value{0};
+    return value;
+  }
   static void add(size_t bytes) {
+    ++changes();
     const size_t now = in_use() += bytes;
     size_t p = peak().load();
     while (now > p && !peak().compare_exchange_weak(p, now)) {
     }
   }
-  static void remove(size_t bytes) { in_use() -= bytes; }
+  static void remove(size_t bytes) {
+    ++changes();
+    in_use() -= bytes;
+  }
 };
 
 // A device array that grows and never shrinks (capacity reused between steps).

@@ -156,6 +156,7 @@ class StageProfiler {
                    100.0 * t.ms / (sum > 0 ? sum : 1), static_cast<long long>(t.count));
     for (auto& e : pool_) cudaEventDestroy(e);
   }
+  bool enabled() const { return enabled_; }
   void begin_call() {
     if (enabled_) ++calls_;
   }
@@ -327,6 +328,12 @@ class Model {
   // Bytes run() holds per edge of the graph beyond the neighbor list (the non-linear block's
   // per-edge RadialMLP weights, conv.cuh).
   virtual size_t edge_bytes() const { return 0; }
+  // Changes whenever prepare() or set_system_inputs() change what run() passes to its kernels
+  // from the host (table views, their sizes): StepGraph replays a step only while it stays.
+  uint64_t launch_version() const { return launch_version_; }
+
+ protected:
+  uint64_t launch_version_ = 0;
 };
 
 template <class T>
@@ -400,15 +407,17 @@ class SevennetModel : public Model {
       s.profiler.mark("linear forward", st);
       // the self-connection goes straight into the gate's input; linear_2 adds to it
       pre_gate_[t].resize(static_cast<size_t>(n) * l.linear_2.dim_out);
-      if (l.sc_per_species)
-        element_linear_forward(l.sc_species, rows, g.species, x_.data(), pre_gate_[t].data(), st);
-      else
-        linear_forward(l.self_connection, rows, x_.data(), pre_gate_[t].data(), st);
       DeviceArray<T>& x1 = x1_[recompute_x1 ? 0 : t];
       x1.resize(static_cast<size_t>(n) * l.linear_1.dim_out);
       // layer 0's input (the embedding) is known on every node; later ones come from owners
       // (halo) or from the previous layer's rows
-      linear_forward(l.linear_1, in_rows, x_.data(), x1.data(), st);
+      if (l.sc_per_species) {
+        element_linear_forward(l.sc_species, rows, g.species, x_.data(), pre_gate_[t].data(), st);
+        linear_forward(l.linear_1, in_rows, x_.data(), x1.data(), st);
+      } else {
+        linear_forward_pair(l.self_connection, rows, pre_gate_[t].data(), l.linear_1, in_rows,
+                            x1.data(), x_.data(), st);
+      }
       if (!halo) zero_rows(x1.data(), in_rows, n, static_cast<int>(l.linear_1.dim_out), st);
       y_.resize(static_cast<size_t>(n) * l.conv.view.dim_out);
       exchange_then_convolve(s, halo && t > 0, static_cast<int>(l.linear_1.dim_out), x1.data(),
@@ -453,18 +462,20 @@ class SevennetModel : public Model {
       gate_backward(l.gate, rows, pre_gate_[t].data(), grad_.data(), grad_p_.data(), st);
       s.profiler.mark("linear backward", st);
       grad_.resize(static_cast<size_t>(n) * l.self_connection.dim_in);
-      if (l.sc_per_species)
-        element_linear_backward(l.sc_species, rows, g.species, grad_p_.data(), grad_.data(), false,
-                                st);
-      else
-        linear_backward(l.self_connection, rows, grad_p_.data(), grad_.data(), false, st);
-      // linear_1's rows may be more
-      zero_rows(grad_.data(), rows, in_rows, static_cast<int>(l.self_connection.dim_in), st);
       // dE/dy reuses y's buffer: y is dead once linear_2 has run, and the two
       // (N x conv.dim_out each) are the largest node tensors of the model
       y_.resize(static_cast<size_t>(n) * l.linear_2.dim_in);
       T* grad_y = y_.data();
-      linear_backward(l.linear_2, rows, grad_p_.data(), grad_y, false, st);
+      if (l.sc_per_species) {
+        element_linear_backward(l.sc_species, rows, g.species, grad_p_.data(), grad_.data(), false,
+                                st);
+        linear_backward(l.linear_2, rows, grad_p_.data(), grad_y, false, st);
+      } else {
+        linear_backward_pair(l.self_connection, rows, grad_.data(), l.linear_2, rows, grad_y,
+                             grad_p_.data(), st);
+      }
+      // linear_1's rows may be more
+      zero_rows(grad_.data(), rows, in_rows, static_cast<int>(l.self_connection.dim_in), st);
       // ghosts' energies are not ours
       zero_rows(grad_y, rows, n, static_cast<int>(l.linear_2.dim_in), st);
       if (recompute_x1) {  // x1 = linear_1(this layer's input), bitwise as in the forward
@@ -630,15 +641,20 @@ class MaceModel : public Model {
     embedding_.upload(typed.data(), typed.size(), stream);
     e0_.upload(e0.data(), e0.size(), stream);
     check(cudaStreamSynchronize(stream), "uploading the per-system inputs");
+    ++launch_version_;
   }
 
   void prepare(const int32_t* species, int64_t n) override {
     for (size_t t = 0; t < host_convs_.size(); ++t)  // all layers have pair tables, or none
-      if (cpu::ensure_pair_tables(host_convs_[t], n, species))
+      if (cpu::ensure_pair_tables(host_convs_[t], n, species)) {
         upload_pair_tables(layers_[t].conv, host_convs_[t]);
+        ++launch_version_;
+      }
     for (size_t t = 0; t < host_densities_.size(); ++t)
-      if (cpu::ensure_density_tables(host_densities_[t], n, species))
+      if (cpu::ensure_density_tables(host_densities_[t], n, species)) {
         upload_density_tables(layers_[t].edge_density, host_densities_[t]);
+        ++launch_version_;
+      }
   }
 
   void run(const GraphView& g, bool want_grad, bool want_virial, DeviceState& s) override {
@@ -933,6 +949,85 @@ class MaceModel : public Model {
   DeviceArray<T> x_, sc_, y_, p_, r_, a_, seed_, gh_, gup_, gprev_;
 };
 
+// A step's launches (run's zeroing, the model, the force and virial sums, the copies of the
+// results) replayed as one CUDA graph when a call makes exactly the launches of the call before
+// (issue 21: at 864 atoms a step is about 60 kernels, and the GPU idles about 0.13 ms between
+// them, benchmarks/results/session24_h100/call2/). The key is everything those launches take
+// from the host: sizes, device and staging addresses, flags, the count of device allocations
+// and the model's launch_version(). A key seen in two calls in a row is captured (the first of
+// them made the allocations), and the graph is replayed while the key stays; the kernels read
+// positions, species, neighbors and tables from device memory, so a replay computes the step
+// of the data uploaded before it, bitwise as the direct launches. What the capture refuses
+// runs directly from then on.
+class StepGraph {
+ public:
+  StepGraph() = default;
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+  ~StepGraph() { clear(); }
+
+  // enqueue() on `stream`, directly or as the graph of an equal key; an empty key: directly.
+  template <class Enqueue>
+  void run(const std::vector<uint64_t>& key, cudaStream_t stream, Enqueue&& enqueue) {
+    if (key.empty() || refused_) {
+      last_key_.clear();
+      enqueue();
+      return;
+    }
+    if (exec_ && key == graph_key_) {
+      check(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
+      ++replays_;
+      return;
+    }
+    if (key != last_key_) {
+      last_key_ = key;
+      enqueue();
+      return;
+    }
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    bool captured = true;
+    try {
+      enqueue();
+    } catch (...) {
+      captured = false;
+    }
+    cudaError_t status = cudaStreamEndCapture(stream, &graph);
+    if (captured && status == cudaSuccess) {
+      // the launches of the graph held, with other arguments: its parameters updated in place
+      cudaGraphExecUpdateResultInfo info{};
+      if (!exec_ || cudaGraphExecUpdate(exec_, graph, &info) != cudaSuccess) {
+        cudaGetLastError();
+        clear();
+        status = cudaGraphInstantiate(&exec_, graph, 0);
+      }
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (!captured || status != cudaSuccess) {
+      cudaGetLastError();  // capture errors are not sticky
+      clear();
+      refused_ = true;
+      enqueue();  // an error of the step itself is thrown here
+      return;
+    }
+    graph_key_ = key;
+    check(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
+  }
+  // Steps run as a replay of a graph captured in an earlier step.
+  int64_t replays() const { return replays_; }
+
+ private:
+  void clear() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    exec_ = nullptr;
+    graph_key_.clear();
+  }
+  cudaGraphExec_t exec_ = nullptr;
+  std::vector<uint64_t> graph_key_, last_key_;
+  bool refused_ = false;
+  int64_t replays_ = 0;
+};
+
 class BackendImpl : public Backend {
  public:
   BackendImpl(const ModelPlan& plan, Precision precision, int device, bool radial_tables)
@@ -1101,6 +1196,7 @@ class BackendImpl : public Backend {
   }
 
   int64_t num_neighbor_builds() const override { return last_list_ ? last_list_->num_builds() : 0; }
+  int64_t num_step_replays() const override { return step_graph_.replays(); }
   int64_t num_neighbor_edges() const override { return last_list_ ? last_list_->num_edges() : 0; }
   std::string device_name() const override {
     return name_ + " (GPU " + std::to_string(device_) + ")";
@@ -1136,32 +1232,13 @@ class BackendImpl : public Backend {
       return;
     }
     s.energies.resize(n);
-    s.error_node.zero(st);
     if (want_grad) {
       s.forces.resize(3 * n);
-      s.forces.zero(st);
       s.remote_forces.resize(2 * 3 * n);
-      s.remote_forces.zero(st);
     }
-    if (want_virial) {
-      s.atom_virials.resize(9 * n);
-      s.atom_virials.zero(st);
-    }
+    if (want_virial) s.atom_virials.resize(9 * n);
     s.split_virials = out.atom_virials != nullptr;
-    if (s.split_virials) {
-      s.remote_virials.resize(2 * 9 * n);
-      s.remote_virials.zero(st);
-    }
-    s.profiler.begin_call();
-    model_->run(g, want_grad, want_virial, s);
-    s.profiler.mark("virial, copies", st);
-    if (want_grad)
-      add_remote_forces(n, s.remote(), s.forces.data(),
-                        want_virial ? s.atom_virials.data() : nullptr, st);
-    if (out.virial) {
-      virial_sum_kernel<<<1, kThreads, 0, st>>>(n, s.atom_virials.data(), s.virial.data());
-      check_launch("virial_sum_kernel");
-    }
+    if (s.split_virials) s.remote_virials.resize(2 * 9 * n);
     // The results come back through page-locked memory (asynchronous copies, one wait):
     // energies [n], the two error words, then forces [3n], per-atom virials [9n] and the
     // virial [9] where asked for.
@@ -1169,19 +1246,62 @@ class BackendImpl : public Backend {
     double* const staged = results_.reserve(N + 2 + (out.forces ? 3 * N : 0) +
                                             (out.atom_virials ? 9 * N : 0) + (out.virial ? 9 : 0));
     double* at = staged + N + 2;
-    s.energies.download(staged, N, st);
-    check(cudaMemcpyAsync(staged + N, s.error_node.data(), 2 * sizeof(int64_t),
-                          cudaMemcpyDeviceToHost, st),
-          "download");
-    const auto stage = [&](const DeviceArray<double>& from, double* to, size_t count) {
-      if (!to) return static_cast<const double*>(nullptr);
-      from.download(at, count, st);
+    const auto stage = [&](bool wanted, size_t count) {
+      if (!wanted) return static_cast<double*>(nullptr);
       at += count;
-      return static_cast<const double*>(at - count);
+      return at - count;
     };
-    const double* forces = stage(s.forces, out.forces, 3 * N);
-    const double* atom_virials = stage(s.atom_virials, out.atom_virials, 9 * N);
-    const double* virial = stage(s.virial, out.virial, 9);
+    double* const forces = stage(out.forces, 3 * N);
+    double* const atom_virials = stage(out.atom_virials, 9 * N);
+    double* const virial = stage(out.virial, 9);
+    s.profiler.begin_call();
+    auto enqueue = [&] {
+      s.error_node.zero(st);
+      if (want_grad) {
+        s.forces.zero(st);
+        s.remote_forces.zero(st);
+      }
+      if (want_virial) s.atom_virials.zero(st);
+      if (s.split_virials) s.remote_virials.zero(st);
+      model_->run(g, want_grad, want_virial, s);
+      s.profiler.mark("virial, copies", st);
+      if (want_grad)
+        add_remote_forces(n, s.remote(), s.forces.data(),
+                          want_virial ? s.atom_virials.data() : nullptr, st);
+      if (out.virial) {
+        virial_sum_kernel<<<1, kThreads, 0, st>>>(n, s.atom_virials.data(), s.virial.data());
+        check_launch("virial_sum_kernel");
+      }
+      s.energies.download(staged, N, st);
+      check(cudaMemcpyAsync(staged + N, s.error_node.data(), 2 * sizeof(int64_t),
+                            cudaMemcpyDeviceToHost, st),
+            "download");
+      if (forces) s.forces.download(forces, 3 * N, st);
+      if (atom_virials) s.atom_virials.download(atom_virials, 9 * N, st);
+      if (virial) s.virial.download(virial, 9, st);
+    };
+    std::vector<uint64_t> key;
+    if (!s.halo.active() && !s.profiler.enabled() && !g.layer_rows) {
+      const auto address = [](const void* p) { return static_cast<uint64_t>(uintptr_t(p)); };
+      key = {static_cast<uint64_t>(n),
+             static_cast<uint64_t>(g.num_energy_nodes),
+             static_cast<uint64_t>(g.num_edges),
+             address(g.positions),
+             address(g.species),
+             address(g.row_offsets),
+             address(g.neighbors),
+             address(g.shift_index),
+             address(g.shifts),
+             address(s.row_order),
+             static_cast<uint64_t>(s.row_order_size),
+             (want_grad ? 1u : 0u) | (want_virial ? 2u : 0u) | (s.split_virials ? 4u : 0u) |
+                 (out.forces ? 8u : 0u) | (out.atom_virials ? 16u : 0u) | (out.virial ? 32u : 0u),
+             address(staged),
+             static_cast<uint64_t>(recompute_from_nodes()),
+             DeviceBytes::changes().load(),
+             model_->launch_version()};
+    }
+    step_graph_.run(key, st, enqueue);
     s.profiler.end(st);
     check(cudaStreamSynchronize(st), "the GPU computation");
     s.profiler.collect();
@@ -1256,6 +1376,7 @@ class BackendImpl : public Backend {
   std::unique_ptr<DeviceNeighborList> node_neighbors_;  // compute_nodes
   const DeviceNeighborList* last_list_ = nullptr;       // of the last compute_system or _nodes
   PinnedBuffer results_;  // run()'s results on their way to the caller
+  StepGraph step_graph_;  // run()'s launches, replayed while a step repeats the last one's
 };
 
 }  // namespace

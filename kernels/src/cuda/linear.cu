@@ -230,22 +230,57 @@ constexpr int mma_min_blocks() {
   return kMTiles > 1 ? 3 : 5;
 }
 
+// One layer's product in a launch of linear_mma_kernel: its tasks, sources and B fragments, the
+// rows it runs over and where its outputs go. A launch runs one product, or two with the same
+// source rows (blockIdx.y: which): SevenNet's self-connection and linear_1 in the forward, the
+// transposes of the self-connection and linear_2 in the backward. One launch instead of two,
+// each of them a handful of blocks per SM at small sizes.
+struct MmaProduct {
+  const LinearTask* tasks = nullptr;
+  const LinearSource* sources = nullptr;
+  const float4* frags = nullptr;
+  int64_t frag_species_stride = 0;
+  const float* bias = nullptr;
+  const float* src = nullptr;
+  float* dst = nullptr;
+  int64_t num_nodes = 0, dim_src = 0, dim_dst = 0;
+  int num_tasks = 0, max_d = 1;
+  bool accumulate = false;
+};
+// The products of a launch (first, second), a kernel parameter read in place (__grid_constant__):
+// each block reads the fields of its own from the parameter bank as it needs them.
+struct MmaProducts {
+  MmaProduct of[2];
+};
+
 // Where a block is in its list of (source, k0) slices.
 struct SliceCursor {
   int si, k0;
 };
 
 // kSliceK: k per shared-memory slice (32 or 64: 4 or 8 k-steps of 8).
-template <int kWarpRows, int kMTiles, int kSliceK>
+// kPair: two products (blockIdx.y picks one); the fields of a product picked at run time take
+// registers that ptxas spills (20 / 80 bytes stored / loaded per thread in the small tiles, 104
+// / 208 in the large ones; none with one product).
+template <int kWarpRows, int kMTiles, int kSliceK, bool kPair>
 __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks<kWarpRows, kMTiles>())
-    linear_mma_kernel(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
-                      const LinearTask* __restrict__ tasks,
-                      const LinearSource* __restrict__ sources, const float4* __restrict__ frags,
-                      int64_t frag_species_stride, const float* __restrict__ bias,
-                      const int32_t* __restrict__ species, bool accumulate, bool split_m,
-                      const float* __restrict__ src, float* __restrict__ dst) {
+    linear_mma_kernel(const __grid_constant__ MmaProducts products,
+                      const int32_t* __restrict__ species, bool split_m) {
 #ifdef E3FUSE_HAVE_MMA_TF32
   constexpr int TN = mma_tile_nodes<kWarpRows, kMTiles>();
+  const MmaProduct& product = products.of[kPair ? blockIdx.y : 0];
+  const int64_t num_nodes = product.num_nodes, dim_src = product.dim_src, dim_dst = product.dim_dst;
+  const int num_tasks = product.num_tasks;
+  const LinearTask* __restrict__ tasks = product.tasks;
+  const LinearSource* __restrict__ sources = product.sources;
+  const float4* __restrict__ frags = product.frags;
+  const int64_t frag_species_stride = product.frag_species_stride;
+  const float* __restrict__ bias = product.bias;
+  const bool accumulate = product.accumulate;
+  const float* __restrict__ src = product.src;
+  float* __restrict__ dst = product.dst;
+  // the grid covers the larger of the two products
+  if (static_cast<int64_t>(blockIdx.x) >= (num_nodes + TN - 1) / TN * num_tasks) return;
   constexpr int kWarpCols = kMmaThreads / 32 / kWarpRows;
   constexpr int kNTiles = kMmaNTiles / kWarpCols;
   // Slice rows padded by 4 floats: a fragment read (node g, k t) hits bank 4 g + t, all 32.
@@ -537,25 +572,92 @@ bool linear_tensor_cores() {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
         "cudaDeviceGetAttribute");
   cudaFuncAttributes attr{};
-  check(cudaFuncGetAttributes(&attr, linear_mma_kernel<4, 2, 32>), "cudaFuncGetAttributes");
+  check(cudaFuncGetAttributes(&attr, linear_mma_kernel<4, 2, 32, false>), "cudaFuncGetAttributes");
   return major >= 8 && attr.ptxVersion >= 80;
 }
 
+// The `count` products (1 or 2) in one launch of tile shape <kWarpRows, kMTiles, kSliceK>,
+// split_d blocks per tile along the components m.
 template <int kWarpRows, int kMTiles, int kSliceK>
-void launch_linear_mma(int64_t num_nodes, int64_t dim_src, int64_t dim_dst, int num_tasks,
-                       int split_d, const LinearTask* tasks, const LinearSource* sources,
-                       const float* frags, int64_t frag_stride, const float* bias,
-                       const int32_t* species, bool accumulate, const float* src, float* dst,
+void launch_linear_mma(const MmaProduct* products, int count, int split_d, const int32_t* species,
                        cudaStream_t stream) {
   constexpr int TN = mma_tile_nodes<kWarpRows, kMTiles>();
-  const int64_t blocks = (num_nodes + TN - 1) / TN * num_tasks;
+  int64_t blocks = 0;
+  for (int i = 0; i < count; ++i)
+    blocks = std::max(blocks, (products[i].num_nodes + TN - 1) / TN * products[i].num_tasks);
   if (blocks > INT32_MAX) throw Error("linear layer: too many nodes for one launch");
-  const dim3 grid(static_cast<unsigned>(blocks), 1u, static_cast<unsigned>(split_d));
-  linear_mma_kernel<kWarpRows, kMTiles, kSliceK>
-      <<<grid, kMmaThreads, 0, stream>>>(num_nodes, dim_src, dim_dst, num_tasks, tasks, sources,
-                                         reinterpret_cast<const float4*>(frags), frag_stride, bias,
-                                         species, accumulate, split_d > 1, src, dst);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(count),
+                  static_cast<unsigned>(split_d));
+  MmaProducts both;
+  both.of[0] = products[0];
+  both.of[1] = products[count - 1];
+  if (count == 2)
+    linear_mma_kernel<kWarpRows, kMTiles, kSliceK, true>
+        <<<grid, kMmaThreads, 0, stream>>>(both, species, split_d > 1);
+  else
+    linear_mma_kernel<kWarpRows, kMTiles, kSliceK, false>
+        <<<grid, kMmaThreads, 0, stream>>>(both, species, split_d > 1);
   check_launch("linear_mma_kernel");
+}
+
+// Products on the tensor cores. Large: 128-node tiles, each warp 32 nodes x 32 channels (2 x 4
+// mma tiles, each B fragment feeds 2 m-tiles), 32-deep slices. Small (fewer than 2 blocks of
+// those per SM, both products together): 32-node tiles, each warp 16 x 16, one block per
+// component m (split_m): 4x the node tiles and up to max_d x the blocks; 64-deep slices halve
+// the serial chain of slices (each a global round trip) to K / 64 per block. Between 2 and 8
+// large blocks per SM the large tiles are split by component as well (SevenNet-l3i5, 864
+// atoms: the linears' sum 0.605 -> 0.581 ms on the H100, unchanged at 32,000 atoms;
+// benchmarks/results/linear_policy/, policy 3).
+void launch_products(const MmaProduct* products, int count, const int32_t* species,
+                     cudaStream_t stream) {
+  static const int multiprocessors = device_multiprocessors();
+  int64_t large_blocks = 0;
+  int max_d = 1;
+  for (int i = 0; i < count; ++i) {
+    large_blocks += (products[i].num_nodes + 127) / 128 * products[i].num_tasks;
+    max_d = std::max(max_d, products[i].max_d);
+  }
+  if (large_blocks < 2 * multiprocessors)
+    launch_linear_mma<2, 1, 64>(products, count, max_d, species, stream);
+  else
+    launch_linear_mma<4, 2, 32>(products, count, large_blocks < 8 * multiprocessors ? max_d : 1,
+                                species, stream);
+}
+
+// Whether the product of `tables` (transposed or not) over num_nodes rows writes anything.
+template <class T>
+bool has_work(const LinearTables<T>& tables, int64_t dim_in, int64_t dim_out, bool transpose,
+              int64_t num_nodes) {
+  const DeviceArray<LinearTask>& tasks = transpose ? tables.bwd_tasks : tables.fwd_tasks;
+  return num_nodes > 0 && (transpose ? dim_in : dim_out) > 0 && tasks.size() != 0;
+}
+
+// The tensor-core product of `tables` (transposed or not) from src into dst; false where the
+// tables have no fragments (float64, or a device or build older than sm_80).
+template <class T>
+bool mma_product(const LinearTables<T>& tables, int64_t dim_in, int64_t dim_out, bool transpose,
+                 int64_t num_nodes, bool accumulate, const T* src, T* dst, MmaProduct& p) {
+  if constexpr (std::is_same_v<T, float>) {
+    const DeviceArray<float>& frags = transpose ? tables.frag_bwd : tables.frag_fwd;
+    if (frags.size() == 0) return false;
+    const DeviceArray<LinearTask>& tasks = transpose ? tables.bwd_tasks : tables.fwd_tasks;
+    p.tasks = tasks.data();
+    p.num_tasks = static_cast<int>(tasks.size());
+    p.sources = transpose ? tables.bwd_sources.data() : tables.fwd_sources.data();
+    p.frags = reinterpret_cast<const float4*>(frags.data());
+    p.frag_species_stride = transpose ? tables.frag_bwd_stride : tables.frag_fwd_stride;
+    p.bias = transpose || tables.bias.size() == 0 ? nullptr : tables.bias.data();
+    p.src = src;
+    p.dst = dst;
+    p.num_nodes = num_nodes;
+    p.dim_src = transpose ? dim_out : dim_in;
+    p.dim_dst = transpose ? dim_in : dim_out;
+    p.max_d = tables.max_d;
+    p.accumulate = accumulate;
+    return true;
+  } else {
+    return false;
+  }
 }
 
 }  // namespace
@@ -664,32 +766,17 @@ void run_linear_tables(const LinearTables<T>& tables, int64_t dim_in, int64_t di
                        bool transpose, int64_t num_nodes, const int32_t* species, bool accumulate,
                        const T* src, T* dst, cudaStream_t stream) {
   const int64_t dim_src = transpose ? dim_out : dim_in, dim_dst = transpose ? dim_in : dim_out;
+  if (!has_work(tables, dim_in, dim_out, transpose, num_nodes)) return;
   const DeviceArray<LinearTask>& tasks = transpose ? tables.bwd_tasks : tables.fwd_tasks;
-  if (num_nodes <= 0 || dim_dst <= 0 || tasks.size() == 0) return;
   const LinearSource* sources = transpose ? tables.bwd_sources.data() : tables.fwd_sources.data();
   const T* weights = transpose ? tables.weights_t.data() : tables.weights.data();
   const T* bias = transpose || tables.bias.size() == 0 ? nullptr : tables.bias.data();
   const int num_tasks = static_cast<int>(tasks.size());
   static const int multiprocessors = device_multiprocessors();
-  if constexpr (std::is_same_v<T, float>) {
-    const DeviceArray<float>& frags = transpose ? tables.frag_bwd : tables.frag_fwd;
-    if (frags.size() != 0) {
-      const int64_t stride = transpose ? tables.frag_bwd_stride : tables.frag_fwd_stride;
-      // Large: 128-node tiles, each warp 32 nodes x 32 channels (2 x 4 mma tiles, each B
-      // fragment feeds 2 m-tiles), 32-deep slices. Small (fewer than 2 blocks of those per
-      // SM): 32-node tiles, each warp 16 x 16, one block per component m (split_m): 4x
-      // the node tiles and up to max_d x the blocks; 64-deep slices halve the serial
-      // chain of slices (each a global round trip) to K / 64 per block.
-      if ((num_nodes + 127) / 128 * num_tasks < 2 * multiprocessors)
-        launch_linear_mma<2, 1, 64>(num_nodes, dim_src, dim_dst, num_tasks, tables.max_d,
-                                    tasks.data(), sources, frags.data(), stride, bias, species,
-                                    accumulate, src, dst, stream);
-      else
-        launch_linear_mma<4, 2, 32>(num_nodes, dim_src, dim_dst, num_tasks, 1, tasks.data(),
-                                    sources, frags.data(), stride, bias, species, accumulate, src,
-                                    dst, stream);
-      return;
-    }
+  MmaProduct product;
+  if (mma_product(tables, dim_in, dim_out, transpose, num_nodes, accumulate, src, dst, product)) {
+    launch_products(&product, 1, species, stream);
+    return;
   }
   // Small systems: half-height tiles and one block per component m, so that the grid
   // still fills the GPU and each block's serial chain of slices is short.
@@ -735,16 +822,65 @@ void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out,
                             accumulate, grad_out, grad_x, stream);
 }
 
-#define E3FUSE_INSTANTIATE(T)                                                                   \
-  template void detail::build_linear_tables<T>(const std::vector<const cpu::Linear<T>*>&, bool, \
-                                               LinearTables<T>&);                               \
-  template void detail::run_linear_tables<T>(const LinearTables<T>&, int64_t, int64_t, bool,    \
-                                             int64_t, const int32_t*, bool, const T*, T*,       \
-                                             cudaStream_t);                                     \
-  template Linear<T> make_linear<T>(const cpu::Linear<T>&);                                     \
-  template void linear_forward<T>(const Linear<T>&, int64_t, const T*, T*, cudaStream_t);       \
-  template void linear_forward_add<T>(const Linear<T>&, int64_t, const T*, T*, cudaStream_t);   \
-  template void linear_backward<T>(const Linear<T>&, int64_t, const T*, T*, bool, cudaStream_t);
+namespace {
+// dst_a = A src over rows_a nodes and dst_b = B src over rows_b nodes (transposed: A^T, B^T),
+// overwritten: one launch where both run on the tensor cores, else one each.
+template <class T>
+void run_linear_pair(const Linear<T>& a, int64_t rows_a, T* dst_a, const Linear<T>& b,
+                     int64_t rows_b, T* dst_b, bool transpose, const T* src, cudaStream_t stream) {
+  MmaProduct products[2];
+  int count = 0;
+  bool on_tensor_cores = true;
+  const auto add = [&](const Linear<T>& lin, int64_t rows, T* dst) {
+    if (!has_work(lin.tables, lin.dim_in, lin.dim_out, transpose, rows)) return;
+    if (mma_product(lin.tables, lin.dim_in, lin.dim_out, transpose, rows, false, src, dst,
+                    products[count]))
+      ++count;
+    else
+      on_tensor_cores = false;
+  };
+  add(a, rows_a, dst_a);
+  add(b, rows_b, dst_b);
+  if (!on_tensor_cores) {
+    detail::run_linear_tables(a.tables, a.dim_in, a.dim_out, transpose, rows_a, nullptr, false, src,
+                              dst_a, stream);
+    detail::run_linear_tables(b.tables, b.dim_in, b.dim_out, transpose, rows_b, nullptr, false, src,
+                              dst_b, stream);
+    return;
+  }
+  if (count == 2)
+    launch_products(products, 2, nullptr, stream);
+  else
+    for (int i = 0; i < count; ++i) launch_products(products + i, 1, nullptr, stream);
+}
+}  // namespace
+
+template <class T>
+void linear_forward_pair(const Linear<T>& a, int64_t rows_a, T* out_a, const Linear<T>& b,
+                         int64_t rows_b, T* out_b, const T* x, cudaStream_t stream) {
+  run_linear_pair(a, rows_a, out_a, b, rows_b, out_b, false, x, stream);
+}
+
+template <class T>
+void linear_backward_pair(const Linear<T>& a, int64_t rows_a, T* grad_a, const Linear<T>& b,
+                          int64_t rows_b, T* grad_b, const T* grad_out, cudaStream_t stream) {
+  run_linear_pair(a, rows_a, grad_a, b, rows_b, grad_b, true, grad_out, stream);
+}
+
+#define E3FUSE_INSTANTIATE(T)                                                                     \
+  template void detail::build_linear_tables<T>(const std::vector<const cpu::Linear<T>*>&, bool,   \
+                                               LinearTables<T>&);                                 \
+  template void detail::run_linear_tables<T>(const LinearTables<T>&, int64_t, int64_t, bool,      \
+                                             int64_t, const int32_t*, bool, const T*, T*,         \
+                                             cudaStream_t);                                       \
+  template Linear<T> make_linear<T>(const cpu::Linear<T>&);                                       \
+  template void linear_forward<T>(const Linear<T>&, int64_t, const T*, T*, cudaStream_t);         \
+  template void linear_forward_add<T>(const Linear<T>&, int64_t, const T*, T*, cudaStream_t);     \
+  template void linear_backward<T>(const Linear<T>&, int64_t, const T*, T*, bool, cudaStream_t);  \
+  template void linear_forward_pair<T>(const Linear<T>&, int64_t, T*, const Linear<T>&, int64_t,  \
+                                       T*, const T*, cudaStream_t);                               \
+  template void linear_backward_pair<T>(const Linear<T>&, int64_t, T*, const Linear<T>&, int64_t, \
+                                        T*, const T*, cudaStream_t);
 E3FUSE_INSTANTIATE(float)
 E3FUSE_INSTANTIATE(double)
 #undef E3FUSE_INSTANTIATE

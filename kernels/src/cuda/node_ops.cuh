@@ -96,6 +96,17 @@ void linear_forward_add(const Linear<T>& lin, int64_t num_nodes, const T* x, T* 
 template <class T>
 void linear_backward(const Linear<T>& lin, int64_t num_nodes, const T* grad_out, T* grad_x,
                      bool accumulate, cudaStream_t stream);
+// Two layers on one input: out_a = A x + b_A over rows_a nodes, out_b = B x + b_B over rows_b
+// (overwritten), in one launch where both run on the tensor cores (float32, sm_80 and later);
+// each output element is the sum linear_forward makes, bitwise.
+template <class T>
+void linear_forward_pair(const Linear<T>& a, int64_t rows_a, T* out_a, const Linear<T>& b,
+                         int64_t rows_b, T* out_b, const T* x, cudaStream_t stream);
+// Their transposes on one gradient: grad_a = A^T grad_out, grad_b = B^T grad_out (overwritten),
+// as linear_forward_pair.
+template <class T>
+void linear_backward_pair(const Linear<T>& a, int64_t rows_a, T* grad_a, const Linear<T>& b,
+                          int64_t rows_b, T* grad_b, const T* grad_out, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------
 // e3nn nn.Gate
