@@ -16,7 +16,7 @@ gpu_machine_info
 gpu_build build/gpu "$OUT/build.log"
 say "build done at $SECONDS s"
 timeout "${TEST_S:-400}" python3 -m pytest -q -m "not slow" -p no:cacheprovider -p no:warnings -rfE \
-  --timeout 150 -k "cuda or gpu" tests/test_ops.py tests/test_models.py tests/test_mace.py \
+  --timeout 150 -k "cuda or gpu or replays" tests/test_ops.py tests/test_models.py tests/test_mace.py \
   tests/test_calculator.py tests/test_step_graph.py tests/test_mace_foundation_combos.py tests/test_mace_radial.py \
   tests/test_mace_zbl.py tests/test_mace_nonlinear.py tests/test_graph_reuse.py \
   tests/test_regions.py tests/test_lammps.py tests/test_radial_table.py \
