@@ -14,5 +14,6 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/ref/site/sevenn/pretrained_potentials" .carry
 cp -r "$src" "$work/ref/site/sevenn/pretrained_potentials/"
+"$PY" scripts/strip_checkpoint_training_state.py "$work"/ref/site/sevenn/pretrained_potentials/*/*.pth
 tar -cf .carry/may2024.tar -C "$work" ref
 ls -l .carry/may2024.tar

@@ -66,17 +66,19 @@ def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[s
     inside = [e for e in events if e["ts"] >= call["ts"] and e["ts"] < call["end"]]
     device = [e for e in inside if e["cat"] in GPU_CATEGORIES]
     runtime = [e for e in inside if e["cat"] == "cuda_runtime"]
-    busy, gaps, last_end = 0.0, [], None
+    busy, gaps, last_end, last_name = 0.0, [], None, ""
+    named_gaps: list[tuple[float, str, str]] = []  # (gap, the activity before, the one after)
     start = device[0]["ts"] if device else None  # events come sorted by start
     for e in device:
         if last_end is None or e["ts"] >= last_end:
             if last_end is not None:
                 gaps.append(e["ts"] - last_end)
+                named_gaps.append((e["ts"] - last_end, last_name, e["name"]))
             busy += e["end"] - e["ts"]
-            last_end = e["end"]
+            last_end, last_name = e["end"], e["name"]
         elif e["end"] > last_end:
             busy += e["end"] - last_end
-            last_end = e["end"]
+            last_end, last_name = e["end"], e["name"]
     wall = call["end"] - call["ts"]
     kernels = [e for e in device if e["cat"] == "kernel"]
     return {
@@ -93,6 +95,15 @@ def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[s
         "tail_us": (call["end"] - last_end) if last_end is not None else 0.0,
         "runtime_api_us": sum(e["end"] - e["ts"] for e in runtime),
         "runtime_calls": len(runtime),
+        # host time from the call's start to its first CUDA runtime call, and from the end
+        # of its last one to the call's end
+        "host_before_runtime_us": (runtime[0]["ts"] - call["ts"]) if runtime else wall,
+        "host_after_runtime_us": (call["end"] - max(e["end"] for e in runtime)) if runtime else 0,
+        "largest_gaps": [
+            {"us": g, "after": a[:60], "before": b[:60]}
+            for g, a, b in sorted(named_gaps, key=lambda t: -t[0])[:3]
+        ],
+        "runtime_names": sorted({e["name"] for e in runtime}),
     }
 
 
@@ -129,9 +140,16 @@ def run_model(
             trace = json.loads(trace_file.read_text())
         calls, events = gpu_intervals(trace)
         per_call = [call_breakdown(c, events) for c in calls]
-        med = {}
+        med: dict[str, Any] = {}
         if per_call:
-            med = {k: statistics.median(c[k] for c in per_call) for k in per_call[0]}
+            med = {
+                k: statistics.median(c[k] for c in per_call)
+                for k, v in per_call[0].items()
+                if isinstance(v, (int, float))
+            }
+            # where the idle sits, in the last profiled call
+            med["largest_gaps"] = per_call[-1]["largest_gaps"]
+            med["runtime_names"] = per_call[-1]["runtime_names"]
         kernel_names: dict[str, list[float]] = {}
         if calls:
             last = calls[-1]
@@ -169,6 +187,13 @@ def format_row(row: dict[str, Any]) -> str:
         f"{m['largest_gap_us']:.0f} us), tail {m['tail_us'] / 1e3:.3f} ms; runtime API "
         f"{m['runtime_api_us'] / 1e3:.3f} ms in {m['runtime_calls']:.0f} calls"
     ]
+    lines.append(
+        f"      host before the first / after the last runtime call: "
+        f"{m['host_before_runtime_us']:.0f} / {m['host_after_runtime_us']:.0f} us; runtime calls: "
+        + ", ".join(m["runtime_names"])
+    )
+    for gap in m["largest_gaps"]:
+        lines.append(f"      gap {gap['us']:6.1f} us after {gap['after']} before {gap['before']}")
     for k, v in list(row["last_call_kernels"].items())[:12]:
         lines.append(f"      {v['us']:9.1f} us {v['count']:4d}x  {k}")
     return "\n".join(lines)

@@ -223,7 +223,7 @@ class Calculator(AseCalculator):
         if want_grad:
             self.results["forces"] = out["forces"]
         if periodic and want_grad:
-            volume = atoms.get_volume()
+            volume = abs(float(np.linalg.det(cell)))  # atoms.get_volume() without its rank check
             virial = out["virial"]
             self.results["stress"] = np.array([-virial[a, b] / volume for a, b in VOIGT])
             if "atom_virials" in out:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -224,13 +225,76 @@ def monomial_exponents(degree: int) -> list[tuple[int, int, int]]:
     ]
 
 
+def _integer_columns(matrix: np.ndarray) -> tuple[list[list[int]], list[Fraction]]:
+    """Each float64 column as integers over one power of two: column j = ints[j] * scales[j],
+    exactly (floats are dyadic rationals)."""
+    ints, scales = [], []
+    for column in np.asarray(matrix, dtype=np.float64).T.tolist():
+        fractions = [Fraction(v) for v in column]
+        den = max(f.denominator for f in fractions)
+        ints.append([f.numerator * (den // f.denominator) for f in fractions])
+        scales.append(Fraction(1, den))
+    return ints, scales
+
+
+def exact_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin_x |a x - b| for float64 a [n, k] (full column rank) and b [n, m], solved exactly
+    and rounded once to float64. LAPACK's solution differs in the last bits from one process
+    to the next (its blocked kernels follow the arrays' alignment), which made two conversions
+    of one checkpoint differ; this one depends on the inputs' values only.
+
+    With a = A S and b = B T (integers A, B over powers of two S, T: _integer_columns), the
+    normal equations S A^T A S x = S A^T B T become G Y = H for the integers G = A^T A,
+    H = A^T B and x = S^-1 Y T, solved by fraction-free Gauss-Jordan elimination (Bareiss,
+    Math. Comp. 22 (1968) 565): every division below is exact, and at the end each diagonal
+    entry is det G and row i holds det G * Y[i]."""
+    a_ints, a_scales = _integer_columns(a)
+    b_ints, b_scales = _integer_columns(b)
+    k, m = len(a_ints), len(b_ints)
+
+    def dot(x: list[int], y: list[int]) -> int:
+        return sum(p * q for p, q in zip(x, y))
+
+    system = [
+        [dot(a_ints[i], a_ints[j]) for j in range(k)] + [dot(a_ints[i], y) for y in b_ints]
+        for i in range(k)
+    ]
+    previous = 1
+    for col in range(k):
+        pivot = next((r for r in range(col, k) if system[r][col] != 0), None)
+        if pivot is None:
+            raise RuntimeError("exact_least_squares: the columns are linearly dependent")
+        system[col], system[pivot] = system[pivot], system[col]
+        lead = system[col]
+        for r in range(k):
+            if r == col:
+                continue
+            row, factor = system[r], system[r][col]
+            for j in range(k + m):
+                value, rest = divmod(lead[col] * row[j] - factor * lead[j], previous)
+                if rest:
+                    raise RuntimeError("exact_least_squares: inexact division (a bug)")
+                row[j] = value
+        previous = lead[col]
+    return np.array(
+        [
+            [
+                float(Fraction(system[i][k + j], system[i][i]) * b_scales[j] / a_scales[i])
+                for j in range(m)
+            ]
+            for i in range(k)
+        ],
+        dtype=np.float64,
+    )
+
+
 def spherical_harmonics(
     lmax: int, normalization: str, name: str, store: TensorStore, normalize: bool = True
 ) -> dict[str, Any]:
     """e3nn's real spherical harmonics (normalize=False) of degree l are homogeneous
-    polynomials of (x, y, z); we store their monomial coefficients, fitted in
-    float64 on random points (exact to rounding), so the core needs no
-    convention of its own."""
+    polynomials of (x, y, z); we store their monomial coefficients, fitted to float64 values
+    on random points (exact to rounding; the fit in rational arithmetic, so that every
+    conversion stores the same bits), so the core needs no convention of its own."""
     from e3nn import o3
 
     rng = np.random.default_rng(0)
@@ -242,8 +306,8 @@ def spherical_harmonics(
             [points[:, 0] ** a * points[:, 1] ** b * points[:, 2] ** c for a, b, c in exps], dim=1
         )
         values = o3.spherical_harmonics(l, points, normalize=False, normalization=normalization)
-        coeffs = torch.linalg.lstsq(basis, values).solution  # [monomials, 2l+1]
-        coeffs[coeffs.abs() < 1e-13] = 0.0
+        coeffs = torch.from_numpy(exact_least_squares(basis.numpy(), values.numpy()))
+        coeffs[coeffs.abs() < 1e-13] = 0.0  # [monomials, 2l+1]
         residual = (basis @ coeffs - values).abs().max().item()
         if residual > 1e-10 * max(1.0, values.abs().max().item()):
             raise RuntimeError(f"spherical harmonics l={l}: polynomial fit residual {residual}")
