@@ -150,6 +150,31 @@ gpu_timeline_models() {
     (cd benchmarks && $PY -c 'from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("models"))') >>"$LOG" 2>&1
 }
 
+# gpu_cuda_tests LOG [SECONDS]: after gpu_build, the GPU test suite (the CUDA cases of every
+# test file that has them; test_lammps.py needs .carry/lammps.tar.xz) into LOG, default limit
+# 400 s (an H100 took 249 s at 57e5e8a, benchmarks/results/session26_h100/).
+gpu_cuda_tests() {
+  timeout "${2:-400}" $PY -m pytest -q -m "not slow" -p no:cacheprovider -p no:warnings -rfE \
+    --timeout 150 -k "cuda or gpu or replays" tests/test_ops.py tests/test_models.py \
+    tests/test_mace.py tests/test_calculator.py tests/test_step_graph.py \
+    tests/test_mace_foundation_combos.py tests/test_mace_radial.py tests/test_mace_zbl.py \
+    tests/test_mace_nonlinear.py tests/test_graph_reuse.py tests/test_regions.py \
+    tests/test_lammps.py tests/test_radial_table.py >"$1" 2>&1
+  tail -15 "$1"
+}
+
+# gpu_timeline OUT_PREFIX [SIZES] [SECONDS]: after gpu_timeline_models, the model call's GPU
+# timeline (benchmarks/diag/call_timeline.py) of SevenNet-0, MACE-MP-0 medium and
+# SevenNet-l3i5 into OUT_PREFIX.txt and .json; default 864 atoms, 120 s.
+gpu_timeline() {
+  timeout "${3:-120}" $PY benchmarks/diag/call_timeline.py \
+    --model 7net-0=benchmarks/models/7net-0.e3f \
+    --model mace-mp0-medium=benchmarks/models/mace-mp0-medium-random.e3f \
+    --model 7net-l3i5=benchmarks/models/7net-l3i5.e3f --sizes ${2:-864} \
+    --json "$1.json" >"$1.txt" 2>&1
+  grep -v "^ .* us .*x  " "$1.txt" | grep -v -i "warn"
+}
+
 # gpu_adhoc_env: for a one-off command on the GPU machine after one of the scripts above built
 # the package in this call or an earlier call on the same machine (e.g. the microbenchmark
 # under other E3FUSE_* settings):
