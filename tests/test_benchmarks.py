@@ -137,3 +137,34 @@ def test_labelled_markdown_tables_only_the_kinds_measured() -> None:
     doc["kinds"] = ["model-call", "md-step"]
     text = bench_gpu.labelled_markdown(doc)
     assert "## ASE MD step" in text and "| 864 | 10 | 10.00 | 120.00 | sevenn-cueq 12.0x |" in text
+
+
+def test_call_timeline_names_gaps_and_host_time() -> None:
+    """call_timeline.call_breakdown: overlapping GPU activity counts once as busy, the idle
+    gaps between activities are named by their neighbours (largest first), and the host time
+    around the CUDA runtime calls is measured from the call's range."""
+    sys.path.insert(0, str(BENCH / "diag"))
+    call_timeline = _load("call_timeline", BENCH / "diag" / "call_timeline.py")
+
+    def event(ts: float, end: float, cat: str, name: str) -> dict:
+        return {"ts": ts, "end": end, "cat": cat, "name": name}
+
+    call = event(0, 100, "user_annotation", call_timeline.CALL)
+    events = [
+        event(4, 6, "cuda_runtime", "cudaGraphLaunch"),
+        event(10, 20, "kernel", "first"),
+        event(15, 25, "kernel", "overlapping"),
+        event(55, 60, "kernel", "after_30us"),
+        event(62, 70, "gpu_memcpy", "copy"),
+        event(72, 73, "cuda_runtime", "cudaStreamSynchronize"),
+        event(120, 130, "kernel", "outside the call"),
+    ]
+    b = call_timeline.call_breakdown(call, events)
+    assert (b["kernels"], b["copies"], b["busy_us"]) == (3, 1, 28)
+    assert (b["lead_us"], b["gaps_us"], b["tail_us"]) == (10, 32, 30)
+    assert b["largest_gaps"] == [
+        {"us": 30, "after": "overlapping", "before": "after_30us"},
+        {"us": 2, "after": "after_30us", "before": "copy"},
+    ]
+    assert (b["host_before_runtime_us"], b["host_after_runtime_us"]) == (4, 27)
+    assert b["runtime_names"] == ["cudaGraphLaunch", "cudaStreamSynchronize"]
