@@ -150,6 +150,18 @@ gpu_timeline_models() {
     (cd benchmarks && $PY -c 'from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("models"))') >>"$LOG" 2>&1
 }
 
+# gpu_start [gpu_build arguments after BUILD_DIR BUILD_LOG]: a device call's usual start, with
+# REPO, STAGE, PY, LOG and OUT set: the test carry under the reference carry's name (scripts
+# that need no anchor carry .carry/reference-tests.tar.xz), the carries unpacked, the machine
+# described, e3fuse built in build/gpu (log $OUT/build.log).
+gpu_start() {
+  [[ -f .carry/reference-tests.tar.xz ]] && mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
+  gpu_setup_carry
+  gpu_machine_info
+  gpu_build build/gpu "$OUT/build.log" "$@"
+  say "build done at $SECONDS s"
+}
+
 # gpu_cuda_tests LOG [SECONDS]: after gpu_build, the GPU test suite (the CUDA cases of every
 # test file that has them; test_lammps.py needs .carry/lammps.tar.xz) into LOG, default limit
 # 400 s (an H100 took 249 s at 57e5e8a, benchmarks/results/session26_h100/).
@@ -173,6 +185,22 @@ gpu_timeline() {
     --model 7net-l3i5=benchmarks/models/7net-l3i5.e3f --sizes ${2:-864} \
     --json "$1.json" >"$1.txt" 2>&1
   grep -v "^ .* us .*x  " "$1.txt" | grep -v -i "warn"
+}
+
+# gpu_switch_bitwise VARIABLE: after gpu_timeline_models, SevenNet-0 and SevenNet-l3i5 at 864
+# atoms with VARIABLE=1 and =0, each in its own process (benchmarks/results/linear_pair/
+# compare.py), and whether the two give the same bits; a line per model.
+gpu_switch_bitwise() {
+  local m v
+  for m in 7net-0 7net-l3i5; do
+    for v in 1 0; do
+      env "$1=$v" timeout 60 $PY benchmarks/results/linear_pair/compare.py save \
+        "$OUT/bitwise_${m}_$v.npz" --model benchmarks/models/$m.e3f >>"$LOG" 2>&1
+    done
+    $PY benchmarks/results/linear_pair/compare.py check "$OUT/bitwise_${m}_1.npz" \
+      "$OUT/bitwise_${m}_0.npz" | tee -a "$LOG"
+    rm -f "$OUT/bitwise_${m}"_[01].npz
+  done
 }
 
 # gpu_adhoc_env: for a one-off command on the GPU machine after one of the scripts above built

@@ -15,23 +15,11 @@ git apply benchmarks/results/pinned_upload/pinned_upload.patch || {
   echo "pinned_upload.patch does not apply"
   exit 1
 }
-[[ -f .carry/reference-tests.tar.xz ]] && mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
 # shellcheck source=scripts/gpu_common.sh
 source scripts/gpu_common.sh
-gpu_setup_carry
-gpu_machine_info
-gpu_build build/gpu "$OUT/build.log" -- _core
-say "build done at $SECONDS s"
+gpu_start -- _core
 gpu_timeline_models
-for m in 7net-0 7net-l3i5; do
-  for pinned in 1 0; do
-    E3FUSE_PINNED_UPLOAD=$pinned timeout 60 $PY benchmarks/results/linear_pair/compare.py save \
-      "$OUT/up_${m}_$pinned.npz" --model benchmarks/models/$m.e3f >>"$LOG" 2>&1
-  done
-  $PY benchmarks/results/linear_pair/compare.py check "$OUT/up_${m}_1.npz" "$OUT/up_${m}_0.npz" |
-    tee -a "$LOG"
-done
-rm -f "$OUT"/up_*.npz
+gpu_switch_bitwise E3FUSE_PINNED_UPLOAD
 say "models and bitwise check done at $SECONDS s"
 for run in p0a p1a p0b p1b; do
   E3FUSE_PINNED_UPLOAD=${run:1:1} gpu_timeline "$OUT/timeline_$run" 864 "${TL_S:-50}" |

@@ -10,11 +10,7 @@ REPO=$PWD; LOG=$OUT/suite.log; STAGE=/tmp/e3fuse-stage; PY=python3; SUMMARY=()
 export PYTHONUNBUFFERED=1
 # shellcheck source=scripts/gpu_common.sh
 source scripts/gpu_common.sh
-mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
-gpu_setup_carry
-gpu_machine_info
-gpu_build build/gpu "$OUT/build.log"
-say "build done at $SECONDS s"
+gpu_start
 gpu_cuda_tests "$OUT/gpu_tests_full.log" "${TEST_S:-400}"
 say "tests done at $SECONDS s"
 gpu_timeline_models

@@ -10,12 +10,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 REPO=$PWD; STAGE=/tmp/e3fuse-stage; PY=python3; LOG=$OUT/run.log; SUMMARY=()
 export PYTHONUNBUFFERED=1
-mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
 # shellcheck source=scripts/gpu_common.sh
 source scripts/gpu_common.sh
-gpu_setup_carry
-gpu_build build/gpu "$OUT/build.log" -- _core
-say "build done at $SECONDS s"
+gpu_start -- _core
 gpu_timeline_models
 say "converted at $SECONDS s"
 gpu_timeline "$OUT/call_timeline" 864 "${TL_S:-60}"
