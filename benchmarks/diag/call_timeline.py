@@ -66,14 +66,13 @@ def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[s
     inside = [e for e in events if e["ts"] >= call["ts"] and e["ts"] < call["end"]]
     device = [e for e in inside if e["cat"] in GPU_CATEGORIES]
     runtime = [e for e in inside if e["cat"] == "cuda_runtime"]
-    busy, gaps, last_end, last_name = 0.0, [], None, ""
-    named_gaps: list[tuple[float, str, str]] = []  # (gap, the activity before, the one after)
+    busy, last_end, last_name = 0.0, None, ""
+    gaps: list[tuple[float, str, str]] = []  # (idle us, the activity before, the one after)
     start = device[0]["ts"] if device else None  # events come sorted by start
     for e in device:
         if last_end is None or e["ts"] >= last_end:
             if last_end is not None:
-                gaps.append(e["ts"] - last_end)
-                named_gaps.append((e["ts"] - last_end, last_name, e["name"]))
+                gaps.append((e["ts"] - last_end, last_name, e["name"]))
             busy += e["end"] - e["ts"]
             last_end, last_name = e["end"], e["name"]
         elif e["end"] > last_end:
@@ -89,9 +88,9 @@ def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[s
         "copy_us": sum(e["end"] - e["ts"] for e in device if e["cat"] != "kernel"),
         "busy_us": busy,
         "lead_us": (start - call["ts"]) if start is not None else wall,
-        "gaps_us": sum(gaps),
-        "gaps_over_5us": sum(1 for g in gaps if g > 5.0),
-        "largest_gap_us": max(gaps, default=0.0),
+        "gaps_us": sum(g for g, _, _ in gaps),
+        "gaps_over_5us": sum(1 for g, _, _ in gaps if g > 5.0),
+        "largest_gap_us": max((g for g, _, _ in gaps), default=0.0),
         "tail_us": (call["end"] - last_end) if last_end is not None else 0.0,
         "runtime_api_us": sum(e["end"] - e["ts"] for e in runtime),
         "runtime_calls": len(runtime),
@@ -101,7 +100,7 @@ def call_breakdown(call: dict[str, Any], events: list[dict[str, Any]]) -> dict[s
         "host_after_runtime_us": (call["end"] - max(e["end"] for e in runtime)) if runtime else 0,
         "largest_gaps": [
             {"us": g, "after": a[:60], "before": b[:60]}
-            for g, a, b in sorted(named_gaps, key=lambda t: -t[0])[:3]
+            for g, a, b in sorted(gaps, key=lambda t: -t[0])[:3]
         ],
         "runtime_names": sorted({e["name"] for e in runtime}),
     }
