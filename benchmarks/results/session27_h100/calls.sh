@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # Twenty-seventh session: the labelled model call and ASE MD step of every engine
 # (scripts/gpu_suite.sh calls), SevenNet-l3i5, SevenNet-0 and MACE-MP-0 medium at 864 and
-# 32,000 atoms beside sevenn / mace-torch with cuEquivariance, on the tree as it is.
+# 32,000 atoms beside sevenn / mace-torch with cuEquivariance, on the tree as it is. One
+# gpu_suite.sh run per model, so that a call cut short keeps the models it finished; each
+# model's tables (calls_<model>_<gpu>.md, .json) are copied to $OUT as they come, and the
+# suite logs go to $OUT/suite.log. LIMIT_S (default 480): no model is started after it, and
+# the one running is stopped there.
 # Carry .carry/reference.tar.xz:
 #   OUT=... bash benchmarks/results/session27_h100/calls.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-DEADLINE_S=${DEADLINE_S:-100} BENCH_ARGS="--sizes 864 32000 --repeats 5 --warmup 2" \
-  bash scripts/gpu_suite.sh calls:7net-l3i5 calls:7net-0 calls:mace
-# results.tar.gz holds the tables, the JSON and the per-step logs: only it and suite.log come back
-rm -rf "$OUT"/logs
+LIMIT_S=${LIMIT_S:-480}
+touch "$OUT/.start"
+for m in 7net-l3i5 7net-0 mace; do
+  left=$((LIMIT_S - SECONDS))
+  ((left > 30)) || break
+  OUT=$OUT/suite_$m DEADLINE_S=${DEADLINE_S:-80} \
+    BENCH_ARGS="--sizes 864 32000 --repeats 5 --warmup 2" \
+    timeout "$left" bash scripts/gpu_suite.sh "calls:$m" >/dev/null 2>&1
+  echo "== $m: rc $? at $SECONDS s" | tee -a "$OUT/suite.log"
+  cat "$OUT/suite_$m/suite.log" >>"$OUT/suite.log" 2>/dev/null
+  rm -rf "$OUT/suite_$m"
+  find benchmarks/results -maxdepth 1 -name 'calls_*' -newer "$OUT/.start" -exec cp {} "$OUT"/ \;
+done
+grep -h -A12 "^--- benchmarks/results/calls" "$OUT/suite.log"
 ls "$OUT"
