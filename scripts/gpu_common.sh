@@ -136,16 +136,26 @@ gpu_build() {
     die "e3fuse was built without a working CUDA backend (cuda_available() is false)"
 }
 
+# have MODULE: whether Python finds MODULE.
+have() { $PY -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$1') else 1)"; }
+
+# model_e3f NAME: the path of benchmarks/models/NAME.e3f, after converting sevenn's checkpoint
+# NAME into it if it is missing and sevenn is there.
+model_e3f() {
+  local f=benchmarks/models/$1.e3f
+  if [[ ! -f $f ]] && have sevenn; then
+    $PY -m e3fuse.cli convert sevennet "$1" -o "$f" >>"$LOG" 2>&1 || echo "conversion of $1 failed" | tee -a "$LOG"
+  fi
+  echo "$f"
+}
+
 # gpu_timeline_models: after gpu_build, the model files that benchmarks/diag/call_timeline.py
 # times, in benchmarks/models: 7net-0.e3f and 7net-l3i5.e3f (sevenn's checkpoints, converted)
 # and mace-mp0-medium-random.e3f (MACE-MP-0 medium with random weights, built by mace-torch).
 gpu_timeline_models() {
   mkdir -p benchmarks/models
-  local m
-  for m in 7net-0 7net-l3i5; do
-    [[ -f benchmarks/models/$m.e3f ]] ||
-      $PY -m e3fuse.cli convert sevennet $m -o benchmarks/models/$m.e3f >>"$LOG" 2>&1
-  done
+  model_e3f 7net-0 >/dev/null
+  model_e3f 7net-l3i5 >/dev/null
   [[ -f benchmarks/models/mace-mp0-medium-random.e3f ]] ||
     (cd benchmarks && $PY -c 'from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("models"))') >>"$LOG" 2>&1
 }

@@ -70,7 +70,7 @@ STEPS=("$@")
 SUMMARY=()
 
 # shellcheck source=scripts/gpu_common.sh
-source scripts/gpu_common.sh # say, die, gpu_setup_carry, gpu_machine_info, gpu_build
+source scripts/gpu_common.sh # say, die, gpu_setup_carry, gpu_machine_info, gpu_build, have, model_e3f
 run_logged() { # name cmd...: run, log to logs/name.log and the suite log, return its status
   local name=$1
   shift
@@ -96,14 +96,6 @@ mkdir -p benchmarks/models
 if compgen -G ".carry/models/*.e3f" >/dev/null; then
   cp -n .carry/models/*.e3f benchmarks/models/ 2>/dev/null || true
 fi
-have() { $PY -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$1') else 1)"; }
-model_e3f() { # name -> path of its .e3f (converted here if missing and sevenn is there)
-  local f=benchmarks/models/$1.e3f
-  if [[ ! -f $f ]] && have sevenn; then
-    $PY -m e3fuse.cli convert sevennet "$1" -o "$f" >>"$LOG" 2>&1 || echo "conversion of $1 failed" | tee -a "$LOG"
-  fi
-  echo "$f"
-}
 
 # ------------------------------------------------------------------ steps
 which_models() { # bench:WHICH -> family:model list
