@@ -5,12 +5,19 @@
 # gpu_suite.sh run per model, so that a call cut short keeps the models it finished; each
 # model's tables (calls_<model>_<gpu>.md, .json) are copied to $OUT as they come, and the
 # suite logs go to $OUT/suite.log. LIMIT_S (default 480): no model is started after it, and
-# the one running is stopped there. MODELS: the models' gpu_suite names, in order.
+# the one running is stopped there. MODELS: the models' gpu_suite names, in order. PATCHES:
+# patch files applied to the tree first (the device re-sends the tree at each call).
 # Carry .carry/reference.tar.xz:
 #   OUT=... bash benchmarks/results/session27_h100/calls.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 LIMIT_S=${LIMIT_S:-480}
+for p in ${PATCHES:-}; do
+  git apply "$p" || {
+    echo "$p does not apply"
+    exit 1
+  }
+done
 touch "$OUT/.start"
 for m in ${MODELS:-7net-l3i5 7net-0 mace}; do
   left=$((LIMIT_S - SECONDS))

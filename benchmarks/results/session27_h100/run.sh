@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Twenty-seventh session: the pinned upload (../pinned_upload/pinned_upload.patch, switch
-# E3FUSE_PINNED_UPLOAD) and linear_pair_cleanup.patch (run_linear_pair hands its 1 or 2
-# products to launch_products in one call) applied here, measured and tested, then the whole
-# GPU suite on that build.
+# The pinned upload (../pinned_upload/pinned_upload.patch, switch E3FUSE_PINNED_UPLOAD) and
+# linear_pair_cleanup.patch (run_linear_pair hands its 1 or 2 products to launch_products in
+# one call), applied here, measured and tested; two parts, each its own device call on one
+# warm machine (the device re-sends the tree each call, so both apply the patches again; the
+# second finds the first's build):
+# PART=ab (default, about 5.5 minutes on a fresh machine):
 # 1. SevenNet-0 and SevenNet-l3i5 at 864 atoms with and without it, in separate processes:
 #    bitwise equal (gpu_switch_bitwise);
-# 2. the model call's timeline at 864 atoms without / with, twice each, interleaved; the
-#    verdict: pinned faster for all three models (mean of both rounds) or not;
-# 3. the GPU test suite (gpu_cuda_tests) with the switch at its default (on).
+# 2. the model call's timeline at 864 atoms without / with, twice each, interleaved, and
+#    whether pinned is faster for all three models (mean of both rounds);
+# PART=tests (about 4.5 minutes): the GPU test suite (gpu_cuda_tests) with the switch at its
+# default (on).
 # Carries .carry/reference-tests.tar.xz, .carry/lammps.tar.xz and .carry/may2024.tar:
-#   OUT=... bash benchmarks/results/session27_h100/run.sh
+#   OUT=... [PART=tests] bash benchmarks/results/session27_h100/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 REPO=$PWD; LOG=$OUT/run.log; STAGE=/tmp/e3fuse-stage; PY=python3; SUMMARY=()
@@ -24,6 +27,11 @@ done
 # shellcheck source=scripts/gpu_common.sh
 source scripts/gpu_common.sh
 gpu_start
+if [[ ${PART:-ab} == tests ]]; then
+  gpu_cuda_tests "$OUT/gpu_tests_full.log" "${TEST_S:-400}" | tee -a "$LOG"
+  say "elapsed $SECONDS s"
+  exit 0
+fi
 gpu_timeline_models
 gpu_switch_bitwise E3FUSE_PINNED_UPLOAD
 say "models and bitwise check done at $SECONDS s"
@@ -48,6 +56,4 @@ for model, w in walls.items():
 print("pinned faster for all three:", len(wins) == 3 and all(wins))
 PY
 tar -czf "$OUT/timelines.tar.gz" -C "$OUT" timelines && rm -rf "$OUT/timelines"
-say "timelines done at $SECONDS s"
-gpu_cuda_tests "$OUT/gpu_tests_full.log" "${TEST_S:-330}" | tee -a "$LOG"
 say "elapsed $SECONDS s"
