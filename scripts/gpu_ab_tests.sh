@@ -18,13 +18,13 @@ cd "$(dirname "$0")/.."
   echo "OUT (the folder that comes back) is required" >&2
   exit 2
 }
-[[ -f .carry/reference-tests.tar.xz ]] && mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
+# shellcheck source=scripts/gpu_common.sh
+source scripts/gpu_common.sh
+gpu_test_carry_as_reference
 OUT=$OUT/ab timeout "${AB_S:-440}" bash scripts/gpu_ab.sh
 echo "A/B done at $SECONDS s"
 cp "$OUT"/ab/ab_summary.md "$OUT"/ 2>/dev/null
 tar -czf "$OUT"/ab.tar.gz -C "$OUT" ab && rm -rf "$OUT"/ab
-# shellcheck source=scripts/gpu_common.sh
-source scripts/gpu_common.sh
 gpu_adhoc_env # the reference packages on PYTHONPATH, the build that gpu_ab staged first
 # shellcheck disable=SC2086 # TESTS: one argument per file
 timeout "${TEST_S:-120}" python3 -m pytest -q -m "not slow" -p no:cacheprovider -p no:warnings \

@@ -160,12 +160,27 @@ gpu_timeline_models() {
     (cd benchmarks && $PY -c 'from pathlib import Path; import mace_models; mace_models.model_files("mp0-medium", Path("models"))') >>"$LOG" 2>&1
 }
 
+# gpu_test_carry_as_reference: a carried .carry/reference-tests.tar.xz (scripts that need no
+# anchor carry it instead of the full reference) renamed to the name gpu_setup_carry unpacks.
+gpu_test_carry_as_reference() {
+  [[ ! -f .carry/reference-tests.tar.xz ]] || mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
+}
+
+# gpu_apply_patches FILE...: each patch applied to the working tree (git apply), in order; one
+# that does not apply stops the script.
+gpu_apply_patches() {
+  local p
+  for p in "$@"; do
+    git apply "$p" || die "$p does not apply"
+  done
+}
+
 # gpu_start [gpu_build arguments after BUILD_DIR BUILD_LOG]: a device call's usual start, with
-# REPO, STAGE, PY, LOG and OUT set: the test carry under the reference carry's name (scripts
-# that need no anchor carry .carry/reference-tests.tar.xz), the carries unpacked, the machine
-# described, e3fuse built in build/gpu (log $OUT/build.log).
+# REPO, STAGE, PY, LOG and OUT set: the test carry under the reference carry's name
+# (gpu_test_carry_as_reference), the carries unpacked, the machine described, e3fuse built in
+# build/gpu (log $OUT/build.log).
 gpu_start() {
-  [[ -f .carry/reference-tests.tar.xz ]] && mv .carry/reference-tests.tar.xz .carry/reference.tar.xz
+  gpu_test_carry_as_reference
   gpu_setup_carry
   gpu_machine_info
   gpu_build build/gpu "$OUT/build.log" "$@"

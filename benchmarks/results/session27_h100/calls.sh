@@ -12,23 +12,22 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 LIMIT_S=${LIMIT_S:-480}
-for p in ${PATCHES:-}; do
-  git apply "$p" || {
-    echo "$p does not apply"
-    exit 1
-  }
-done
-touch "$OUT/.start"
+LOG=$OUT/suite.log
+# shellcheck source=scripts/gpu_common.sh
+source scripts/gpu_common.sh
+# shellcheck disable=SC2086 # PATCHES: one argument per file
+gpu_apply_patches ${PATCHES:-}
+started=$(mktemp) # the tables written after it are this call's (not a file under $OUT)
 for m in ${MODELS:-7net-l3i5 7net-0 mace}; do
   left=$((LIMIT_S - SECONDS))
   ((left > 30)) || break
   OUT=$OUT/suite_$m DEADLINE_S=${DEADLINE_S:-80} \
     BENCH_ARGS="--sizes 864 32000 --repeats 5 --warmup 2" \
     timeout "$left" bash scripts/gpu_suite.sh "calls:$m" >/dev/null 2>&1
-  echo "== $m: rc $? at $SECONDS s" | tee -a "$OUT/suite.log"
-  cat "$OUT/suite_$m/suite.log" >>"$OUT/suite.log" 2>/dev/null
+  echo "== $m: rc $? at $SECONDS s" | tee -a "$LOG"
+  cat "$OUT/suite_$m/suite.log" >>"$LOG" 2>/dev/null
   rm -rf "$OUT/suite_$m"
-  find benchmarks/results -maxdepth 1 -name 'calls_*' -newer "$OUT/.start" -exec cp {} "$OUT"/ \;
+  find benchmarks/results -maxdepth 1 -name 'calls_*' -newer "$started" -exec cp {} "$OUT"/ \;
 done
-grep -h -A12 "^--- benchmarks/results/calls" "$OUT/suite.log"
+grep -h -A12 "^--- benchmarks/results/calls" "$LOG"
 ls "$OUT"

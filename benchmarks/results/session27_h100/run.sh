@@ -17,15 +17,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 REPO=$PWD; LOG=$OUT/run.log; STAGE=/tmp/e3fuse-stage; PY=python3; SUMMARY=()
 export PYTHONUNBUFFERED=1
-for p in benchmarks/results/pinned_upload/pinned_upload.patch \
-  benchmarks/results/session27_h100/linear_pair_cleanup.patch; do
-  git apply "$p" || {
-    echo "$p does not apply"
-    exit 1
-  }
-done
 # shellcheck source=scripts/gpu_common.sh
 source scripts/gpu_common.sh
+gpu_apply_patches benchmarks/results/pinned_upload/pinned_upload.patch \
+  benchmarks/results/session27_h100/linear_pair_cleanup.patch
 gpu_start
 if [[ ${PART:-ab} == tests ]]; then
   gpu_cuda_tests "$OUT/gpu_tests_full.log" "${TEST_S:-400}" | tee -a "$LOG"
