@@ -36,12 +36,13 @@ fi
 "$NVDISASM" -gi -c "$CACHE/conv_backward_f32.cubin" >"$CACHE/conv_backward_f32.sass"
 
 # conv_backward_kernel<float, EC, TABLE, MINB, MAX_D1, MAX_D3, ...> (conv_kernels.cuh,
-# conv_backward_launch), 16-edge chunks with the radial table:
+# conv_backward_launch) with the radial table, at the chunk each one launches with
+# (max_edge_chunk, launch_largest_chunk): 16 edges, 4 for l = 3 inputs
 #   7net-0 layers 1-3 (l <= 2 inputs):      MINB 3, MAX_D1 5
 #   MACE-MP-0 medium layer 2 (l <= 1):      MINB 3, MAX_D1 3
-#   7net-l3i5 layers 1-3 (l <= 3):          MINB 2, MAX_D1 7
+#   7net-l3i5 layers 1-3 (l <= 3):          MINB 2, MAX_D1 7, 4 edges
 for kernel in IfLi16ELb1ELi3ELi5ELi7ELb0ELb0ELb0E IfLi16ELb1ELi3ELi3ELi7ELb0ELb0ELb0E \
-  IfLi16ELb1ELi2ELi7ELi7ELb0ELb0ELb0E; do
+  IfLi4ELb1ELi2ELi7ELi7ELb0ELb0ELb0E; do
   "$PY" "$HERE/hot_loops.py" "$CACHE/conv_backward_f32.sass" \
     --kernel "conv_backward_kernel$kernel" >"$HERE/$kernel.txt"
   echo "$HERE/$kernel.txt"
