@@ -94,9 +94,9 @@ def find_loops(code: list[Instruction], labels: dict[str, int]) -> Loops:
     starts = {0, *labels.values()}
     starts |= {i + 1 for i, ins in enumerate(code) if ins.base in BLOCK_ENDS}
     starts_sorted = sorted(s for s in starts if s < len(code))
+    ends = [*starts_sorted[1:], len(code)]
     block_of = [0] * len(code)
-    for b, begin in enumerate(starts_sorted):
-        end = starts_sorted[b + 1] if b + 1 < len(starts_sorted) else len(code)
+    for b, (begin, end) in enumerate(zip(starts_sorted, ends)):
         block_of[begin:end] = [b] * (end - begin)
 
     def block_at(label: str) -> int | None:
@@ -104,8 +104,7 @@ def find_loops(code: list[Instruction], labels: dict[str, int]) -> Loops:
 
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(starts_sorted)))
-    for b in range(len(starts_sorted)):
-        end = starts_sorted[b + 1] if b + 1 < len(starts_sorted) else len(code)
+    for b, end in enumerate(ends):
         last = code[end - 1]
         divergent_only = last.opcode == "BRA.DIV"  # the fallback of a non-uniform warp
         targets: list[int | None] = []
@@ -159,21 +158,18 @@ def report(path: Path, kernel: str, min_ffma: int) -> None:
     ]
     rows = []
     for h in innermost:
-        kinds = Counter(
-            code[i].base for i in range(len(code)) if loops.block_of[i] in loops.bodies[h]
-        )
+        members = [ins for ins, b in zip(code, loops.block_of) if b in loops.bodies[h]]
+        kinds = Counter(ins.base for ins in members)
         if kinds["FFMA"] >= min_ffma:
-            rows.append((sum(kinds.values()), h, kinds))
+            rows.append((len(members), h, kinds, members))
     rows.sort(key=lambda row: (-row[0], row[1]))
     print(f"\ninnermost loops with >= {min_ffma} FFMA, instructions per iteration:")
     print(f"{'depth':>5} {'all':>5} {'FFMA':>5} {'share':>6} {'FMUL+FADD':>9} {'LDS':>4} ", end="")
     print(f"{'LDG':>4} {'LDL':>4} {'SHFL':>4}  where most of its FFMA sit (file:line < inlined at)")
     total: Counter[str] = Counter()
-    for n, h, kinds in rows:
+    for n, h, kinds, members in rows:
         where = Counter(
-            " < ".join(code[i].lines[:3])
-            for i in range(len(code))
-            if loops.block_of[i] in loops.bodies[h] and code[i].base == "FFMA"
+            " < ".join(ins.lines[:3]) for ins in members if ins.base == "FFMA"
         ).most_common(1)[0][0]
         print(
             f"{loops.depth[h]:>5} {n:>5} {kinds['FFMA']:>5} {kinds['FFMA'] / n:>6.0%} "
